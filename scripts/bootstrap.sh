@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install everything the project needs on a fresh Debian 12 machine (as root); fast when already done.
+#   apt: slurm-wlm 22.05 (slurmctld, slurmd, client), munge, MariaDB + slurmdbd, iproute2
+#   pip: torch 2.13.0 (the CPU wheel) FIRST and pinned, then the package with its train/test extras,
+#        then colossalai 0.5.0 with --no-deps (its metadata pins torch<=2.5.1 and would pull a CUDA torch).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+apt_pkgs=(slurmctld slurmd slurm-client munge mariadb-server slurmdbd iproute2 util-linux procps)
+missing=()
+for p in "${apt_pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[bootstrap] apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+pip=("$PY" -m pip install -q --disable-pip-version-check -c constraints.txt)
+if ! "$PY" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
+  echo "[bootstrap] pip install torch==2.13.0"
+  "${pip[@]}" torch==2.13.0
+fi
+if ! "$PY" -c 'import snakemake_executor_plugin_multinode, snakemake, colossalai, transformers, pytest' 2>/dev/null \
+   || ! command -v multinode >/dev/null; then
+  echo "[bootstrap] pip install -e .[train,test] and colossalai==0.5.0 --no-deps"
+  "${pip[@]}" -e ".[train,test]"
+  "${pip[@]}" --no-deps colossalai==0.5.0
+fi
+echo "[bootstrap] ready"

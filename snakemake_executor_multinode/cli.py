@@ -1,0 +1,79 @@
+"""The `multinode` command: cluster sandbox, per-node torchrun launcher, job script preview."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _cluster_parser(sub: argparse._SubParsersAction) -> None:
+    from .sandbox.spec import DEFAULT_DIR
+
+    cluster = sub.add_parser("cluster", help="a real local SLURM cluster of namespaced nodes (needs root)")
+    actions = cluster.add_subparsers(dest="action", required=True)
+    dir_help = f"state folder (default {DEFAULT_DIR}, or $MULTINODE_CLUSTER_DIR)"
+    up = actions.add_parser("up", help="start the cluster (idempotent); returns once every node is idle")
+    up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=dir_help)
+    up.add_argument("--nodes", type=int, default=3, help="number of slurmd nodes (default 3)")
+    up.add_argument("--cpus", type=int, default=4, help="CPUs per node (default 4)")
+    up.add_argument("--gpus", type=int, default=8, help="fake GPUs per node (default 8)")
+    up.add_argument("--mem", type=int, default=64000, help="memory per node in MB (default 64000)")
+    up.add_argument("--no-accounting", action="store_true", help="no MariaDB/slurmdbd: squeue only, no sacct")
+    for name, text in (("down", "stop everything `up` started"), ("status", "show daemons and nodes"),
+                       ("env", "print `export SLURM_CONF=...`: eval \"$(multinode cluster env)\"")):
+        p = actions.add_parser(name, help=text)
+        p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=dir_help)
+
+
+def _run_cluster(args: argparse.Namespace) -> int:
+    from .sandbox import cluster
+    from .sandbox.spec import ClusterSpec
+
+    if args.action == "up":
+        spec = ClusterSpec(dir=args.dir.resolve(), nodes=args.nodes, cpus=args.cpus, gpus=args.gpus,
+                           mem_mb=args.mem, accounting=not args.no_accounting)
+        cluster.up(spec)
+        return 0
+    spec = ClusterSpec.load(args.dir.resolve()) or ClusterSpec(dir=args.dir.resolve())
+    if args.action == "down":
+        left = cluster.down(spec)
+        if left:
+            print("still running: " + ", ".join(left), file=sys.stderr)
+            return 1
+        return 0
+    if args.action == "status":
+        print(cluster.status(spec))
+        return 0 if cluster.is_up(spec) else 3
+    print(cluster.env_lines(spec), end="")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # torchrun's own options must pass through untouched, so it is dispatched before argparse.
+    if argv[:1] == ["torchrun"]:
+        from .launch import main as torchrun_main
+
+        return torchrun_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="multinode", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _cluster_parser(sub)
+    sub.add_parser("torchrun", help="start one torchrun per node of the SLURM allocation (see --help)")
+    from .preview import add_parser as add_preview
+
+    add_preview(sub)
+    args = parser.parse_args(argv)
+    if args.command != "cluster":
+        return args.func(args)
+    from .sandbox.spec import ClusterError
+
+    try:
+        return _run_cluster(args)
+    except ClusterError as err:
+        print(f"multinode cluster {args.action}: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
