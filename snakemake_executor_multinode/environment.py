@@ -1,0 +1,199 @@
+"""YAML environment profiles -> the ordered shell lines a job runs before the rule's command.
+
+The order matters and follows the seed recipe: modules, CUDA (PATH extended, LD_LIBRARY_PATH and CUDA_HOME
+replaced so two CUDA versions never mix), conda or venv activation, raw setup lines, NCCL/InfiniBand variables,
+then plain variables. Every value is shell-quoted.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_VARS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+_VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PROFILE_KEYS = {"extends", "cuda", "modules", "conda", "venv", "setup", "nccl", "env"}
+# profile key -> NCCL variable; booleans become 1/0 (ib is inverted: NCCL_IB_DISABLE).
+NCCL_KEYS = {
+    "socket_ifname": "NCCL_SOCKET_IFNAME", "hca": "NCCL_IB_HCA", "gid_index": "NCCL_IB_GID_INDEX",
+    "tc": "NCCL_IB_TC", "ib_timeout": "NCCL_IB_TIMEOUT", "gdr_level": "NCCL_NET_GDR_LEVEL",
+    "async_error_handling": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "launch_mode": "NCCL_LAUNCH_MODE",
+    "min_nrings": "NCCL_MIN_NRINGS", "debug": "NCCL_DEBUG", "debug_subsys": "NCCL_DEBUG_SUBSYS",
+    "nvls_enable": "NCCL_NVLS_ENABLE", "p2p_level": "NCCL_P2P_LEVEL", "algo": "NCCL_ALGO",
+    "proto": "NCCL_PROTO", "cross_nic": "NCCL_CROSS_NIC",
+}
+
+
+class EnvProfileError(ValueError):
+    """A profile file that cannot be used; the message names the file and the key."""
+
+
+@dataclass
+class ProfileSet:
+    """All known profiles (built-in first, the user's file over them) and the default choice."""
+
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    default: str | None = None
+
+    @property
+    def names(self) -> set[str]:
+        return set(self.profiles)
+
+    def known(self, selection: str) -> bool:
+        return all(name in self.profiles for name in split_selection(selection))
+
+
+def split_selection(selection: str | None) -> list[str]:
+    return [s.strip() for s in (selection or "").split(",") if s.strip()]
+
+
+def load_profiles(path: str | Path | None = None) -> ProfileSet:
+    builtin = resources.files(__package__).joinpath("profiles", "builtin.yaml")
+    result = ProfileSet()
+    _merge(result, builtin.read_text(), "built-in profiles")
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise EnvProfileError(f"{p}: environment profile file not found")
+        _merge(result, p.read_text(), str(p))
+    return result
+
+
+def _merge(into: ProfileSet, text: str, source: str) -> None:
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise EnvProfileError(f"{source}: not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise EnvProfileError(f"{source}: the top level must be a mapping with 'profiles' (and 'default')")
+    unknown = set(data) - {"profiles", "default"}
+    if unknown:
+        raise EnvProfileError(f"{source}: unknown top-level key(s) {sorted(unknown)}; allowed: profiles, default")
+    profiles = data.get("profiles") or {}
+    if not isinstance(profiles, dict):
+        raise EnvProfileError(f"{source}: 'profiles' must be a mapping of name -> profile")
+    for name, body in profiles.items():
+        where = f"{source}: profiles.{name}"
+        if not isinstance(body, dict):
+            raise EnvProfileError(f"{where}: must be a mapping of keys {sorted(PROFILE_KEYS)}")
+        _check_profile(body, where)
+        into.profiles[str(name)] = body
+        into.sources[str(name)] = where
+    if data.get("default") is not None:
+        into.default = str(data["default"])
+    for name in split_selection(into.default):
+        if name not in into.profiles:
+            raise EnvProfileError(f"{source}: default: profile {name!r} is not defined")
+    for name, body in into.profiles.items():
+        parent = body.get("extends")
+        if parent is not None and parent not in into.profiles:
+            raise EnvProfileError(f"{into.sources[name]}.extends: profile {parent!r} is not defined")
+
+
+def _check_profile(body: dict[str, Any], where: str) -> None:
+    unknown = set(body) - PROFILE_KEYS
+    if unknown:
+        raise EnvProfileError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(PROFILE_KEYS)}")
+    for key in ("cuda", "venv", "extends"):
+        if key in body and not isinstance(body[key], str):
+            raise EnvProfileError(f"{where}.{key}: must be a string")
+    for key in ("modules", "setup"):
+        if key in body and not (isinstance(body[key], list) and all(isinstance(x, str) for x in body[key])):
+            raise EnvProfileError(f"{where}.{key}: must be a list of strings")
+    if "conda" in body:
+        conda = body["conda"]
+        if not (isinstance(conda, dict) and isinstance(conda.get("env"), str) and set(conda) <= {"base", "env"}):
+            raise EnvProfileError(f"{where}.conda: must be {{env: NAME_OR_PATH, base: /path/to/anaconda3}}")
+    for key in ("nccl", "env"):
+        if key in body and not isinstance(body[key], dict):
+            raise EnvProfileError(f"{where}.{key}: must be a mapping")
+    for key in body.get("nccl", {}) or {}:
+        if key != "ib" and key not in NCCL_KEYS:
+            raise EnvProfileError(f"{where}.nccl.{key}: unknown; allowed: ib, {', '.join(sorted(NCCL_KEYS))}")
+    for var, value in (body.get("env") or {}).items():
+        if not _VAR.match(str(var)):
+            raise EnvProfileError(f"{where}.env.{var}: not a valid environment variable name")
+        if isinstance(value, dict | list):
+            raise EnvProfileError(f"{where}.env.{var}: must be a string or number")
+
+
+def resolve(profiles: ProfileSet, selection: str | None) -> dict[str, Any]:
+    """Flatten the selected profiles (with `extends`) into one; later ones win key by key."""
+    merged: dict[str, Any] = {}
+    for name in split_selection(selection or profiles.default):
+        if name not in profiles.profiles:
+            raise EnvProfileError(f"unknown environment profile {name!r}; defined: {sorted(profiles.names)}")
+        for layer in _chain(profiles, name):
+            for key, value in layer.items():
+                if key == "extends":
+                    continue
+                if key in ("nccl", "env"):
+                    merged[key] = {**merged.get(key, {}), **value}
+                elif key in ("modules", "setup"):
+                    merged[key] = [*merged.get(key, []), *value]
+                else:
+                    merged[key] = value
+    return merged
+
+
+def _chain(profiles: ProfileSet, name: str) -> list[dict[str, Any]]:
+    chain, seen = [], set()
+    while name is not None:
+        if name in seen:
+            raise EnvProfileError(f"{profiles.sources[name]}.extends: cycle through {name!r}")
+        seen.add(name)
+        body = profiles.profiles[name]
+        chain.append(body)
+        name = body.get("extends")
+    return chain[::-1]
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def render_lines(profile: dict[str, Any]) -> list[str]:
+    """Shell lines, in order, for a flattened profile."""
+    q = shlex.quote
+    lines: list[str] = []
+    if profile.get("modules"):
+        lines.append("# modules")
+        lines += [f"module load {q(m)}" for m in profile["modules"]]
+    if cuda := profile.get("cuda"):
+        lines += [
+            "# CUDA: PATH keeps what it had; LD_LIBRARY_PATH and CUDA_HOME are replaced so CUDA versions never mix",
+            f'export PATH={q(cuda.rstrip("/") + "/bin")}:"$PATH"',
+            f"export LD_LIBRARY_PATH={q(cuda.rstrip('/') + '/lib64')}",
+            f"export CUDA_HOME={q(cuda.rstrip('/'))}",
+        ]
+    if conda := profile.get("conda"):
+        lines.append("# conda environment (activated here, so the submitting shell needs none)")
+        if base := conda.get("base"):
+            lines.append(f"source {q(base.rstrip('/') + '/etc/profile.d/conda.sh')}")
+        lines.append(f"conda activate {q(conda['env'])}")
+    if venv := profile.get("venv"):
+        lines += ["# virtual environment", f"source {q(venv.rstrip('/') + '/bin/activate')}"]
+    if profile.get("setup"):
+        lines.append("# setup lines from the profile (run as written)")
+        lines += list(profile["setup"])
+    nccl = profile.get("nccl") or {}
+    if nccl:
+        lines.append("# NCCL / InfiniBand")
+        if "ib" in nccl:
+            lines.append(f"export NCCL_IB_DISABLE={'0' if nccl['ib'] else '1'}")
+        for key, var in NCCL_KEYS.items():
+            if key in nccl and nccl[key] is not None:
+                lines.append(f"export {var}={q(_value(nccl[key]))}")
+    variables = {**DEFAULT_VARS, **{str(k): _value(v) for k, v in (profile.get("env") or {}).items()}}
+    lines.append("# variables")
+    lines += [f"export {k}={q(v)}" for k, v in variables.items()]
+    return lines

@@ -1,0 +1,113 @@
+"""JobRequest + environment -> the sbatch script, from the one template in templates/job.sh.
+
+The executor submits exactly what `render` returns and `multinode preview` prints it: what a user reads is what
+runs. Values that reach the shell are quoted with shlex; #SBATCH values are restricted to characters sbatch's own
+parser takes literally (the request's validation and `safe_component` see to that).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import PurePath
+
+from .request import JobRequest
+
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.=+\-]")
+
+
+@dataclass(frozen=True)
+class ScriptContext:
+    """Where and what the job runs; decided by the caller (the executor or the preview)."""
+
+    command: str  # one shell command line, run with bash from the working directory
+    workdir: PurePath
+    log_dir: PurePath  # relative to workdir: sbatch resolves --output there, and no space can sneak in
+    state_dir: PurePath
+    job_name: str
+    title: str = ""
+
+
+def safe_component(text: str, limit: int = 80) -> str:
+    """A file-name and #SBATCH-safe form of free text (wildcards); a short hash keeps distinct values apart."""
+    cleaned = _UNSAFE.sub("_", text)
+    if cleaned == text and len(text) <= limit:
+        return text or "_"
+    digest = hashlib.sha1(text.encode()).hexdigest()[:8]
+    return f"{cleaned[: limit - 9]}-{digest}"
+
+
+def log_dir_for(base: PurePath, req: JobRequest) -> PurePath:
+    wildcards = safe_component(req.wildcards_str) if req.wildcards else "_"
+    return base / f"rule_{safe_component(req.rule)}" / wildcards
+
+
+def sbatch_options(req: JobRequest, ctx: ScriptContext) -> list[str]:
+    opts = [
+        f"--job-name={safe_component(ctx.job_name, 120)}",
+        f"--comment=rule_{safe_component(req.rule)}_wildcards_{safe_component(req.wildcards_str or '_')}",
+        f"--output={ctx.log_dir}/%j.attempt{req.attempt}.log",
+        "--open-mode=append",
+        "--export=ALL",
+        f"--nodes={req.nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={req.cpus_per_task}",
+    ]
+    if req.gpus:
+        typed = f"{req.gpu_type}:" if req.gpu_type else ""
+        opts.append(f"--gres=gpu:{typed}{req.gpus}" if req.gpu_flag == "gres"
+                    else f"--gpus-per-node={typed}{req.gpus}")
+    optional = [
+        ("--partition", req.partition), ("--account", req.account), ("--qos", req.qos),
+        ("--time", req.runtime_min), ("--mem", req.mem_mb and f"{req.mem_mb}M"),
+        ("--mem-per-cpu", req.mem_mb_per_cpu and f"{req.mem_mb_per_cpu}M"),
+        ("--constraint", req.constraint), ("--nodelist", req.nodelist), ("--exclude", req.exclude),
+        ("--signal", req.signal),
+    ]
+    opts += [f"{flag}={value}" for flag, value in optional if value]
+    opts.append("--requeue" if req.requeue else "--no-requeue")
+    opts += list(req.slurm_extra)
+    return opts
+
+
+def _sbatch_lines(opts: list[str]) -> str:
+    lines = []
+    for opt in opts:
+        # Extra flags from the user may hold spaces; sbatch's #SBATCH parser honours double quotes.
+        flag, sep, value = opt.partition("=")
+        if sep and (not value or re.search(r"[\s\"'\\$`]", value)):
+            value = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        lines.append(f"#SBATCH {flag}{sep}{value}")
+    return "\n".join(lines)
+
+
+def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
+    q = shlex.quote
+    values = {
+        "title": ctx.title or f"Snakemake rule {req.rule} {req.wildcards_str}".strip(),
+        "sbatch": _sbatch_lines(sbatch_options(req, ctx)),
+        "log_stem": f'{q(str(ctx.log_dir))}/"$SLURM_JOB_ID".attempt{req.attempt}',
+        "rule_q": q(req.rule),
+        "attempt": str(req.attempt),
+        "state_dir": q(str(ctx.state_dir)),
+        "environment": "\n".join(environment) if environment else "# (no environment profile)",
+        "master_port": str(req.master_port) if req.master_port else "$((20000 + SLURM_JOB_ID % 40000))",
+        "nodes": str(req.nodes),
+        "gpus": str(req.gpus),
+        "cpus_per_task": str(req.cpus_per_task),
+        "omp_threads": str(req.omp_threads),
+        "threads": str(req.threads),
+        "workdir": q(str(ctx.workdir)),
+        "command": f"bash -c {q(ctx.command)}",
+        "max_requeues": str(req.max_requeues if req.requeue else 0),
+    }
+    template = resources.files(__package__).joinpath("templates", "job.sh").read_text()
+
+    def fill(match: re.Match[str]) -> str:
+        return values[match.group(1)]  # a KeyError here is a template bug, never user input
+
+    return _PLACEHOLDER.sub(fill, template)

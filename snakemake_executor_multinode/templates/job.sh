@@ -1,0 +1,74 @@
+#!/bin/bash
+# {{title}}
+# Written by snakemake-executor-plugin-multinode; `multinode preview` prints the same script.
+# ==== 1. resources ===============================================================================
+{{sbatch}}
+
+# A requeued job (USR2 checkpoint, node failure) writes each restart to its own log beside the first.
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+    exec >>{{log_stem}}.restart"$SLURM_RESTART_COUNT".log 2>&1
+fi
+echo "[multinode] job $SLURM_JOB_ID, rule {{rule_q}}, attempt {{attempt}}, restart ${SLURM_RESTART_COUNT:-0}, $(date -Is)"
+
+# ==== bookkeeping: a marker on the shared filesystem tells Snakemake the job ended (no slurmctld query)
+MULTINODE_STATE_DIR={{state_dir}}
+export MULTINODE_PREEMPT_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.preempted"
+export MULTINODE_FAILED_NODE_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.failed-node"
+MULTINODE_REQUEUED=0
+multinode_finish() {
+    local rc=$?
+    [ "$MULTINODE_REQUEUED" = 1 ] && return
+    echo "[multinode] exit $rc, $(date -Is)"
+    printf '%s\n' "$rc" >"$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit.tmp" &&
+        mv -f "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit.tmp" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit"
+}
+trap multinode_finish EXIT
+trap 'exit 143' TERM
+mkdir -p "$MULTINODE_STATE_DIR"
+rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE"
+
+# ==== 2. environment =============================================================================
+{{environment}}
+
+# ==== 3. nodes and rendezvous (resolved here, on the head node) ==================================
+NODELIST=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+NODE_NUM=$(echo "$NODELIST" | wc -l)
+MASTER_NODE=$(echo "$NODELIST" | head -n 1)
+MASTER_ADDR=$(getent ahostsv4 "$MASTER_NODE" | awk 'NR == 1 {print $1}')
+case "$MASTER_ADDR" in
+    "" | 127.*) MASTER_ADDR=$(hostname -I | awk '{print $1}') ;;  # a loopback entry is unreachable from peers
+esac
+# Derived from the job id: two jobs sharing a head node never pick the same port.
+MASTER_PORT={{master_port}}
+export NODELIST NODE_NUM MASTER_ADDR MASTER_PORT
+export MULTINODE_NODES={{nodes}} MULTINODE_GPUS_PER_NODE={{gpus}} MULTINODE_CPUS_PER_TASK={{cpus_per_task}}
+export MULTINODE_OMP_NUM_THREADS={{omp_threads}}
+echo "NODE_NUM=$NODE_NUM"
+echo "NODELIST: $(echo $NODELIST)"
+echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+
+# ==== 4. the rule ================================================================================
+# Snakemake gives every shell command OMP/BLAS threads = the rule's threads; `multinode torchrun` sets
+# OMP_NUM_THREADS = CPUs per GPU for the workers it starts.
+export OMP_NUM_THREADS={{threads}} GOTO_NUM_THREADS={{threads}} OPENBLAS_NUM_THREADS={{threads}}
+export MKL_NUM_THREADS={{threads}} VECLIB_MAXIMUM_THREADS={{threads}} NUMEXPR_NUM_THREADS={{threads}}
+cd {{workdir}}
+rc=0
+{{command}} || rc=$?
+
+# ==== 5. checkpointed before the time limit? requeue, so the rerun resumes ========================
+if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
+    echo "[multinode] checkpointed after SIG${SLURM_SIGNAL:-USR2} ($(cat "$MULTINODE_PREEMPT_FILE"))"
+    if [ "${SLURM_RESTART_COUNT:-0}" -lt {{max_requeues}} ]; then  # at most {{max_requeues}} requeue(s)
+        MULTINODE_REQUEUED=1
+        rm -f "$MULTINODE_PREEMPT_FILE"
+        if scontrol requeue "$SLURM_JOB_ID"; then
+            echo "[multinode] requeued; the next run resumes from the checkpoint"
+            sleep 600 & wait  # slurmctld ends this run
+        fi
+        MULTINODE_REQUEUED=0
+    fi
+    echo "[multinode] not requeued: a rerun or --retries resumes from the checkpoint"
+    exit 85
+fi
+exit "$rc"

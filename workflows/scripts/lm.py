@@ -1,0 +1,640 @@
+"""Shared code of the training scripts: config, model, data, ColossalAI glue and checkpoints.
+
+Imported by preprocess.py, train.py and evaluate.py (they sit in the same directory) and by the tests.
+ColossalAI is imported lazily: it costs seconds, and config errors must be reported before it loads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# ----------------------------------------------------------------------------------------------------------
+# Tokens: raw bytes plus one end-of-document token.
+# ----------------------------------------------------------------------------------------------------------
+EOS_ID = 256
+DATA_VOCAB = 257
+TOKEN_DTYPE = np.uint16
+DATA_FORMAT = "bytes-eos-v1"
+
+# ----------------------------------------------------------------------------------------------------------
+# Train config: (default, comment). The comment becomes the YAML comment of --print-default-config.
+# ----------------------------------------------------------------------------------------------------------
+CONFIG_SPEC: dict[str, tuple[Any, str]] = {
+    "plugin": ("torch_ddp", "torch_ddp | low_level_zero | gemini | hybrid (low_level_zero, gemini: GPU only)"),
+    "tp": (1, "hybrid: tensor-parallel size"),
+    "pp": (1, "hybrid: pipeline stages (grad_accum is then the number of pipeline microbatches)"),
+    "sp": (1, "hybrid: sequence-parallel size, > 1 enables SP (split_gather/ring: must equal tp)"),
+    "sp_mode": ("all_to_all", "hybrid: all_to_all (own sp axis) | split_gather | ring (share the tp group)"),
+    "zero_stage": (0, "hybrid: ZeRO stage 0/1/2; low_level_zero: 1/2 (0 means 2)"),
+    "precision": ("fp32", "fp32 | bf16 (torch_ddp: bf16 autocast, fp32 weights; others: the plugin's bf16 AMP)"),
+    "model_impl": ("auto", "auto | native | hf (auto: native Llama module, hf LlamaForCausalLM for hybrid)"),
+    "n_layer": (4, "transformer blocks"),
+    "n_head": (4, "attention heads (head dim = d_model / n_head, even)"),
+    "d_model": (128, "hidden size"),
+    "d_ff": (None, "SwiGLU inner size; null: 8/3 * d_model rounded up to a multiple of 64"),
+    "seq_len": (128, "tokens per training sequence"),
+    "vocab": (320, "model vocabulary (>= 257, the byte data's vocabulary; a multiple of 64 is fastest)"),
+    "rope_theta": (10000.0, "RoPE base"),
+    "steps": (200, "total optimizer steps; defines the lr schedule"),
+    "stop_after": (None, "stop after this step (checkpoint, exit 0, no final model); schedule unchanged"),
+    "micro_batch": (8, "sequences per data-parallel rank per micro step"),
+    "grad_accum": (1, "micro steps per optimizer step"),
+    "lr": (1.0e-3, "peak learning rate"),
+    "min_lr_ratio": (0.1, "final lr = lr * min_lr_ratio (cosine)"),
+    "warmup": (20, "linear warm-up steps"),
+    "schedule": ("cosine", "cosine | constant (after warm-up)"),
+    "weight_decay": (0.1, "AdamW weight decay (matrices only, not norms)"),
+    "beta1": (0.9, "AdamW beta1"),
+    "beta2": (0.95, "AdamW beta2"),
+    "grad_clip": (1.0, "max global grad norm; 0 disables"),
+    "optimizer": ("adamw", "adamw (torch, fused on CUDA) | hybrid_adam (ColossalAI; gemini always uses it)"),
+    "ckpt_every": (50, "checkpoint every N steps (0: only on SIGUSR2, stop_after and at the end)"),
+    "keep_ckpts": (2, "complete checkpoints kept in --ckpt-dir"),
+    "seed": (1234, "seeds model init, data order and RNGs"),
+    "compile": (False, "torch.compile the model (GPU; torch_ddp/low_level_zero only, ignored otherwise)"),
+    "log_every": (10, "metrics line + progress line every N steps"),
+}
+DEFAULT_CONFIG: dict[str, Any] = {key: spec[0] for key, spec in CONFIG_SPEC.items()}
+
+PLUGINS = ("torch_ddp", "low_level_zero", "gemini", "hybrid")
+GPU_ONLY_PLUGINS = {
+    "low_level_zero": "LowLevelZeroPlugin keeps its ZeRO buffers on the accelerator and fails on ColossalAI's "
+    "CPU accelerator ('device is required')",
+    "gemini": "GeminiPlugin places parameter chunks on CUDA and its optimizer (HybridAdam/CPUAdam) is a CUDA "
+    "extension",
+}
+# Keys that may differ between a checkpoint and the run resuming it; any other difference is refused.
+# The data-parallel size may change (a different node count), the model/optimizer layout may not.
+RESUME_MUTABLE_KEYS = {"stop_after", "ckpt_every", "keep_ckpts", "log_every", "compile"}
+MODEL_KEYS = ("n_layer", "n_head", "d_model", "d_ff", "seq_len", "vocab", "rope_theta")
+
+
+class ConfigError(ValueError):
+    """A config the run cannot use; train.py exits with code 2 before any process group exists."""
+
+
+def default_config_yaml() -> str:
+    """The default train section as commented YAML (for the pipeline's config.yaml)."""
+    lines = ["# train section: keys of train.py --config-json"]
+    for key, (value, comment) in CONFIG_SPEC.items():
+        lines.append(f"{key}: {json.dumps(value)}  # {comment}")
+    return "\n".join(lines) + "\n"
+
+
+def merge_config(user: dict[str, Any]) -> dict[str, Any]:
+    """Defaults overridden by the user's keys; unknown keys are an error (typos must not pass silently)."""
+    unknown = sorted(set(user) - set(DEFAULT_CONFIG))
+    if unknown:
+        raise ConfigError(f"unknown train config keys {unknown}; known: {sorted(DEFAULT_CONFIG)}")
+    cfg = {**DEFAULT_CONFIG, **user}
+    if cfg["d_ff"] is None:
+        cfg["d_ff"] = 64 * math.ceil(8 * cfg["d_model"] / 3 / 64)
+    return cfg
+
+
+def validate_config(cfg: dict[str, Any], cuda: bool, world_size: int) -> None:
+    """Everything checkable before launch: GPU-only plugins on CPU, layout, model shape."""
+    plugin = cfg["plugin"]
+    if plugin not in PLUGINS:
+        raise ConfigError(f"plugin {plugin!r} unknown; choose one of {PLUGINS}")
+    if plugin in GPU_ONLY_PLUGINS and not cuda:
+        raise ConfigError(
+            f"plugin {plugin!r} cannot run on this CPU-only machine: {GPU_ONLY_PLUGINS[plugin]}. "
+            "Use plugin torch_ddp or hybrid on CPU."
+        )
+    if cfg["precision"] not in ("fp32", "bf16"):
+        raise ConfigError(f"precision {cfg['precision']!r} unknown; choose fp32 or bf16")
+    if plugin == "gemini" and cfg["precision"] != "bf16":
+        raise ConfigError("plugin 'gemini' supports only mixed precision: set precision bf16")
+    tp, pp, sp = cfg["tp"], cfg["pp"], cfg["sp"]
+    if plugin != "hybrid" and (tp, pp, sp) != (1, 1, 1):
+        raise ConfigError(f"tp/pp/sp > 1 need plugin 'hybrid' (got plugin {plugin!r}, tp={tp} pp={pp} sp={sp})")
+    if cfg["sp_mode"] not in ("all_to_all", "split_gather", "ring"):
+        raise ConfigError(f"sp_mode {cfg['sp_mode']!r} unknown")
+    if cfg["model_impl"] not in ("auto", "native", "hf"):
+        raise ConfigError(f"model_impl {cfg['model_impl']!r} unknown")
+    if plugin == "hybrid" and cfg["model_impl"] == "native":
+        raise ConfigError("plugin 'hybrid' needs model_impl hf (shardformer only knows transformers models)")
+    own_sp_axis = cfg["sp_mode"] == "all_to_all"
+    if sp > 1 and not own_sp_axis and sp != tp:
+        raise ConfigError(f"sp_mode {cfg['sp_mode']!r} shares the tp group: set sp equal to tp ({tp})")
+    ranks_per_replica = tp * pp * (sp if own_sp_axis else 1)
+    if world_size % ranks_per_replica:
+        raise ConfigError(f"world size {world_size} is not divisible by tp*pp*sp = {ranks_per_replica}")
+    if cfg["d_model"] % cfg["n_head"] or (cfg["d_model"] // cfg["n_head"]) % 2:
+        raise ConfigError("d_model must be a multiple of n_head with an even head dim")
+    head_split = tp * (sp if own_sp_axis else 1)
+    if cfg["n_head"] % head_split:
+        raise ConfigError(f"n_head {cfg['n_head']} must be divisible by tp*sp = {head_split}")
+    if cfg["seq_len"] % sp:
+        raise ConfigError(f"seq_len {cfg['seq_len']} must be divisible by sp {sp}")
+    if pp > cfg["n_layer"]:
+        raise ConfigError(f"pp {pp} > n_layer {cfg['n_layer']}")
+    if cfg["vocab"] < DATA_VOCAB:
+        raise ConfigError(f"vocab {cfg['vocab']} < {DATA_VOCAB} (bytes + end-of-document token)")
+    if cfg["schedule"] not in ("cosine", "constant"):
+        raise ConfigError(f"schedule {cfg['schedule']!r} unknown")
+    if cfg["optimizer"] not in ("adamw", "hybrid_adam"):
+        raise ConfigError(f"optimizer {cfg['optimizer']!r} unknown")
+    if cfg["steps"] < 1 or cfg["micro_batch"] < 1 or cfg["grad_accum"] < 1 or cfg["log_every"] < 1:
+        raise ConfigError("steps, micro_batch, grad_accum and log_every must be >= 1")
+    if cfg["stop_after"] is not None and not 0 < cfg["stop_after"] <= cfg["steps"]:
+        raise ConfigError("stop_after must be in 1..steps (or null)")
+
+
+def model_impl(cfg: dict[str, Any]) -> str:
+    if cfg["model_impl"] == "auto":
+        return "hf" if cfg["plugin"] == "hybrid" else "native"
+    return cfg["model_impl"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Model: a Llama-style decoder. NativeLlama uses the parameter names of transformers' LlamaForCausalLM, so a
+# state dict moves freely between the two (hybrid trains the HF one, evaluate.py loads NativeLlama).
+# ----------------------------------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    vocab: int
+    n_layer: int
+    n_head: int
+    d_model: int
+    d_ff: int
+    seq_len: int
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    @classmethod
+    def from_train_config(cls, cfg: dict[str, Any]) -> ModelConfig:
+        return cls(**{key: cfg[key] for key in MODEL_KEYS})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # fp32 statistics, like LlamaRMSNorm, so both implementations agree.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.head_dim = cfg.d_model // cfg.n_head
+        self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        # is_causal=True: SDPA picks flash/efficient kernels on GPU and never sees a dense mask.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+
+
+class Output:
+    """Minimal stand-in for transformers' CausalLMOutput (attribute access, cheap under torch.compile)."""
+
+    def __init__(self, logits: torch.Tensor, loss: torch.Tensor | None) -> None:
+        self.logits = logits
+        self.loss = loss
+
+
+class NativeLlama(nn.Module):
+    """Llama-style causal LM: RMSNorm, RoPE, SwiGLU, SDPA causal attention, untied head."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Decoder(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        cos, sin = rope_tables(cfg)
+        # Non-persistent: the state dict holds only parameters, exactly like LlamaForCausalLM's.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(init_weights)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **_: Any) -> Output:
+        t = input_ids.shape[1]
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]
+        for block in self.model.layers:
+            x = block(x, cos, sin)
+        logits = self.lm_head(self.model.norm(x))
+        loss = causal_lm_loss(logits, labels) if labels is not None else None
+        return Output(logits, loss)
+
+
+def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    head_dim = cfg.d_model // cfg.n_head
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = torch.outer(torch.arange(cfg.seq_len, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def init_weights(module: nn.Module) -> None:
+    # Same scheme as transformers' LlamaPreTrainedModel (normal, std 0.02).
+    if isinstance(module, nn.Linear | nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy: position i predicts labels[i + 1] (the transformers convention)."""
+    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+
+
+def hf_llama(cfg: ModelConfig, attn_implementation: str) -> nn.Module:
+    """transformers' LlamaForCausalLM from a config (no hub access)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf_cfg = LlamaConfig(
+        vocab_size=cfg.vocab, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_head,
+        max_position_embeddings=cfg.seq_len, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.norm_eps,
+        tie_word_embeddings=False, use_cache=False, attn_implementation=attn_implementation,
+    )
+    return LlamaForCausalLM(hf_cfg)
+
+
+def build_model(train_cfg: dict[str, Any], cuda: bool) -> nn.Module:
+    """The model a run trains, seeded so every rank builds identical weights."""
+    torch.manual_seed(train_cfg["seed"])
+    mcfg = ModelConfig.from_train_config(train_cfg)
+    if model_impl(train_cfg) == "native":
+        return NativeLlama(mcfg)
+    # Without ColossalAI's flash attention (CPU), shardformer's attention takes the mask transformers builds;
+    # with "sdpa" that mask is None (causality left to SDPA's is_causal) and the replaced attention ignores
+    # causality. "eager" makes transformers build an explicit causal mask.
+    hybrid_flash = train_cfg["plugin"] == "hybrid" and flash_attention_ok(train_cfg, cuda)
+    attn = "sdpa" if train_cfg["plugin"] != "hybrid" or hybrid_flash else "eager"
+    return hf_llama(mcfg, attn)
+
+
+def flash_attention_ok(cfg: dict[str, Any], cuda: bool) -> bool:
+    return cuda and cfg["precision"] == "bf16"
+
+
+def matmul_params(model: nn.Module) -> int:
+    """Parameters taking part in matmuls (all but the input embedding): N of the 6*N*tokens FLOP estimate."""
+    return sum(p.numel() for name, p in model.named_parameters() if "embed_tokens" not in name)
+
+
+def clean_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Strip wrapper prefixes (torch.compile, DDP) so keys match LlamaForCausalLM's."""
+    out = {}
+    for key, value in sd.items():
+        for prefix in ("_orig_mod.", "module."):
+            key = key.replace(prefix, "")
+        out[key] = value.detach().to("cpu", copy=True)
+    return out
+
+
+def load_final_model(path: str | Path) -> tuple[NativeLlama, dict[str, Any]]:
+    """Load train.py's --out file into a NativeLlama on CPU, in fp32."""
+    blob = torch.load(path, map_location="cpu", weights_only=False)
+    model = NativeLlama(ModelConfig(**blob["model_config"]))
+    state = {k: v.float() for k, v in blob["state_dict"].items()}
+    model.load_state_dict(state, strict=True)
+    return model.eval(), blob
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------------
+def load_tokens(data_dir: str | Path, split: str) -> np.ndarray:
+    stats = json.loads((Path(data_dir) / "stats.json").read_text())
+    if stats.get("format") != DATA_FORMAT:
+        raise ValueError(f"{data_dir}: data format {stats.get('format')!r}, expected {DATA_FORMAT!r}")
+    return np.memmap(Path(data_dir) / f"{split}.bin", dtype=np.dtype(stats["dtype"]), mode="r")
+
+
+def batch_for_step(
+    tokens: np.ndarray, step: int, seed: int, seq_len: int, global_rows: int, first_row: int, rows: int
+) -> torch.Tensor:
+    """Rows first_row..first_row+rows of the global batch of optimizer step `step`.
+
+    Offsets are a pure function of (seed, step): the data position is the step, so a resume continues the
+    stream exactly, and the global batch does not depend on how it is split across ranks.
+    """
+    if len(tokens) <= seq_len:
+        raise ValueError(f"only {len(tokens)} training tokens for seq_len {seq_len}")
+    rng = np.random.default_rng([seed, 0xDA7A, step])
+    offsets = rng.integers(0, len(tokens) - seq_len, size=global_rows)[first_row:first_row + rows]
+    batch = np.stack([tokens[o:o + seq_len] for o in offsets]).astype(np.int64)
+    return torch.from_numpy(batch)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# LR schedule
+# ----------------------------------------------------------------------------------------------------------
+class WarmupCosine:
+    """lr multiplier: linear warm-up, then cosine (or constant) decay to min_lr_ratio at `total` steps.
+
+    A class (not a lambda) so LambdaLR's state dict carries it.
+    """
+
+    def __init__(self, total: int, warmup: int, min_ratio: float, schedule: str) -> None:
+        self.total, self.warmup, self.min_ratio, self.schedule = total, warmup, min_ratio, schedule
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        if self.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# ColossalAI glue
+# ----------------------------------------------------------------------------------------------------------
+def patch_cpu_accelerator() -> None:
+    """Runtime fixes so HybridParallel tp/pp/sp work on ColossalAI 0.5.0's CPU accelerator (never on GPU).
+
+    - CpuAccelerator.get_rng_state(device) passes the device on to torch.get_rng_state(), which takes none
+      (TypeError in tensor-parallel layers' seed handling).
+    - pipeline p2p calls torch.distributed.is_hccl_available(), absent from torch's CPU builds.
+    """
+    import torch.distributed as dist
+    from colossalai.accelerator.cpu_accelerator import CpuAccelerator
+
+    CpuAccelerator.get_rng_state = lambda self, device=None: torch.get_rng_state()
+    CpuAccelerator.set_rng_state = lambda self, new_state, device=None: torch.set_rng_state(new_state)
+    if not hasattr(dist, "is_hccl_available"):
+        dist.is_hccl_available = lambda: False
+
+
+def make_plugin(cfg: dict[str, Any], cuda: bool) -> Any:
+    """The Booster plugin for cfg. The caller must keep a reference (its process groups die with it)."""
+    from colossalai.booster.plugin import (
+        GeminiPlugin,
+        HybridParallelPlugin,
+        LowLevelZeroPlugin,
+        TorchDDPPlugin,
+    )
+
+    clip = float(cfg["grad_clip"])
+    name = cfg["plugin"]
+    if name == "torch_ddp":
+        return TorchDDPPlugin(broadcast_buffers=False)
+    if name == "low_level_zero":
+        return LowLevelZeroPlugin(stage=cfg["zero_stage"] or 2, precision=cfg["precision"], max_norm=clip)
+    if name == "gemini":
+        return GeminiPlugin(precision=cfg["precision"], placement_policy="static", max_norm=clip)
+    sp_enabled = cfg["sp"] > 1
+    return HybridParallelPlugin(
+        tp_size=cfg["tp"],
+        pp_size=cfg["pp"],
+        sp_size=cfg["sp"] if sp_enabled else None,
+        enable_sequence_parallelism=sp_enabled,
+        sequence_parallelism_mode=cfg["sp_mode"] if sp_enabled else None,
+        precision=cfg["precision"],
+        zero_stage=cfg["zero_stage"],
+        enable_flash_attention=flash_attention_ok(cfg, cuda),
+        num_microbatches=cfg["grad_accum"] if cfg["pp"] > 1 else None,
+        max_norm=clip,
+        broadcast_buffers=False,
+    )
+
+
+def make_optimizer(cfg: dict[str, Any], model: nn.Module, cuda: bool) -> torch.optim.Optimizer:
+    """AdamW with decay on matrices only. Gemini requires ColossalAI's HybridAdam."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    betas = (cfg["beta1"], cfg["beta2"])
+    if cfg["optimizer"] == "hybrid_adam" or cfg["plugin"] == "gemini":
+        from colossalai.nn.optimizer import HybridAdam
+
+        return HybridAdam(groups, lr=cfg["lr"], betas=betas, weight_decay=cfg["weight_decay"], adamw_mode=True)
+    return torch.optim.AdamW(groups, lr=cfg["lr"], betas=betas, fused=cuda)
+
+
+def data_parallel_layout(plugin: Any) -> tuple[int, int]:
+    """(dp rank, dp size): ranks sharing a dp index see the same data (tp/pp/sp peers)."""
+    import torch.distributed as dist
+
+    group = getattr(plugin, "dp_group", None)
+    if group is None:
+        return dist.get_rank(), dist.get_world_size()
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def uses_pipeline(cfg: dict[str, Any]) -> bool:
+    return cfg["plugin"] == "hybrid" and cfg["pp"] > 1
+
+
+def forward_logits(booster: Any, model: nn.Module, ids: torch.Tensor, cfg: dict[str, Any]) -> torch.Tensor | None:
+    """Logits of the boosted model (this rank's shard under tp; None on non-last pipeline stages)."""
+    if not uses_pipeline(cfg):
+        return model(input_ids=ids).logits
+    # The schedule calls the criterion on the last stage even when no loss is wanted.
+    out = booster.execute_pipeline(iter([{"input_ids": ids}]), model, lambda o, _: o["logits"].float().mean(),
+                                   None, return_loss=False, return_outputs=True)
+    outputs = out.get("outputs")
+    return None if outputs is None else outputs["logits"] if isinstance(outputs, dict) else outputs.logits
+
+
+# ----------------------------------------------------------------------------------------------------------
+# RNG and checkpoints
+# ----------------------------------------------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+CKPT_PREFIX = "step_"
+
+
+def complete_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, dir) of complete checkpoints, oldest first. Temp dirs never match (atomic rename)."""
+    root = Path(ckpt_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.glob(f"{CKPT_PREFIX}*"):
+        if path.is_dir() and (path / "trainer.json").is_file() and path.name[len(CKPT_PREFIX):].isdigit():
+            found.append((int(path.name[len(CKPT_PREFIX):]), path))
+    return sorted(found)
+
+
+def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
+    ckpts = complete_checkpoints(ckpt_dir)
+    return ckpts[-1][1] if ckpts else None
+
+
+def master_params(optimizer: Any) -> list[torch.Tensor] | None:
+    """fp32 master weights held by a mixed-precision optimizer wrapper (hybrid bf16, low_level_zero bf16).
+
+    ColossalAI's model checkpoint stores the bf16 working weights and re-seeds the masters from them on load;
+    saving the masters per rank keeps a resume exact.
+    """
+    get_map = getattr(optimizer, "get_master_to_working_map", None)
+    if get_map is None or not get_map() or not hasattr(optimizer, "optim"):
+        return None
+    return [p for group in optimizer.optim.param_groups for p in group["params"]]
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    tokens: int = 0
+    elapsed: float = 0.0  # training wall seconds summed over all attempts
+
+
+class Checkpointer:
+    """Atomic checkpoints: every rank writes into a temp dir, rank 0 renames it to step_NNNNNNNN.
+
+    A shared filesystem is assumed (ColossalAI's unsharded checkpoints are written by rank 0 only).
+    """
+
+    def __init__(self, booster: Any, model: Any, optimizer: Any, scheduler: Any, ckpt_dir: str | Path,
+                 cfg: dict[str, Any], rank: int, keep: int) -> None:
+        self.booster, self.model, self.optimizer, self.scheduler = booster, model, optimizer, scheduler
+        self.root, self.cfg, self.rank, self.keep = Path(ckpt_dir), cfg, rank, max(1, keep)
+
+    def save(self, state: TrainState) -> Path:
+        import torch.distributed as dist
+
+        final = self.root / f"{CKPT_PREFIX}{state.step:08d}"
+        tmp = self.root / f".tmp_{CKPT_PREFIX}{state.step:08d}"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        self.booster.save_model(self.model, str(tmp / "model.bin"), shard=False)
+        self.booster.save_optimizer(self.optimizer, str(tmp / "optimizer.bin"), shard=False)
+        if self.rank == 0:  # the scheduler is replicated; some checkpoint IOs would write it from every rank
+            torch.save(self.scheduler.state_dict(), tmp / "scheduler.bin")
+        per_rank: dict[str, Any] = {"rng": rng_state()}
+        masters = master_params(self.optimizer)
+        if masters is not None:
+            per_rank["masters"] = [p.detach().cpu().clone() for p in masters]
+        torch.save(per_rank, tmp / f"rank{self.rank:05d}.pt")
+        dist.barrier()
+        if self.rank == 0:
+            meta = {**asdict(state), "world_size": dist.get_world_size(), "config": self.cfg}
+            (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            for _, old in complete_checkpoints(self.root)[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()
+        return final
+
+    def load(self, path: Path) -> TrainState:
+        meta = json.loads((path / "trainer.json").read_text())
+        check_resume_config(meta["config"], self.cfg)
+        self.booster.load_model(self.model, str(path / "model.bin"))
+        self.booster.load_optimizer(self.optimizer, str(path / "optimizer.bin"))
+        self.scheduler.load_state_dict(torch.load(path / "scheduler.bin", weights_only=False))
+        own = path / f"rank{self.rank:05d}.pt"
+        per_rank = torch.load(own if own.exists() else path / "rank00000.pt", map_location="cpu",
+                              weights_only=False)
+        set_rng_state(per_rank["rng"])
+        self._restore_masters(per_rank.get("masters"))
+        return TrainState(step=meta["step"], tokens=meta["tokens"], elapsed=meta["elapsed"])
+
+    def _restore_masters(self, saved: list[torch.Tensor] | None) -> None:
+        masters = master_params(self.optimizer)
+        if saved is None or masters is None:
+            return
+        if len(saved) != len(masters) or any(s.shape != m.shape for s, m in zip(saved, masters, strict=True)):
+            return  # parallel layout changed: keep the masters re-seeded from the working weights
+        with torch.no_grad():
+            for s, m in zip(saved, masters, strict=True):
+                m.copy_(s.to(m.device, m.dtype))
+
+
+def check_resume_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    changed = sorted(k for k in current if k not in RESUME_MUTABLE_KEYS and saved.get(k) != current[k])
+    if changed:
+        diff = {k: (saved.get(k), current[k]) for k in changed}
+        raise ConfigError(f"checkpoint was written with a different config (saved, now): {diff}")
+
+
+def iter_metrics(path: str | Path) -> Iterator[dict[str, Any]]:
+    p = Path(path)
+    if not p.exists():
+        return
+    for line in p.read_text().splitlines():
+        if line.strip():
+            yield json.loads(line)

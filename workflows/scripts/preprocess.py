@@ -1,0 +1,198 @@
+"""Build the byte-level training corpus: train.bin / val.bin (uint16 tokens) and stats.json.
+
+    python workflows/scripts/preprocess.py --out-dir DIR [--shard I --num-shards N] [--seed S]
+                                           [--val-fraction F] [--num-docs D] [--input TEXT ...]
+    python workflows/scripts/preprocess.py --merge DIR1 DIR2 ... --out-dir OUT
+
+Documents come from a seeded procedural prose generator (no downloads), or, with --input, from the
+paragraphs of text files. Tokens are the UTF-8 bytes (0..255) plus EOS=256 after each document (vocab 257).
+Each document goes to val with probability --val-fraction, decided by a hash of (seed, document index), so
+the output is a pure function of the arguments.
+
+Sharding: shard I of N takes the contiguous document range [I*D/N, (I+1)*D/N) and writes its own --out-dir.
+--merge concatenates shard dirs in the order given: merging shards 0..N-1 reproduces the unsharded output
+byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lm import DATA_FORMAT, DATA_VOCAB, EOS_ID, TOKEN_DTYPE  # noqa: E402
+
+GENERATOR_VERSION = 1
+
+NAMES = ["Ada", "Bruno", "Clara", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kira", "Lars",
+         "Mira", "Nils", "Olga", "Pavel", "Rosa", "Sven", "Tilda", "Umar", "Vera", "Wim", "Yara", "Zeno"]
+ADJECTIVES = ["old", "quiet", "bright", "narrow", "green", "cold", "heavy", "small", "golden", "tired",
+              "crooked", "gentle", "wide", "silent", "red", "careful", "distant", "busy", "pale", "warm"]
+NOUNS = ["river", "miller", "lantern", "ferry", "orchard", "bridge", "harbour", "wagon", "garden", "tower",
+         "baker", "letter", "forest", "market", "clock", "window", "shepherd", "road", "village", "boat"]
+PLACES = ["the valley", "the hill", "the square", "the old mill", "the coast", "the north gate",
+          "the inn", "the library", "the station", "the meadow", "the quay", "the chapel"]
+VERBS = ["crossed", "watched", "carried", "painted", "found", "followed", "repaired", "visited", "counted",
+         "remembered", "opened", "described"]
+WEATHER = ["It rained all morning.", "The wind came from the sea.", "Snow covered the roofs.",
+           "The sun was low and yellow.", "Fog hid the far bank.", "The night was clear and still."]
+NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+                "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen"]
+
+
+def sentence(rng: random.Random) -> str:
+    """One sentence from a small grammar: varied but regular, so a tiny model can learn it."""
+    kind = rng.randrange(6)
+    n1, n2 = rng.choice(NOUNS), rng.choice(NOUNS)
+    a1, a2 = rng.choice(ADJECTIVES), rng.choice(ADJECTIVES)
+    name = rng.choice(NAMES)
+    if kind == 0:
+        return f"The {a1} {n1} {rng.choice(VERBS)} the {a2} {n2} near {rng.choice(PLACES)}."
+    if kind == 1:
+        return f'{name} said, "The {n1} is {a1}, but the {n2} is {a2}."'
+    if kind == 2:
+        a, b = rng.randrange(10), rng.randrange(9)
+        return f"{NUMBER_WORDS[a].capitalize()} plus {NUMBER_WORDS[b]} is {NUMBER_WORDS[a + b]}."
+    if kind == 3:
+        start = rng.randrange(8)
+        return ", ".join(NUMBER_WORDS[start:start + rng.randrange(3, 7)]).capitalize() + "."
+    if kind == 4:
+        return rng.choice(WEATHER)
+    return f"{name} {rng.choice(VERBS)} {rng.randrange(2, 40)} {n1}s on the way to {rng.choice(PLACES)}."
+
+
+def generated_document(seed: int, index: int) -> str:
+    rng = random.Random(f"doc:{seed}:{index}")  # str seeds hash with SHA-512: stable across runs
+    title = f"Chapter {index + 1}: The {rng.choice(ADJECTIVES).capitalize()} {rng.choice(NOUNS).capitalize()}"
+    paragraphs = [" ".join(sentence(rng) for _ in range(rng.randrange(3, 8))) for _ in range(rng.randrange(2, 5))]
+    return title + "\n\n" + "\n\n".join(paragraphs) + "\n"
+
+
+def text_documents(paths: Iterable[str]) -> list[str]:
+    """Paragraphs (blank-line separated) of the given text files, in order."""
+    docs: list[str] = []
+    for path in paths:
+        text = Path(path).read_text(encoding="utf-8")
+        docs.extend(p.strip() + "\n" for p in text.split("\n\n") if p.strip())
+    return docs
+
+
+def is_val(seed: int, index: int, fraction: float) -> bool:
+    digest = hashlib.sha256(f"split:{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def shard_range(num_docs: int, shard: int, num_shards: int) -> tuple[int, int]:
+    return shard * num_docs // num_shards, (shard + 1) * num_docs // num_shards
+
+
+def encode(doc: str) -> np.ndarray:
+    data = np.frombuffer(doc.encode("utf-8"), dtype=np.uint8).astype(TOKEN_DTYPE)
+    return np.concatenate([data, np.array([EOS_ID], dtype=TOKEN_DTYPE)])
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_split(out_dir: Path, name: str, parts: list[np.ndarray]) -> int:
+    arr = np.concatenate(parts) if parts else np.zeros(0, dtype=TOKEN_DTYPE)
+    arr.astype(TOKEN_DTYPE).tofile(out_dir / f"{name}.bin")
+    return int(arr.size)
+
+
+def write_stats(out_dir: Path, extra: dict) -> dict:
+    stats = {
+        "format": DATA_FORMAT,
+        "dtype": np.dtype(TOKEN_DTYPE).name,
+        "vocab_size": DATA_VOCAB,
+        "eos_id": EOS_ID,
+        "train_tokens": int((out_dir / "train.bin").stat().st_size // np.dtype(TOKEN_DTYPE).itemsize),
+        "val_tokens": int((out_dir / "val.bin").stat().st_size // np.dtype(TOKEN_DTYPE).itemsize),
+        "sha256": {name: sha256_file(out_dir / name) for name in ("train.bin", "val.bin")},
+        **extra,
+    }
+    (out_dir / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
+    return stats
+
+
+def build(out_dir: Path, seed: int, val_fraction: float, num_docs: int, shard: int, num_shards: int,
+          inputs: list[str] | None) -> dict:
+    source_docs = text_documents(inputs) if inputs else None
+    total = len(source_docs) if source_docs is not None else num_docs
+    lo, hi = shard_range(total, shard, num_shards)
+    train: list[np.ndarray] = []
+    val: list[np.ndarray] = []
+    n_val = 0
+    for i in range(lo, hi):
+        doc = source_docs[i] if source_docs is not None else generated_document(seed, i)
+        if is_val(seed, i, val_fraction):
+            val.append(encode(doc))
+            n_val += 1
+        else:
+            train.append(encode(doc))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_split(out_dir, "train", train)
+    write_split(out_dir, "val", val)
+    return write_stats(out_dir, {
+        "source": {"inputs": inputs} if inputs else {"generator": GENERATOR_VERSION},
+        "seed": seed, "val_fraction": val_fraction, "shard": shard, "num_shards": num_shards,
+        "doc_range": [lo, hi], "docs": hi - lo, "val_docs": n_val,
+    })
+
+
+def merge(dirs: list[Path], out_dir: Path) -> dict:
+    stats = [json.loads((d / "stats.json").read_text()) for d in dirs]
+    for d, s in zip(dirs, stats, strict=True):
+        if (s["format"], s["dtype"], s["vocab_size"]) != (DATA_FORMAT, np.dtype(TOKEN_DTYPE).name, DATA_VOCAB):
+            raise SystemExit(f"preprocess.py: {d} has an incompatible format: {s['format']} {s['dtype']}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val"):
+        parts = [np.fromfile(d / f"{split}.bin", dtype=TOKEN_DTYPE) for d in dirs]
+        write_split(out_dir, split, parts)
+    return write_stats(out_dir, {
+        "merged_from": [{"dir": str(d), "shard": s.get("shard"), "doc_range": s.get("doc_range")}
+                        for d, s in zip(dirs, stats, strict=True)],
+        "docs": sum(s.get("docs", 0) for s in stats), "val_docs": sum(s.get("val_docs", 0) for s in stats),
+    })
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="byte-level corpus -> train.bin / val.bin / stats.json")
+    p.add_argument("--out-dir", required=True, type=Path)
+    p.add_argument("--shard", type=int, default=0, help="this shard's index (0-based)")
+    p.add_argument("--num-shards", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--num-docs", type=int, default=2000, help="generated documents (all shards together)")
+    p.add_argument("--input", nargs="+", help="text files to use instead of generated prose")
+    p.add_argument("--merge", nargs="+", type=Path, metavar="DIR", help="concatenate these shard dirs")
+    args = p.parse_args(argv)
+    if not 0 <= args.shard < args.num_shards:
+        p.error(f"--shard {args.shard} not in 0..{args.num_shards - 1}")
+    if not 0 <= args.val_fraction < 1:
+        p.error("--val-fraction must be in [0, 1)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.merge:
+        stats = merge(args.merge, args.out_dir)
+    else:
+        stats = build(args.out_dir, args.seed, args.val_fraction, args.num_docs, args.shard, args.num_shards,
+                      args.input)
+    print(f"{args.out_dir}: train {stats['train_tokens']:,} tokens, val {stats['val_tokens']:,} tokens, "
+          f"{stats['docs']} docs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,391 @@
+"""Train a small Llama-style LM with a ColossalAI 0.5.0 Booster; run under torchrun (one or many nodes).
+
+    torchrun --nproc_per_node=P [--nnodes N --node_rank R --rdzv... ] workflows/scripts/train.py \\
+        --data-dir DATA --out FINAL.pt --ckpt-dir CKPTS --metrics METRICS.jsonl --config-json '{"steps": 100}'
+    python workflows/scripts/train.py --print-default-config     # the defaults as YAML
+
+Without torchrun's environment it runs as a single process (rank 0 of 1).
+
+Config keys (--config-json, a JSON object; omitted keys take the defaults printed by --print-default-config):
+    plugin        torch_ddp | low_level_zero | gemini | hybrid. low_level_zero and gemini need CUDA: on a CPU
+                  machine the run exits with code 2 before any process group is created.
+    tp, pp, sp    hybrid only: tensor-parallel, pipeline and sequence-parallel sizes (default 1)
+    sp_mode       hybrid: all_to_all (own axis) | split_gather | ring (these two share the tp group: sp == tp)
+    zero_stage    hybrid: 0/1/2; low_level_zero: 1/2 (0 means 2)
+    precision     fp32 | bf16. torch_ddp: torch.autocast(bf16) over fp32 weights; the other plugins: their own
+                  bf16 mixed precision (bf16 weights, fp32 masters kept by the optimizer)
+    model_impl    auto | native | hf. auto: the native module (SDPA is_causal, compiles well) except hybrid,
+                  whose shardformer needs transformers' LlamaForCausalLM. Both share parameter names.
+    n_layer, n_head, d_model, d_ff (null: 8/3*d_model rounded up to 64), seq_len, vocab (>= 257), rope_theta
+    steps         total optimizer steps; fixes the lr schedule
+    stop_after    stop after this step: checkpoint, exit 0, no final model (schedule unchanged; null: off)
+    micro_batch   sequences per data-parallel rank per micro step
+    grad_accum    micro steps per optimizer step (pipeline: the number of microbatches)
+    lr, min_lr_ratio, warmup, schedule (cosine | constant)
+    weight_decay, beta1, beta2, grad_clip (0: off), optimizer (adamw | hybrid_adam)
+    ckpt_every    checkpoint every N steps (0: only on SIGUSR2 / stop_after / end); keep_ckpts: how many kept
+    seed          model init, data order, RNGs
+    compile       torch.compile the model (CUDA, torch_ddp / low_level_zero; ignored otherwise)
+    log_every     metrics line + progress line every N steps
+
+Checkpoints (--ckpt-dir/step_NNNNNNNN, written to a temp dir then renamed; the last keep_ckpts kept) hold the
+model, optimizer, lr scheduler, step, token count and per-rank RNG states (python, numpy, torch, CUDA) and
+mixed-precision master weights. A rerun resumes from the latest one; the data position is the step (batches
+are a pure function of seed and step). The metrics file drops lines past the resumed step.
+
+Preemption: SIGUSR2 sets a flag; at the next step boundary the ranks agree (max-reduce), checkpoint, rank 0
+writes the step number to $MULTINODE_PREEMPT_FILE (when set), and every rank leaves with exit code 0.
+
+Final model (--out, rank 0): torch.save({"model_config", "state_dict" (unsharded, LlamaForCausalLM names),
+"train_config", "step"}), loadable on CPU in one process by lm.load_final_model.
+
+Metrics (--metrics, rank 0, JSON lines): step, loss (mean over ranks and the steps since the last line),
+lr, tokens, tokens_per_s, mfu (6*N*tokens/s over the GPUs' bf16 peak; null when unknown), elapsed, step_ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lm  # noqa: E402
+
+# bf16 dense peak FLOP/s per GPU, by a substring of torch.cuda.get_device_name().
+GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
+EXIT_CONFIG = 2
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data-dir", help="preprocess.py output (train.bin, stats.json)")
+    p.add_argument("--out", help="final model file (rank 0)")
+    p.add_argument("--ckpt-dir", help="checkpoint directory (shared by all nodes)")
+    p.add_argument("--metrics", help="metrics JSON lines (rank 0)")
+    p.add_argument("--config-json", default="{}", help="train section as a JSON object")
+    p.add_argument("--print-default-config", action="store_true", help="print the default config as YAML")
+    args = p.parse_args(argv)
+    if not args.print_default_config:
+        missing = [f"--{k.replace('_', '-')}" for k in ("data_dir", "out", "ckpt_dir", "metrics")
+                   if getattr(args, k) is None]
+        if missing:
+            p.error(f"missing {', '.join(missing)}")
+    return args
+
+
+def ensure_dist_env() -> None:
+    """Let a plain `python train.py` run as a 1-process job (torchrun sets these)."""
+    if "RANK" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+class Preemption:
+    """SIGUSR2 -> flag; ranks agree at step boundaries so all of them checkpoint at the same step."""
+
+    def __init__(self) -> None:
+        self.flag = False
+        self.group: Any = None
+        signal.signal(signal.SIGUSR2, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.flag = True  # only a flag: the handler may interrupt a collective
+
+    def setup_group(self) -> None:
+        # A gloo side group keeps this per-step check off the GPU stream (no device sync under NCCL).
+        self.group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+
+    def requested(self) -> bool:
+        t = torch.tensor([1 if self.flag else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(t.item())
+
+
+@dataclass
+class Run:
+    """Everything the training loop needs."""
+
+    args: argparse.Namespace
+    cfg: dict[str, Any]
+    cuda: bool
+    rank: int
+    world: int
+    booster: Any
+    plugin: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    ckpt: lm.Checkpointer
+    tokens: Any
+    dp_rank: int
+    dp_size: int
+    device: torch.device
+    n_matmul: int
+
+
+def log0(run_rank: int, msg: str) -> None:
+    if run_rank == 0:
+        print(msg, flush=True)
+
+
+def setup(args: argparse.Namespace, cfg: dict[str, Any], cuda: bool) -> Run:
+    import colossalai
+    from colossalai.booster import Booster
+
+    if not cuda:
+        colossalai.accelerator.set_accelerator("cpu")
+        lm.patch_cpu_accelerator()
+    colossalai.launch_from_torch(seed=cfg["seed"])
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    plugin = lm.make_plugin(cfg, cuda)  # referenced by Run: its process groups live as long as it does
+    booster = Booster(plugin=plugin)
+    model = lm.build_model(cfg, cuda)
+    n_matmul = lm.matmul_params(model)
+    if cfg["plugin"] in ("torch_ddp", "hybrid"):
+        model = model.to(device)
+    if cfg["compile"]:
+        if cuda and cfg["plugin"] in ("torch_ddp", "low_level_zero"):
+            model.compile()  # in place: parameter names (and checkpoints) stay unprefixed
+        else:
+            log0(rank, f"compile: ignored (needs CUDA and torch_ddp/low_level_zero; plugin {cfg['plugin']})")
+    optimizer = lm.make_optimizer(cfg, model, cuda)
+    schedule = lm.WarmupCosine(cfg["steps"], cfg["warmup"], cfg["min_lr_ratio"], cfg["schedule"])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
+    dp_rank, dp_size = lm.data_parallel_layout(plugin)
+    ckpt = lm.Checkpointer(booster, model, optimizer, scheduler, args.ckpt_dir, cfg, rank, cfg["keep_ckpts"])
+    tokens = lm.load_tokens(args.data_dir, "train")
+    return Run(args, cfg, cuda, rank, world, booster, plugin, model, optimizer, scheduler, ckpt, tokens,
+               dp_rank, dp_size, device, n_matmul)
+
+
+def check_data(data_dir: str, cfg: dict[str, Any]) -> None:
+    stats = json.loads((Path(data_dir) / "stats.json").read_text())
+    if stats["vocab_size"] > cfg["vocab"]:
+        raise lm.ConfigError(f"data vocab {stats['vocab_size']} > model vocab {cfg['vocab']}")
+
+
+def train_step(run: Run, step: int) -> torch.Tensor | None:
+    """One optimizer step; returns this rank's loss (None on pipeline stages without one)."""
+    cfg = run.cfg
+    mb, ga = cfg["micro_batch"], cfg["grad_accum"]
+    rows = mb * ga
+    batch = lm.batch_for_step(run.tokens, step, cfg["seed"], cfg["seq_len"], run.dp_size * rows,
+                              run.dp_rank * rows, rows).to(run.device, non_blocking=True)
+    if lm.uses_pipeline(cfg):
+        out = run.booster.execute_pipeline(iter([{"input_ids": batch, "labels": batch}]), run.model,
+                                           lambda o, _: o.loss, run.optimizer, return_loss=True)
+        loss = out["loss"]
+    else:
+        loss = torch.zeros((), device=run.device)
+        autocast = (torch.autocast(run.device.type, dtype=torch.bfloat16)
+                    if cfg["plugin"] == "torch_ddp" and cfg["precision"] == "bf16" else contextlib.nullcontext())
+        for m in range(ga):
+            ids = batch[m * mb:(m + 1) * mb]
+            skip_sync = m < ga - 1 and run.plugin.support_no_sync()
+            with run.booster.no_sync(run.model, run.optimizer) if skip_sync else contextlib.nullcontext():
+                with autocast:
+                    micro_loss = run.model(input_ids=ids, labels=ids).loss / ga
+                run.booster.backward(micro_loss, run.optimizer)
+            loss += micro_loss.detach()
+    if cfg["plugin"] == "torch_ddp" and cfg["grad_clip"] > 0:
+        run.optimizer.clip_grad_by_norm(cfg["grad_clip"])  # the other plugins clip inside step (max_norm)
+    run.optimizer.step()
+    run.optimizer.zero_grad()
+    run.scheduler.step()
+    return loss
+
+
+def mean_loss(run: Run, loss_sum: torch.Tensor, count: int) -> float:
+    """Mean loss over ranks holding one (all but early pipeline stages) and the logged steps."""
+    t = torch.stack([loss_sum.float().to(run.device), torch.tensor(float(count), device=run.device)])
+    dist.all_reduce(t)
+    return (t[0] / t[1]).item() if t[1] > 0 else float("nan")
+
+
+def mfu(run: Run, tokens_per_s: float) -> float | None:
+    if not run.cuda or run.cfg["precision"] != "bf16":
+        return None
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in GPU_PEAK_BF16.items() if k in name), None)
+    return None if peak is None else 6 * run.n_matmul * tokens_per_s / (peak * run.world)
+
+
+def prepare_metrics(path: str, resumed_step: int) -> None:
+    """Keep only lines up to the resumed step, so a rerun appends without duplicate steps."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    kept = [json.dumps(m) + "\n" for m in lm.iter_metrics(p) if m["step"] <= resumed_step]
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, p)
+
+
+def write_preempt_file(step: int) -> None:
+    target = os.environ.get("MULTINODE_PREEMPT_FILE")
+    if not target:
+        return
+    p = Path(target)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(f"{step}\n")
+    os.replace(tmp, p)
+
+
+def save_final(run: Run, state: lm.TrainState) -> None:
+    """Unsharded state dict gathered by the plugin's checkpoint IO, re-saved with the model config."""
+    out = Path(run.args.out)
+    staging = out.with_name(f".{out.name}.booster.bin")
+    if run.rank == 0:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    run.booster.save_model(run.model, str(staging), shard=False)
+    dist.barrier()
+    if run.rank == 0:
+        sd = lm.clean_state_dict(torch.load(staging, map_location="cpu", weights_only=True))
+        blob = {
+            "format": "llama-lm-v1",
+            "model_config": dataclasses.asdict(lm.ModelConfig.from_train_config(run.cfg)),
+            "state_dict": sd,
+            "train_config": run.cfg,
+            "step": state.step,
+            "tokens": state.tokens,
+        }
+        tmp = out.with_name(f".{out.name}.tmp")
+        torch.save(blob, tmp)
+        os.replace(tmp, out)
+        staging.unlink()
+    dist.barrier()
+
+
+class Logger:
+    """Accumulates losses between log lines; rank 0 writes metrics and a progress line."""
+
+    def __init__(self, run: Run, state: lm.TrainState) -> None:
+        self.run = run
+        self.loss_sum = torch.zeros((), device=run.device)
+        self.count = 0
+        self.train_s = 0.0
+        self.tokens = 0
+
+    def add(self, loss: torch.Tensor | None, seconds: float, tokens: int) -> None:
+        if loss is not None:
+            self.loss_sum += loss.detach().float()
+            self.count += 1
+        self.train_s += seconds
+        self.tokens += tokens
+
+    def emit(self, state: lm.TrainState, lr: float, step_s: float) -> None:
+        run = self.run
+        loss = mean_loss(run, self.loss_sum, self.count)
+        tps = self.tokens / max(self.train_s, 1e-9)
+        rec = {"step": state.step, "loss": round(loss, 6), "lr": lr, "tokens": state.tokens,
+               "tokens_per_s": round(tps, 1), "mfu": mfu(run, tps), "elapsed": round(state.elapsed, 3),
+               "step_ms": round(1000 * step_s, 2)}
+        if run.rank == 0:
+            with open(run.args.metrics, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            m = "" if rec["mfu"] is None else f" mfu {100 * rec['mfu']:.1f}%"
+            print(f"step {state.step}/{run.cfg['steps']} loss {loss:.4f} lr {lr:.3e} tok/s {tps:,.0f}{m} "
+                  f"elapsed {state.elapsed:.1f}s", flush=True)
+        self.loss_sum.zero_()
+        self.count, self.train_s, self.tokens = 0, 0.0, 0
+
+
+def train(run: Run, preempt: Preemption) -> int:
+    cfg = run.cfg
+    state = lm.TrainState()
+    latest = lm.latest_checkpoint(run.args.ckpt_dir)
+    if latest is not None:
+        state = run.ckpt.load(latest)
+        log0(run.rank, f"resumed from {latest} at step {state.step}")
+    if run.rank == 0:
+        prepare_metrics(run.args.metrics, state.step)
+    dist.barrier()
+    end = cfg["stop_after"] or cfg["steps"]
+    tokens_per_step = run.dp_size * cfg["micro_batch"] * cfg["grad_accum"] * cfg["seq_len"]
+    log0(run.rank, f"plugin {cfg['plugin']} world {run.world} dp {run.dp_size} device {run.device.type} "
+                   f"params {sum(p.numel() for p in run.model.parameters()):,} (this rank) "
+                   f"tokens/step {tokens_per_step} steps {state.step}->{end}")
+    logger = Logger(run, state)
+    saved_at = state.step if latest is not None else -1
+    run.model.train()
+    while state.step < end:
+        t0 = time.perf_counter()
+        lr = run.optimizer.param_groups[0]["lr"]
+        loss = train_step(run, state.step)
+        dt = time.perf_counter() - t0
+        state.step += 1
+        state.tokens += tokens_per_step
+        state.elapsed += dt
+        logger.add(loss, dt, tokens_per_step)
+        if state.step % cfg["log_every"] == 0 or state.step == end:
+            logger.emit(state, lr, dt)
+        if state.step < cfg["steps"] and preempt.requested():
+            run.ckpt.save(state)
+            if run.rank == 0:
+                write_preempt_file(state.step)
+            log0(run.rank, f"SIGUSR2: checkpointed step {state.step}, exiting for requeue")
+            return 0
+        if cfg["ckpt_every"] and state.step % cfg["ckpt_every"] == 0:
+            run.ckpt.save(state)
+            saved_at = state.step
+    if saved_at != state.step:
+        run.ckpt.save(state)
+    if state.step < cfg["steps"]:
+        log0(run.rank, f"stop_after: stopped at step {state.step} of {cfg['steps']} (checkpointed)")
+        return 0
+    save_final(run, state)
+    log0(run.rank, f"done: step {state.step}, final model {run.args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.print_default_config:
+        print(lm.default_config_yaml(), end="")
+        return 0
+    preempt = Preemption()  # early: a USR2 during start-up is kept, not fatal
+    cuda = torch.cuda.is_available()
+    try:
+        cfg = lm.merge_config(json.loads(args.config_json))
+        ensure_dist_env()
+        lm.validate_config(cfg, cuda, int(os.environ["WORLD_SIZE"]))
+        check_data(args.data_dir, cfg)
+    except (lm.ConfigError, json.JSONDecodeError, FileNotFoundError) as e:
+        print(f"train.py: config error: {e}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    run = setup(args, cfg, cuda)
+    preempt.setup_group()
+    try:
+        return train(run, preempt)
+    except lm.ConfigError as e:  # e.g. resuming a checkpoint written with another model config
+        print(f"train.py: config error: {e}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
