@@ -221,9 +221,11 @@ def build_request(
         signal = None
     signal = _text(rule, "signal", signal, _SIGNAL, "SLURM's --signal form, e.g. USR2@120, B:USR2@90, or 'none'")
     env_profile = r.get("env_profile", defaults.env_profile) or None
-    if env_profile is not None and known_profiles is not None and env_profile not in known_profiles:
-        raise RequestError(rule, "env_profile", env_profile,
-                           f"unknown profile; defined: {', '.join(sorted(known_profiles)) or '(none)'}")
+    if env_profile is not None and known_profiles is not None:
+        # "infiniband,debug" applies both, left to right
+        if any(name.strip() not in known_profiles for name in str(env_profile).split(",") if name.strip()):
+            raise RequestError(rule, "env_profile", env_profile,
+                               f"unknown profile; defined: {', '.join(sorted(known_profiles)) or '(none)'}")
     gpu_flag = r.get("gpu_flag", defaults.gpu_flag)
     if gpu_flag not in ("gres", "gpus-per-node"):
         raise RequestError(rule, "gpu_flag", gpu_flag, "'gres' or 'gpus-per-node'")

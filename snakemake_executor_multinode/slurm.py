@@ -67,6 +67,9 @@ class SlurmClient:
             raise SubmitError(str(err)) from err
         if proc.returncode != 0:
             message = (proc.stderr or proc.stdout).strip().replace("sbatch: error: ", "")
+            if "configuration source" in message:
+                message += ("\n(no SLURM configuration: set SLURM_CONF, or for the local sandbox run "
+                            "`eval \"$(multinode cluster env)\"`)")
             raise SubmitError(message or f"sbatch exited {proc.returncode}")
         jobid = proc.stdout.strip().split(";")[0]
         if not jobid.isdigit():

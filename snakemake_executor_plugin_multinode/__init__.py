@@ -106,15 +106,11 @@ class Executor(RemoteExecutor):
         wildcards = getattr(job, "wildcards_dict", None) or {}
         name = job.name if not job.is_group() else f"group_{job.name}"
         try:
-            req = build_request(name, resources, threads=job.threads, wildcards=wildcards, attempt=job.attempt,
-                                defaults=self.defaults, declared_nodes=declared if isinstance(declared, int) else None)
+            return build_request(name, resources, threads=job.threads, wildcards=wildcards, attempt=job.attempt,
+                                 defaults=self.defaults, known_profiles=self.profiles.names,
+                                 declared_nodes=declared if isinstance(declared, int) else None)
         except RequestError as err:
             raise WorkflowError(str(err)) from err
-        for selection in [req.env_profile] if req.env_profile else []:
-            if not self.profiles.known(selection):
-                raise WorkflowError(str(RequestError(name, "env_profile", selection, "unknown profile; defined: "
-                                                     + ", ".join(sorted(self.profiles.names)))))
-        return req
 
     def _validate_planned_jobs(self) -> None:
         """Check every job whose resources are known now, so bad input stops the run before any submission."""
@@ -125,7 +121,8 @@ class Executor(RemoteExecutor):
             return
         for job in jobs:
             try:
-                if any(str(v) == "<TBD>" for v in job.resources.values()):
+                # tmpdir is always <TBD> in the main process; others are when they depend on missing input
+                if any(str(v) == "<TBD>" for k, v in job.resources.items() if k != "tmpdir"):
                     continue
             except Exception:
                 continue  # resources depending on inputs that do not exist yet: checked at submission
