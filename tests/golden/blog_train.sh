@@ -1,0 +1,109 @@
+#!/bin/bash
+# Snakemake rule train
+# Written by snakemake-executor-plugin-multinode; `multinode preview` prints the same script.
+# ==== 1. resources ===============================================================================
+#SBATCH --job-name=mn-0123abcd-train
+#SBATCH --comment=rule_train_wildcards__
+#SBATCH --output=.snakemake/multinode/logs/rule_train/_/%j.attempt1.log
+#SBATCH --open-mode=append
+#SBATCH --export=ALL
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=64
+#SBATCH --gres=gpu:8
+#SBATCH --partition=gpu_A6000
+#SBATCH --account=your_account
+#SBATCH --time=20160
+#SBATCH --mem=400000M
+#SBATCH --nodelist=node110,node111
+#SBATCH --signal=USR2@120
+#SBATCH --requeue
+
+# A requeued job (USR2 checkpoint, node failure) writes each restart to its own log beside the first.
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+    exec >>.snakemake/multinode/logs/rule_train/_/"$SLURM_JOB_ID".attempt1.restart"$SLURM_RESTART_COUNT".log 2>&1
+fi
+echo "[multinode] job $SLURM_JOB_ID, rule train, attempt 1, restart ${SLURM_RESTART_COUNT:-0}, $(date -Is)"
+
+# ==== bookkeeping: a marker on the shared filesystem tells Snakemake the job ended (no slurmctld query)
+MULTINODE_STATE_DIR=/work/project/.snakemake/multinode/state
+export MULTINODE_PREEMPT_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.preempted"
+export MULTINODE_FAILED_NODE_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.failed-node"
+MULTINODE_REQUEUED=0
+multinode_finish() {
+    local rc=$?
+    [ "$MULTINODE_REQUEUED" = 1 ] && return
+    echo "[multinode] exit $rc, $(date -Is)"
+    printf '%s\n' "$rc" >"$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit.tmp" &&
+        mv -f "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit.tmp" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit"
+}
+trap multinode_finish EXIT
+trap 'exit 143' TERM
+mkdir -p "$MULTINODE_STATE_DIR"
+rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE"
+
+# ==== 2. environment =============================================================================
+# CUDA: PATH keeps what it had; LD_LIBRARY_PATH and CUDA_HOME are replaced so CUDA versions never mix
+export PATH=/path/to/cuda-11.8/bin:"$PATH"
+export LD_LIBRARY_PATH=/path/to/cuda-11.8/lib64
+export CUDA_HOME=/path/to/cuda-11.8
+# conda environment (activated here, so the submitting shell needs none)
+source /path/to/anaconda3/etc/profile.d/conda.sh
+conda activate my_env
+# NCCL / InfiniBand
+export NCCL_IB_DISABLE=0
+export NCCL_SOCKET_IFNAME='^lo'
+export NCCL_IB_HCA=mlx5_0
+export NCCL_IB_GID_INDEX=0
+export NCCL_IB_TC=106
+export NCCL_IB_TIMEOUT=22
+export NCCL_NET_GDR_LEVEL=2
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+export NCCL_LAUNCH_MODE=GROUP
+export NCCL_MIN_NRINGS=4
+export NCCL_DEBUG=WARN
+# variables
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+
+# ==== 3. nodes and rendezvous (resolved here, on the head node) ==================================
+NODELIST=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+NODE_NUM=$(echo "$NODELIST" | wc -l)
+MASTER_NODE=$(echo "$NODELIST" | head -n 1)
+MASTER_ADDR=$(getent ahostsv4 "$MASTER_NODE" | awk 'NR == 1 {print $1}')
+case "$MASTER_ADDR" in
+    "" | 127.*) MASTER_ADDR=$(hostname -I | awk '{print $1}') ;;  # a loopback entry is unreachable from peers
+esac
+# Derived from the job id: two jobs sharing a head node never pick the same port.
+MASTER_PORT=$((20000 + SLURM_JOB_ID % 40000))
+export NODELIST NODE_NUM MASTER_ADDR MASTER_PORT
+export MULTINODE_NODES=2 MULTINODE_GPUS_PER_NODE=8 MULTINODE_CPUS_PER_TASK=64
+export MULTINODE_OMP_NUM_THREADS=8
+echo "NODE_NUM=$NODE_NUM"
+echo "NODELIST: $(echo $NODELIST)"
+echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+
+# ==== 4. the rule ================================================================================
+# Snakemake gives every shell command OMP/BLAS threads = the rule's threads; `multinode torchrun` sets
+# OMP_NUM_THREADS = CPUs per GPU for the workers it starts.
+export OMP_NUM_THREADS=1 GOTO_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export MKL_NUM_THREADS=1 VECLIB_MAXIMUM_THREADS=1 NUMEXPR_NUM_THREADS=1
+cd /work/project
+rc=0
+bash -c 'multinode torchrun train.py --data results/data/train.bin --out results/model/final.pt' || rc=$?
+
+# ==== 5. checkpointed before the time limit? requeue, so the rerun resumes ========================
+if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
+    echo "[multinode] checkpointed after SIG${SLURM_SIGNAL:-USR2} ($(cat "$MULTINODE_PREEMPT_FILE"))"
+    if [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ]; then  # at most 3 requeue(s)
+        MULTINODE_REQUEUED=1
+        rm -f "$MULTINODE_PREEMPT_FILE"
+        if scontrol requeue "$SLURM_JOB_ID"; then
+            echo "[multinode] requeued; the next run resumes from the checkpoint"
+            sleep 600 & wait  # slurmctld ends this run
+        fi
+        MULTINODE_REQUEUED=0
+    fi
+    echo "[multinode] not requeued: a rerun or --retries resumes from the checkpoint"
+    exit 85
+fi
+exit "$rc"

@@ -1,0 +1,77 @@
+"""Environment profiles (YAML) -> the shell lines a job runs before the rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from snakemake_executor_multinode.environment import EnvProfileError, load_profiles, render_lines, resolve
+
+
+def lines_for(tmp_path, text: str, selection: str | None = None) -> list[str]:
+    f = tmp_path / "env.yaml"
+    f.write_text(text)
+    profiles = load_profiles(f)
+    return render_lines(resolve(profiles, selection))
+
+
+def test_cuda_extends_path_but_replaces_library_path_and_home(tmp_path):
+    lines = lines_for(tmp_path, "profiles:\n  cu118:\n    cuda: /opt/cuda-11.8/\n", "cu118")
+    assert 'export PATH=/opt/cuda-11.8/bin:"$PATH"' in lines
+    assert "export LD_LIBRARY_PATH=/opt/cuda-11.8/lib64" in lines  # replaced, not appended
+    assert "export CUDA_HOME=/opt/cuda-11.8" in lines
+
+
+def test_conda_is_activated_in_the_job_and_alloc_conf_is_always_set(tmp_path):
+    lines = lines_for(tmp_path, "profiles:\n  c:\n    conda: {base: /opt/anaconda3, env: my env}\n", "c")
+    assert lines.index("source /opt/anaconda3/etc/profile.d/conda.sh") < lines.index("conda activate 'my env'")
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in lines
+
+
+def test_builtin_infiniband_profile_is_the_seed_recipes_block():
+    lines = render_lines(resolve(load_profiles(), "infiniband"))
+    for expected in ("NCCL_IB_DISABLE=0", "NCCL_SOCKET_IFNAME='^lo'", "NCCL_IB_HCA=mlx5_0", "NCCL_IB_GID_INDEX=0",
+                     "NCCL_IB_TC=106", "NCCL_IB_TIMEOUT=22", "NCCL_NET_GDR_LEVEL=2", "NCCL_MIN_NRINGS=4"):
+        assert f"export {expected}" in lines
+
+
+def test_ethernet_and_debug_profiles_compose_left_to_right():
+    lines = render_lines(resolve(load_profiles(), "ethernet,debug"))
+    assert "export NCCL_IB_DISABLE=1" in lines
+    assert "export NCCL_DEBUG=INFO" in lines and "export NCCL_DEBUG=WARN" not in lines
+    assert "export TORCH_DISTRIBUTED_DEBUG=DETAIL" in lines
+
+
+def test_extends_and_default_apply(tmp_path):
+    text = ("default: mine\nprofiles:\n  mine:\n    extends: infiniband\n    nccl: {hca: mlx5_2}\n"
+            "    env: {WANDB_MODE: offline}\n    modules: [cuda/12.1]\n")
+    lines = lines_for(tmp_path, text)
+    assert "export NCCL_IB_HCA=mlx5_2" in lines and "export NCCL_IB_TC=106" in lines
+    assert "export WANDB_MODE=offline" in lines and "module load cuda/12.1" in lines
+
+
+def test_values_are_quoted(tmp_path):
+    lines = lines_for(tmp_path, "profiles:\n  q:\n    env: {X: \"$(touch pwned); echo\"}\n", "q")
+    assert "export X='$(touch pwned); echo'" in lines
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("profiles: [a, b]", "env.yaml: 'profiles' must be a mapping"),
+    ("profiles:\n  a:\n    cuda: [1]\n", "env.yaml: profiles.a.cuda: must be a string"),
+    ("profiles:\n  a:\n    nccl: {ibb: 1}\n", "env.yaml: profiles.a.nccl.ibb: unknown"),
+    ("profiles:\n  a:\n    colour: red\n", "env.yaml: profiles.a: unknown key(s) ['colour']"),
+    ("profiles:\n  a:\n    env: {1BAD: x}\n", "profiles.a.env.1BAD: not a valid environment variable name"),
+    ("profiles:\n  a:\n    extends: nope\n", "profiles.a.extends: profile 'nope' is not defined"),
+    ("default: nope\nprofiles: {}\n", "env.yaml: default: profile 'nope' is not defined"),
+    ("profiles:\n  a: {env: {X: 1}\n", "env.yaml: not valid YAML"),
+    ("profiles:\n  a:\n    conda: my_env\n", "profiles.a.conda: must be {env: NAME_OR_PATH"),
+])
+def test_malformed_profile_files_name_the_file_and_key(tmp_path, text, expected):
+    with pytest.raises(EnvProfileError) as err:
+        lines_for(tmp_path, text)
+    assert expected in str(err.value)
+    assert str(tmp_path / "env.yaml") in str(err.value)
+
+
+def test_missing_profile_file_is_named(tmp_path):
+    with pytest.raises(EnvProfileError, match="nope.yaml: environment profile file not found"):
+        load_profiles(tmp_path / "nope.yaml")

@@ -1,0 +1,97 @@
+"""The job script: one template, rendered per job; what `multinode preview` prints is what runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path, PurePath
+
+from snakemake_executor_multinode import environment, jobscript
+from snakemake_executor_multinode.cli import main
+from snakemake_executor_multinode.request import build_request
+
+GOLDEN = Path(__file__).parent / "golden"
+
+# The seed recipe's cluster: 2 nodes x 8 A6000, 64 CPUs, 14 days, InfiniBand, conda in the job.
+BLOG_PROFILES = """\
+default: a6000
+profiles:
+  a6000:
+    extends: infiniband
+    cuda: /path/to/cuda-11.8
+    conda: {base: /path/to/anaconda3, env: my_env}
+"""
+BLOG_RESOURCES = dict(nodes=2, gpus=8, cpus_per_task=64, mem_mb=400000, runtime=20160, slurm_partition="gpu_A6000",
+                      slurm_account="your_account", nodelist="node110,node111")
+
+
+def blog_script(tmp_path: Path) -> str:
+    f = tmp_path / "env.yaml"
+    f.write_text(BLOG_PROFILES)
+    profiles = environment.load_profiles(f)
+    req = build_request("train", BLOG_RESOURCES, threads=1, known_profiles=profiles.names)
+    ctx = jobscript.ScriptContext(
+        command="multinode torchrun train.py --data results/data/train.bin --out results/model/final.pt",
+        workdir=PurePath("/work/project"), log_dir=jobscript.log_dir_for(PurePath(".snakemake/multinode/logs"), req),
+        state_dir=PurePath("/work/project/.snakemake/multinode/state"), job_name="mn-0123abcd-train")
+    return jobscript.render(req, ctx, environment.render_lines(environment.resolve(profiles, profiles.default)))
+
+
+def test_blog_configuration_renders_the_golden_script(tmp_path):
+    script = blog_script(tmp_path)
+    golden = GOLDEN / "blog_train.sh"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(script)
+    assert script == golden.read_text()
+
+
+def test_rendered_script_is_valid_bash(tmp_path):
+    path = tmp_path / "job.sh"
+    path.write_text(blog_script(tmp_path))
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+def test_sbatch_header_carries_every_resource(tmp_path):
+    header = [line for line in blog_script(tmp_path).splitlines() if line.startswith("#SBATCH")]
+    for flag in ("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=64", "--gres=gpu:8", "--partition=gpu_A6000",
+                 "--account=your_account", "--time=20160", "--mem=400000M", "--nodelist=node110,node111",
+                 "--open-mode=append", "--signal=USR2@120", "--requeue", "--export=ALL"):
+        assert f"#SBATCH {flag}" in header
+
+
+def test_gpus_per_node_flag_and_gpu_type():
+    req = build_request("t", {"gpus": 4, "gpu_type": "a100", "gpu_flag": "gpus-per-node"})
+    ctx = jobscript.ScriptContext("true", PurePath("/w"), PurePath("logs"), PurePath("/w/s"), "n")
+    assert "--gpus-per-node=a100:4" in jobscript.sbatch_options(req, ctx)
+    req = build_request("t", {"gpus": 4, "gpu_type": "a100"})
+    assert "--gres=gpu:a100:4" in jobscript.sbatch_options(req, ctx)
+
+
+def test_wildcards_become_safe_names_and_distinct_values_stay_distinct():
+    a = jobscript.safe_component("name=a b;$(x)")
+    b = jobscript.safe_component("name=a_b;$(x)")
+    assert a != b and all(c.isalnum() or c in "_.=+-" for c in a)
+    assert jobscript.safe_component("sample=s1") == "sample=s1"
+
+
+def test_the_command_reaches_bash_as_one_quoted_word(tmp_path):
+    req = build_request("t", {})
+    ctx = jobscript.ScriptContext("echo 'it''s' \"$HOME\"; exit 0", PurePath("/w"), PurePath("l"), PurePath("/s"), "n")
+    script = jobscript.render(req, ctx, [])
+    assert "bash -c 'echo '\"'\"'it'\"'\"''\"'\"'s'\"'\"' \"$HOME\"; exit 0' || rc=$?" in script
+
+
+def test_preview_prints_the_same_script_the_executor_submits(tmp_path, capsys):
+    f = tmp_path / "env.yaml"
+    f.write_text(BLOG_PROFILES)
+    items = [f"{k}={v}" for k, v in BLOG_RESOURCES.items()]
+    assert main(["preview", "--rule", "train", "--env-profiles", str(f), "--workdir", str(tmp_path), *items,
+                 "--", "multinode", "torchrun", "train.py"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("#!/bin/bash") and "#SBATCH --gres=gpu:8" in out
+    assert "conda activate my_env" in out and "multinode torchrun train.py" in out
+
+
+def test_preview_refuses_bad_input_with_the_same_message(capsys):
+    assert main(["preview", "nodes=2", "gpus=8", "cpus_per_task=4"]) == 2
+    assert "resource cpus_per_task=4 is invalid: must be at least gpus=8" in capsys.readouterr().err

@@ -1,0 +1,91 @@
+"""Completion markers report a finished job at once; a slow batched sweep catches jobs that die without one."""
+
+from __future__ import annotations
+
+import subprocess
+
+from snakemake_executor_multinode.slurm import JobState, QueryError, SlurmClient, parse_sacct
+from snakemake_executor_multinode.status import Tracker
+
+
+class FakeClient:
+    def __init__(self, states=None, fail=False):
+        self.states = states or {}
+        self.fail = fail
+        self.queries: list[list[str]] = []
+
+    def query(self, ids):
+        self.queries.append(sorted(ids))
+        if self.fail:
+            raise QueryError("slurmdbd down")
+        return {i: self.states[i] for i in ids if i in self.states}
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_success_marker_needs_no_slurm_query(tmp_path):
+    client, clock = FakeClient(), Clock()
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=clock)
+    (tmp_path / "7.exit").write_text("0\n")
+    out = tracker.poll(["7", "8"])
+    assert out["7"].finished and out["7"].success
+    assert not out["8"].finished
+    assert client.queries == []
+
+
+def test_failure_marker_asks_slurm_once_for_state_and_reason(tmp_path):
+    client = FakeClient({"7": JobState("7", "FAILED", "3:0", "NonZeroExitCode", "node[1-2]")})
+    tracker = Tracker(tmp_path, client, clock=Clock())
+    (tmp_path / "7.exit").write_text("3\n")
+    (tmp_path / "7.failed-node").write_text("node2\n")
+    out = tracker.poll(["7"])["7"]
+    assert out.finished and not out.success
+    text = out.describe()
+    assert "SLURM state FAILED" in text and "reason NonZeroExitCode" in text and "failing node node2" in text
+
+
+def test_sweep_is_rate_limited_and_catches_jobs_without_marker(tmp_path):
+    clock = Clock()
+    client = FakeClient({"9": JobState("9", "CANCELLED"), "10": JobState("10", "RUNNING")})
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=clock)
+    assert not tracker.poll(["9", "10"])["9"].finished
+    clock.now = 10
+    tracker.poll(["9", "10"])
+    assert client.queries == []  # no sweep before 30 s
+    clock.now = 31
+    out = tracker.poll(["9", "10"])
+    assert client.queries == [["10", "9"]]  # one batched query for all
+    assert out["9"].finished and not out["9"].success and not out["10"].finished
+
+
+def test_a_failing_query_never_fails_a_job(tmp_path):
+    clock = Clock()
+    tracker = Tracker(tmp_path, FakeClient(fail=True), sweep_seconds=1, clock=clock)
+    clock.now = 5
+    out = tracker.poll(["1"])
+    assert not out["1"].finished and tracker.query_failures == 1
+
+
+def test_squeue_answers_when_accounting_is_off():
+    calls = []
+
+    def runner(cmd, **kw):
+        calls.append(cmd[0])
+        if cmd[0] == "sacct":
+            return subprocess.CompletedProcess(cmd, 1, "", "Slurm accounting storage is disabled")
+        return subprocess.CompletedProcess(cmd, 0, "5|TIMEOUT|TimeLimit|node1\n", "")
+
+    states = SlurmClient(runner=runner).query(["5"])
+    assert calls == ["sacct", "squeue"] and states["5"].state == "TIMEOUT"
+
+
+def test_sacct_parsing_takes_the_first_word_and_the_last_row():
+    text = "12|REQUEUED|0:0|None|node1\n12|CANCELLED by 0|0:15|None|node1\n13|COMPLETED|0:0|None|node2\n"
+    states = parse_sacct(text)
+    assert states["12"].state == "CANCELLED" and states["13"].succeeded
