@@ -75,8 +75,8 @@ def measure(name: str, n: int, run) -> dict:
         wall = run(n, Path(tmp))
         time.sleep(1)  # let the last batch-complete RPC land
         rpcs = sdiag_rpcs() - rpc0
-    return {"variant": name, "jobs": n, "wall_s": round(wall, 2), "overhead_per_job_s": round((wall - n * SLEEP) / n, 2),
-            "rpcs_per_job": round(rpcs / n, 1)}
+    return {"variant": name, "jobs": n, "wall_s": round(wall, 2),
+            "overhead_per_job_s": round((wall - n * SLEEP) / n, 2), "rpcs_per_job": round(rpcs / n, 1)}
 
 
 def main() -> int:

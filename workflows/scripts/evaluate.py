@@ -33,14 +33,15 @@ def validation_loss(model: lm.NativeLlama, tokens: np.ndarray, seq_len: int, max
     usable = min(len(tokens), max_tokens)
     n_windows = usable // seq_len
     if n_windows == 0:
-        raise SystemExit(f"evaluate.py: validation split has {len(tokens)} tokens, fewer than seq_len {seq_len}")
+        raise SystemExit(f"evaluate.py: {len(tokens)} validation tokens, fewer than seq_len {seq_len}")
     windows = np.asarray(tokens[: n_windows * seq_len], dtype=np.int64).reshape(n_windows, seq_len)
     total, count = 0.0, 0
     for i in range(0, n_windows, batch_size):
         ids = torch.from_numpy(windows[i:i + batch_size])
         logits = model(input_ids=ids).logits[:, :-1]
         target = ids[:, 1:]
-        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum").item()
+        flat_logits = logits.reshape(-1, logits.shape[-1])
+        total += F.cross_entropy(flat_logits, target.reshape(-1), reduction="sum").item()
         count += target.numel()
     return total / count, count, n_windows
 

@@ -6,6 +6,7 @@ ColossalAI is imported lazily: it costs seconds, and config errors must be repor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -33,13 +34,13 @@ DATA_FORMAT = "bytes-eos-v1"
 # Train config: (default, comment). The comment becomes the YAML comment of --print-default-config.
 # ----------------------------------------------------------------------------------------------------------
 CONFIG_SPEC: dict[str, tuple[Any, str]] = {
-    "plugin": ("torch_ddp", "torch_ddp | low_level_zero | gemini | hybrid (low_level_zero, gemini: GPU only)"),
+    "plugin": ("torch_ddp", "torch_ddp | low_level_zero | gemini | hybrid (the middle two: GPU only)"),
     "tp": (1, "hybrid: tensor-parallel size"),
     "pp": (1, "hybrid: pipeline stages (grad_accum is then the number of pipeline microbatches)"),
     "sp": (1, "hybrid: sequence-parallel size, > 1 enables SP (split_gather/ring: must equal tp)"),
-    "sp_mode": ("all_to_all", "hybrid: all_to_all (own sp axis) | split_gather | ring (share the tp group)"),
+    "sp_mode": ("all_to_all", "hybrid: all_to_all (own axis) | split_gather | ring (share the tp group)"),
     "zero_stage": (0, "hybrid: ZeRO stage 0/1/2; low_level_zero: 1/2 (0 means 2)"),
-    "precision": ("fp32", "fp32 | bf16 (torch_ddp: bf16 autocast, fp32 weights; others: the plugin's bf16 AMP)"),
+    "precision": ("fp32", "fp32 | bf16 (torch_ddp: autocast, fp32 weights; others: the plugin's bf16 AMP)"),
     "model_impl": ("auto", "auto | native | hf (auto: native Llama module, hf LlamaForCausalLM for hybrid)"),
     "n_layer": (4, "transformer blocks"),
     "n_head": (4, "attention heads (head dim = d_model / n_head, even)"),
@@ -70,11 +71,11 @@ CONFIG_SPEC: dict[str, tuple[Any, str]] = {
 DEFAULT_CONFIG: dict[str, Any] = {key: spec[0] for key, spec in CONFIG_SPEC.items()}
 
 PLUGINS = ("torch_ddp", "low_level_zero", "gemini", "hybrid")
-GPU_ONLY_PLUGINS = {
-    "low_level_zero": "LowLevelZeroPlugin keeps its ZeRO buffers on the accelerator and fails on ColossalAI's "
-    "CPU accelerator ('device is required')",
-    "gemini": "GeminiPlugin places parameter chunks on CUDA and its optimizer (HybridAdam/CPUAdam) is a CUDA "
-    "extension",
+GPU_ONLY_PLUGINS = {  # the errors ColossalAI 0.5.0 raises on its CPU accelerator (measured)
+    "low_level_zero": "its ZeRO optimizer keeps gradient/master buffers on an accelerator device "
+    "(AssertionError 'device is required' at boost)",
+    "gemini": "it needs the CPUAdam/HybridAdam kernel, a CUDA-build extension "
+    "(AssertionError 'No usable kernel found for CPUAdamLoader'), and places its chunks on CUDA",
 }
 # Keys that may differ between a checkpoint and the run resuming it; any other difference is refused.
 # The data-parallel size may change (a different node count), the model/optimizer layout may not.
@@ -121,7 +122,7 @@ def validate_config(cfg: dict[str, Any], cuda: bool, world_size: int) -> None:
         raise ConfigError("plugin 'gemini' supports only mixed precision: set precision bf16")
     tp, pp, sp = cfg["tp"], cfg["pp"], cfg["sp"]
     if plugin != "hybrid" and (tp, pp, sp) != (1, 1, 1):
-        raise ConfigError(f"tp/pp/sp > 1 need plugin 'hybrid' (got plugin {plugin!r}, tp={tp} pp={pp} sp={sp})")
+        raise ConfigError(f"tp/pp/sp > 1 need plugin 'hybrid' (plugin {plugin!r}, tp={tp} pp={pp} sp={sp})")
     if cfg["sp_mode"] not in ("all_to_all", "split_gather", "ring"):
         raise ConfigError(f"sp_mode {cfg['sp_mode']!r} unknown")
     if cfg["model_impl"] not in ("auto", "native", "hf"):
@@ -139,6 +140,8 @@ def validate_config(cfg: dict[str, Any], cuda: bool, world_size: int) -> None:
     head_split = tp * (sp if own_sp_axis else 1)
     if cfg["n_head"] % head_split:
         raise ConfigError(f"n_head {cfg['n_head']} must be divisible by tp*sp = {head_split}")
+    if cfg["vocab"] % tp:
+        raise ConfigError(f"vocab {cfg['vocab']} must be divisible by tp {tp}")
     if cfg["seq_len"] % sp:
         raise ConfigError(f"seq_len {cfg['seq_len']} must be divisible by sp {sp}")
     if pp > cfg["n_layer"]:
@@ -345,8 +348,8 @@ def clean_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Strip wrapper prefixes (torch.compile, DDP) so keys match LlamaForCausalLM's."""
     out = {}
     for key, value in sd.items():
-        for prefix in ("_orig_mod.", "module."):
-            key = key.replace(prefix, "")
+        while key.startswith(("_orig_mod.", "module.")):
+            key = key.split(".", 1)[1]
         out[key] = value.detach().to("cpu", copy=True)
     return out
 
@@ -413,8 +416,9 @@ class WarmupCosine:
 def patch_cpu_accelerator() -> None:
     """Runtime fixes so HybridParallel tp/pp/sp work on ColossalAI 0.5.0's CPU accelerator (never on GPU).
 
-    - CpuAccelerator.get_rng_state(device) passes the device on to torch.get_rng_state(), which takes none
-      (TypeError in tensor-parallel layers' seed handling).
+    - tensor-parallel layers seed a Randomizer through accelerator.manual_seed / get_rng_state /
+      set_rng_state: CpuAccelerator raises "not supported" or passes a device to torch.get_rng_state(),
+      which takes none. Map them to the CPU generator.
     - pipeline p2p calls torch.distributed.is_hccl_available(), absent from torch's CPU builds.
     """
     import torch.distributed as dist
@@ -422,6 +426,8 @@ def patch_cpu_accelerator() -> None:
 
     CpuAccelerator.get_rng_state = lambda self, device=None: torch.get_rng_state()
     CpuAccelerator.set_rng_state = lambda self, new_state, device=None: torch.set_rng_state(new_state)
+    CpuAccelerator.manual_seed = lambda self, seed: torch.manual_seed(seed)
+    CpuAccelerator.manual_seed_all = lambda self, seed: torch.manual_seed(seed)
     if not hasattr(dist, "is_hccl_available"):
         dist.is_hccl_available = lambda: False
 
@@ -456,6 +462,9 @@ def make_plugin(cfg: dict[str, Any], cuda: bool) -> Any:
         num_microbatches=cfg["grad_accum"] if cfg["pp"] > 1 else None,
         max_norm=clip,
         broadcast_buffers=False,
+        # No vocab padding (validate_config demands vocab % tp == 0): ColossalAI 0.5.0's unsharded save
+        # asserts on a padded vocab-parallel embedding.
+        make_vocab_size_divisible_by=1,
     )
 
 
@@ -463,12 +472,14 @@ def make_optimizer(cfg: dict[str, Any], model: nn.Module, cuda: bool) -> torch.o
     """AdamW with decay on matrices only. Gemini requires ColossalAI's HybridAdam."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": cfg["weight_decay"]},
+              {"params": no_decay, "weight_decay": 0.0}]
     betas = (cfg["beta1"], cfg["beta2"])
     if cfg["optimizer"] == "hybrid_adam" or cfg["plugin"] == "gemini":
         from colossalai.nn.optimizer import HybridAdam
 
-        return HybridAdam(groups, lr=cfg["lr"], betas=betas, weight_decay=cfg["weight_decay"], adamw_mode=True)
+        return HybridAdam(groups, lr=cfg["lr"], betas=betas, weight_decay=cfg["weight_decay"],
+                          adamw_mode=True)
     return torch.optim.AdamW(groups, lr=cfg["lr"], betas=betas, fused=cuda)
 
 
@@ -486,13 +497,39 @@ def uses_pipeline(cfg: dict[str, Any]) -> bool:
     return cfg["plugin"] == "hybrid" and cfg["pp"] > 1
 
 
-def forward_logits(booster: Any, model: nn.Module, ids: torch.Tensor, cfg: dict[str, Any]) -> torch.Tensor | None:
+def model_inputs(ids: torch.Tensor, cfg: dict[str, Any], labels: bool) -> dict[str, torch.Tensor]:
+    """Keyword inputs of the model.
+
+    Hybrid without flash attention gets an explicit all-ones attention mask: with it, transformers' eager
+    path builds a (b, 1, s, s) causal mask, which shardformer's attention checks for exactly (without one
+    the mask is (b, 1, s, s + 1) and sequence parallelism fails). With flash attention no mask is best:
+    ColoAttention then runs plain causal attention instead of a padded varlen one.
+    """
+    inputs = {"input_ids": ids}
+    if cfg["plugin"] == "hybrid" and not flash_attention_ok(cfg, ids.is_cuda):
+        inputs["attention_mask"] = torch.ones_like(ids)
+    if labels:
+        inputs["labels"] = ids
+    return inputs
+
+
+def autocast(cfg: dict[str, Any], device_type: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast for torch_ddp (fp32 weights); the other plugins cast the model themselves."""
+    if cfg["plugin"] == "torch_ddp" and cfg["precision"] == "bf16":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def forward_logits(booster: Any, model: nn.Module, ids: torch.Tensor,
+                   cfg: dict[str, Any]) -> torch.Tensor | None:
     """Logits of the boosted model (this rank's shard under tp; None on non-last pipeline stages)."""
     if not uses_pipeline(cfg):
-        return model(input_ids=ids).logits
+        with autocast(cfg, ids.device.type):
+            return model(**model_inputs(ids, cfg, labels=False)).logits
     # The schedule calls the criterion on the last stage even when no loss is wanted.
-    out = booster.execute_pipeline(iter([{"input_ids": ids}]), model, lambda o, _: o["logits"].float().mean(),
-                                   None, return_loss=False, return_outputs=True)
+    out = booster.execute_pipeline(iter([model_inputs(ids, cfg, labels=False)]), model,
+                                   lambda o, _: o["logits"].float().mean(), None,
+                                   return_loss=False, return_outputs=True)
     outputs = out.get("outputs")
     return None if outputs is None else outputs["logits"] if isinstance(outputs, dict) else outputs.logits
 
@@ -513,12 +550,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 CKPT_PREFIX = "step_"

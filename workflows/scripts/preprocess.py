@@ -31,8 +31,9 @@ from lm import DATA_FORMAT, DATA_VOCAB, EOS_ID, TOKEN_DTYPE  # noqa: E402
 
 GENERATOR_VERSION = 1
 
-NAMES = ["Ada", "Bruno", "Clara", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kira", "Lars",
-         "Mira", "Nils", "Olga", "Pavel", "Rosa", "Sven", "Tilda", "Umar", "Vera", "Wim", "Yara", "Zeno"]
+NAMES = ["Ada", "Bruno", "Clara", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kira",
+         "Lars", "Mira", "Nils", "Olga", "Pavel", "Rosa", "Sven", "Tilda", "Umar", "Vera", "Wim", "Yara",
+         "Zeno"]
 ADJECTIVES = ["old", "quiet", "bright", "narrow", "green", "cold", "heavy", "small", "golden", "tired",
               "crooked", "gentle", "wide", "silent", "red", "careful", "distant", "busy", "pale", "warm"]
 NOUNS = ["river", "miller", "lantern", "ferry", "orchard", "bridge", "harbour", "wagon", "garden", "tower",
@@ -71,7 +72,8 @@ def sentence(rng: random.Random) -> str:
 def generated_document(seed: int, index: int) -> str:
     rng = random.Random(f"doc:{seed}:{index}")  # str seeds hash with SHA-512: stable across runs
     title = f"Chapter {index + 1}: The {rng.choice(ADJECTIVES).capitalize()} {rng.choice(NOUNS).capitalize()}"
-    paragraphs = [" ".join(sentence(rng) for _ in range(rng.randrange(3, 8))) for _ in range(rng.randrange(2, 5))]
+    paragraphs = [" ".join(sentence(rng) for _ in range(rng.randrange(3, 8)))
+                  for _ in range(rng.randrange(2, 5))]
     return title + "\n\n" + "\n\n".join(paragraphs) + "\n"
 
 
@@ -150,8 +152,9 @@ def build(out_dir: Path, seed: int, val_fraction: float, num_docs: int, shard: i
 
 def merge(dirs: list[Path], out_dir: Path) -> dict:
     stats = [json.loads((d / "stats.json").read_text()) for d in dirs]
+    expected = (DATA_FORMAT, np.dtype(TOKEN_DTYPE).name, DATA_VOCAB)
     for d, s in zip(dirs, stats, strict=True):
-        if (s["format"], s["dtype"], s["vocab_size"]) != (DATA_FORMAT, np.dtype(TOKEN_DTYPE).name, DATA_VOCAB):
+        if (s["format"], s["dtype"], s["vocab_size"]) != expected:
             raise SystemExit(f"preprocess.py: {d} has an incompatible format: {s['format']} {s['dtype']}")
     out_dir.mkdir(parents=True, exist_ok=True)
     for split in ("train", "val"):

@@ -49,11 +49,13 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import signal
 import socket
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,11 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lm  # noqa: E402
+
+# ColossalAI's import-time and per-save noise that says nothing about this run.
+for _pattern in (".*tensornvme.*", ".*apex.*", ".*broadcast_buffers.*deprecated.*"):
+    warnings.filterwarnings("ignore", message=_pattern)
+logging.getLogger().addFilter(lambda r: "unsharded checkpointing" not in r.getMessage())
 
 # bf16 dense peak FLOP/s per GPU, by a substring of torch.cuda.get_device_name().
 GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
@@ -192,21 +199,21 @@ def train_step(run: Run, step: int) -> torch.Tensor | None:
     mb, ga = cfg["micro_batch"], cfg["grad_accum"]
     rows = mb * ga
     batch = lm.batch_for_step(run.tokens, step, cfg["seed"], cfg["seq_len"], run.dp_size * rows,
-                              run.dp_rank * rows, rows).to(run.device, non_blocking=True)
+                              run.dp_rank * rows, rows)
+    if run.cuda:
+        batch = batch.pin_memory().to(run.device, non_blocking=True)
     if lm.uses_pipeline(cfg):
-        out = run.booster.execute_pipeline(iter([{"input_ids": batch, "labels": batch}]), run.model,
+        out = run.booster.execute_pipeline(iter([lm.model_inputs(batch, cfg, labels=True)]), run.model,
                                            lambda o, _: o.loss, run.optimizer, return_loss=True)
         loss = out["loss"]
     else:
         loss = torch.zeros((), device=run.device)
-        autocast = (torch.autocast(run.device.type, dtype=torch.bfloat16)
-                    if cfg["plugin"] == "torch_ddp" and cfg["precision"] == "bf16" else contextlib.nullcontext())
         for m in range(ga):
             ids = batch[m * mb:(m + 1) * mb]
             skip_sync = m < ga - 1 and run.plugin.support_no_sync()
             with run.booster.no_sync(run.model, run.optimizer) if skip_sync else contextlib.nullcontext():
-                with autocast:
-                    micro_loss = run.model(input_ids=ids, labels=ids).loss / ga
+                with lm.autocast(cfg, run.device.type):
+                    micro_loss = run.model(**lm.model_inputs(ids, cfg, labels=True)).loss / ga
                 run.booster.backward(micro_loss, run.optimizer)
             loss += micro_loss.detach()
     if cfg["plugin"] == "torch_ddp" and cfg["grad_clip"] > 0:
@@ -282,7 +289,7 @@ def save_final(run: Run, state: lm.TrainState) -> None:
 class Logger:
     """Accumulates losses between log lines; rank 0 writes metrics and a progress line."""
 
-    def __init__(self, run: Run, state: lm.TrainState) -> None:
+    def __init__(self, run: Run) -> None:
         self.run = run
         self.loss_sum = torch.zeros((), device=run.device)
         self.count = 0
@@ -328,7 +335,7 @@ def train(run: Run, preempt: Preemption) -> int:
     log0(run.rank, f"plugin {cfg['plugin']} world {run.world} dp {run.dp_size} device {run.device.type} "
                    f"params {sum(p.numel() for p in run.model.parameters()):,} (this rank) "
                    f"tokens/step {tokens_per_step} steps {state.step}->{end}")
-    logger = Logger(run, state)
+    logger = Logger(run)
     saved_at = state.step if latest is not None else -1
     run.model.train()
     while state.step < end:
@@ -379,12 +386,24 @@ def main(argv: list[str] | None = None) -> int:
     run = setup(args, cfg, cuda)
     preempt.setup_group()
     try:
-        return train(run, preempt)
+        rc = train(run, preempt)
     except lm.ConfigError as e:  # e.g. resuming a checkpoint written with another model config
         print(f"train.py: config error: {e}", file=sys.stderr, flush=True)
-        return EXIT_CONFIG
-    finally:
-        dist.destroy_process_group()
+        rc = EXIT_CONFIG
+    dist.destroy_process_group()
+    if not cfg["compile"]:
+        fast_exit(rc)
+    return rc
+
+
+def fast_exit(rc: int) -> None:
+    """Leave without interpreter teardown: freeing torch/transformers/ColossalAI modules takes ~2 s per
+    process on small CPUs, and a requeued job should release its nodes promptly. Everything is written and
+    the process group is destroyed by now. (Not with torch.compile: its worker pool cleans up at exit.)"""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,47 @@
+"""Helpers of the training tests: tiny configs and torchrun launches on CPU (gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "workflows" / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+# Small enough for 2 CPU cores: ~10 ms per step; a launch costs ~10 s of imports.
+TINY: dict[str, Any] = {"n_layer": 2, "n_head": 4, "d_model": 64, "seq_len": 64, "micro_batch": 4,
+                        "log_every": 1, "ckpt_every": 0, "warmup": 2}
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def torchrun_argv(script: Path | str, *args: str, nproc: int = 2) -> list[str]:
+    # --standalone: a private rendezvous on a free port, so launches never collide.
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            str(script), *args]
+
+
+def train_argv(out: Path, data_dir: Path, cfg: dict[str, Any]) -> list[str]:
+    return ["--data-dir", str(data_dir), "--out", str(out / "model.pt"), "--ckpt-dir", str(out / "ckpt"),
+            "--metrics", str(out / "metrics.jsonl"), "--config-json", json.dumps(cfg)]
+
+
+def run(argv: list[str], timeout: float = 120,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env or ENV, cwd=REPO)
+
+
+def train(out: Path, data_dir: Path, cfg: dict[str, Any], nproc: int = 2) -> subprocess.CompletedProcess:
+    """torchrun train.py; fails the test with the output when it does not exit 0."""
+    proc = run(torchrun_argv(SCRIPTS / "train.py", *train_argv(out, data_dir, cfg), nproc=nproc))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
+
+
+def metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
