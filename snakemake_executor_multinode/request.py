@@ -220,6 +220,12 @@ def build_request(
     if signal in ("none", "off", False):
         signal = None
     signal = _text(rule, "signal", signal, _SIGNAL, "SLURM's --signal form, e.g. USR2@120, B:USR2@90, or 'none'")
+    if signal and runtime_min and "@" in signal:
+        lead = int(signal.rsplit("@", 1)[1])
+        # slurmctld checks every 30 s and signals once the time left is within lead (+ up to one check)
+        if runtime_min * 60 <= lead + 30:
+            warnings.append(f"rule {rule!r}: signal {signal} with runtime {runtime_min} min: the signal arrives "
+                            "within 30 s of every start, so a checkpoint-and-requeue job would make no progress")
     env_profile = r.get("env_profile", defaults.env_profile) or None
     if env_profile is not None and known_profiles is not None:
         # "infiniband,debug" applies both, left to right

@@ -73,3 +73,9 @@ def test_bad_input_names_rule_field_value_and_what_is_allowed(resources, field, 
 def test_a_capped_nodes_resource_is_reported():
     r = build_request("train", {"nodes": 1}, declared_nodes=4)
     assert "asks for nodes=4 but gets 1" in r.warnings[0] and "--resources nodes" in r.warnings[0]
+
+
+def test_a_signal_lead_as_long_as_the_runtime_is_reported():
+    r = build_request("train", {"runtime": 2, "signal": "USR2@120"})
+    assert "arrives within 30 s of every start" in r.warnings[0]
+    assert build_request("train", {"runtime": 10, "signal": "USR2@120"}).warnings == ()
