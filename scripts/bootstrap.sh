@@ -22,10 +22,11 @@ if ! "$PY" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2
   echo "[bootstrap] pip install torch==2.13.0"
   "${pip[@]}" torch==2.13.0
 fi
-if ! "$PY" -c 'import snakemake_executor_plugin_multinode, snakemake, colossalai, transformers, pytest' 2>/dev/null \
-   || ! command -v multinode >/dev/null; then
+if ! "$PY" -c 'import snakemake, colossalai, transformers, galore_torch, matplotlib, pytest' 2>/dev/null; then
   echo "[bootstrap] pip install -e .[train,test] and colossalai==0.5.0 --no-deps"
   "${pip[@]}" -e ".[train,test]"
   "${pip[@]}" --no-deps colossalai==0.5.0
 fi
+# Always point the installed package (and the `multinode` command) at this checkout.
+"${pip[@]}" --no-deps -e .
 echo "[bootstrap] ready"
