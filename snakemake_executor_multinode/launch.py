@@ -161,9 +161,11 @@ def plan(alloc: Allocation, opts: Sequence[str], script: Sequence[str], python: 
     nproc = nproc_for(alloc, opts)
     launches = []
     for rank, node in enumerate(alloc.nodes):
+        # Explicit CPUs (srun 22.05 does not inherit --cpus-per-task) and --mem=0: all of the job's memory on
+        # the node, not a DefMemPerCPU-sized slice. The step inherits the job's GPUs on its node.
         srun = [
             "srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", f"--cpus-per-task={alloc.cpus_per_task}",
-            "--kill-on-bad-exit=1", "--export=ALL", f"--job-name=torchrun-node{rank}",
+            "--mem=0", "--kill-on-bad-exit=1", "--export=ALL", f"--job-name=torchrun-node{rank}",
         ]
         torchrun = [
             python, "-m", "torch.distributed.run", f"--nnodes={len(alloc.nodes)}", f"--nproc_per_node={nproc}",

@@ -24,7 +24,7 @@ def test_one_srun_per_node_with_explicit_node_rank():
     launches = plan(ALLOC, [], ["train.py", "--lr", "3e-4"], python="python")
     assert [(ln.node, ln.rank) for ln in launches] == [("node110", 0), ("node111", 1)]
     argv = launches[1].argv
-    assert argv[:8] == ("srun", "--nodes=1", "--ntasks=1", "--nodelist=node111", "--cpus-per-task=64",
+    assert argv[:9] == ("srun", "--nodes=1", "--ntasks=1", "--nodelist=node111", "--cpus-per-task=64", "--mem=0",
                         "--kill-on-bad-exit=1", "--export=ALL", "--job-name=torchrun-node1")
     tail = argv[argv.index("multinode-agent") + 1:]
     assert tail == ("python", "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=8", "--node_rank=1",
@@ -33,7 +33,7 @@ def test_one_srun_per_node_with_explicit_node_rank():
 
 def test_torchrun_agent_ignores_usr2_so_the_signal_reaches_only_the_workers():
     argv = plan(ALLOC, [], ["train.py"])[0].argv
-    assert argv[8:11] == ("bash", "-c", 'trap "" USR2; exec "$@"')
+    assert argv[9:12] == ("bash", "-c", 'trap "" USR2; exec "$@"')
 
 
 def test_user_torchrun_options_pass_through_and_nproc_can_be_overridden():
