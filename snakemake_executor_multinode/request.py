@@ -216,7 +216,9 @@ def build_request(
             raise RequestError(rule, "runtime", runtime,
                                "minutes (int) or a duration like '90', '2h', '1d', '30m', '1-12:00:00', "
                                "'12:00:00'") from err
-    signal = r.get("signal", defaults.signal)
+    # The pre-time-limit signal is for training (GPU or multi-node) jobs; in a plain job USR2's default action
+    # would only end the command two minutes early.
+    signal = r.get("signal", defaults.signal if nodes > 1 or gpus > 0 else None)
     if signal in ("none", "off", False):
         signal = None
     signal = _text(rule, "signal", signal, _SIGNAL, "SLURM's --signal form, e.g. USR2@120, B:USR2@90, or 'none'")

@@ -38,8 +38,8 @@ class ExecutorSettings(ExecutorSettingsBase):
         "help": "Profile(s) for rules without env_profile, e.g. 'infiniband' or 'infiniband,debug'; "
                 "default: the file's `default:`.", "env_var": True})
     signal: str = field(default="USR2@120", metadata={
-        "help": "sbatch --signal for every job without a signal resource ('none' to send none). USR2 reaches "
-                "the training workers, not torchrun's agent.", "env_var": True})
+        "help": "sbatch --signal for GPU or multi-node jobs without a signal resource ('none' to send none). "
+                "USR2 reaches the training workers, not torchrun's agent.", "env_var": True})
     logdir: str = field(default=".snakemake/multinode/logs", metadata={
         "help": "Folder (relative to the working directory) for job scripts and logs: "
                 "rule_<rule>/<wildcards>/<jobid>.attempt<n>.log and .sh.", "env_var": True})
@@ -87,6 +87,7 @@ class Executor(RemoteExecutor):
         self.tracker = Tracker(self.state_dir, self.client, sweep_seconds=s.sweep_seconds)
         self.next_seconds_between_status_checks = s.status_seconds
         self.external_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)
+        self._warned: set[str] = set()
         try:
             self.profiles = environment.load_profiles(s.env_profiles)
         except environment.EnvProfileError as err:
@@ -126,9 +127,12 @@ class Executor(RemoteExecutor):
                     continue
             except Exception:
                 continue  # resources depending on inputs that do not exist yet: checked at submission
-            req = self.request_for(job)
-            for warning in req.warnings:
-                self.logger.warning(warning)
+            self._warn(self.request_for(job))
+
+    def _warn(self, req: JobRequest) -> None:
+        for warning in set(req.warnings) - self._warned:
+            self._warned.add(warning)
+            self.logger.warning(warning)
 
     # --- command -------------------------------------------------------------------------------
     def runs_directly(self, job: JobExecutorInterface) -> bool:
@@ -167,8 +171,7 @@ class Executor(RemoteExecutor):
     # --- submission ----------------------------------------------------------------------------
     def run_job(self, job: JobExecutorInterface) -> None:
         req = self.request_for(job)
-        for warning in req.warnings:
-            self.logger.warning(warning)
+        self._warn(req)
         log_dir = jobscript.log_dir_for(Path(self.settings.logdir), req)
         ctx = jobscript.ScriptContext(command=self.command_for(job), workdir=self.workdir, log_dir=log_dir,
                                       state_dir=self.state_dir, job_name=f"mn-{self.run_id}-{req.rule}")

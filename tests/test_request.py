@@ -24,9 +24,16 @@ def test_official_slurm_plugin_resource_names_carry_over():
 
 
 def test_plugin_defaults_fill_what_the_rule_leaves_out():
-    r = build_request("x", {}, defaults=Defaults(account="a", partition="p", signal="USR2@300"))
+    r = build_request("x", {"gpus": 1}, defaults=Defaults(account="a", partition="p", signal="USR2@300"))
     assert (r.account, r.partition, r.signal) == ("a", "p", "USR2@300")
-    assert build_request("x", {"signal": "none"}).signal is None
+    assert build_request("x", {"gpus": 1, "signal": "none"}).signal is None
+
+
+def test_the_pre_time_limit_signal_goes_to_training_jobs_only():
+    assert build_request("x", {"nodes": 2}).signal == "USR2@120"
+    assert build_request("x", {"gpus": 1}).signal == "USR2@120"
+    assert build_request("x", {}).signal is None  # USR2 would only end a plain command early
+    assert build_request("x", {"signal": "USR1@60"}).signal == "USR1@60"
 
 
 @pytest.mark.parametrize("value,minutes", [
@@ -76,6 +83,6 @@ def test_a_capped_nodes_resource_is_reported():
 
 
 def test_a_signal_lead_as_long_as_the_runtime_is_reported():
-    r = build_request("train", {"runtime": 2, "signal": "USR2@120"})
+    r = build_request("train", {"gpus": 1, "runtime": 2})
     assert "arrives within 30 s of every start" in r.warnings[0]
-    assert build_request("train", {"runtime": 10, "signal": "USR2@120"}).warnings == ()
+    assert build_request("train", {"gpus": 1, "runtime": 10}).warnings == ()

@@ -10,7 +10,7 @@ from tests.conftest import REPO
 
 def dry_run(profile: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", "workflows/Snakefile", "--workflow-profile",
-                           f"workflows/profiles/{profile}", "-n", "--directory", str(REPO)],
+                           f"workflows/profiles/{profile}", "-n", "--forceall"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout + proc.stderr
