@@ -5,7 +5,9 @@ Inside an allocation (our job script or a hand-written one) it starts, in parall
 (GPUs per node), --master_addr and --master_port. torchrun's agent starts with SIGUSR2 ignored: SLURM's
 `--signal=USR2@T` reaches every process of every step, and USR2's default action would kill the agent; the
 workers install their own handler and checkpoint. If one node's torchrun fails, the others are stopped within
-seconds and the exit names the failing node. Outside SLURM the same command runs a one-node torchrun.
+seconds and the exit names the failing node. Started by a user as one task per node of an srun step
+(`srun --ntasks-per-node=1 multinode torchrun ...`) it runs that node's torchrun directly. Outside SLURM the same
+command runs a one-node torchrun.
 """
 
 from __future__ import annotations
@@ -142,6 +144,12 @@ def read_allocation(env: Mapping[str, str]) -> Allocation:
     return Allocation(job_id, nodes, _count_devices(env), cpus, addr, port)
 
 
+def refuse_owned(opts: Sequence[str]) -> None:
+    for name in OWNED:
+        if _option(opts, name) is not None or name in opts:
+            raise SystemExit(f"multinode torchrun: {name} is set by the launcher inside a SLURM allocation")
+
+
 def nproc_for(alloc: Allocation, opts: Sequence[str]) -> int:
     """Processes per node: the user's --nproc_per_node, else the node's GPUs (fake ones count), else 1."""
     given = _option(opts, "--nproc_per_node", "--nproc-per-node")
@@ -155,9 +163,7 @@ def nproc_for(alloc: Allocation, opts: Sequence[str]) -> int:
 def plan(alloc: Allocation, opts: Sequence[str], script: Sequence[str], python: str = sys.executable,
          ) -> list[NodeLaunch]:
     """The srun command line for every node: what `run_nodes` starts, and what tests check."""
-    for name in OWNED:
-        if _option(opts, name) is not None or name in opts:
-            raise SystemExit(f"multinode torchrun: {name} is set by the launcher inside a SLURM allocation")
+    refuse_owned(opts)
     nproc = nproc_for(alloc, opts)
     launches = []
     for rank, node in enumerate(alloc.nodes):
@@ -258,6 +264,26 @@ def _stop_all(procs: Mapping[int, subprocess.Popen], grace: float) -> None:
             p.kill()
 
 
+def step_command(env: Mapping[str, str], opts: Sequence[str], script: Sequence[str],
+                 python: str = sys.executable) -> list[str]:
+    """Inside an `srun --ntasks-per-node=1 multinode torchrun ...` step: this node's torchrun, no further srun."""
+    nodes = hostnames(env["SLURM_STEP_NODELIST"])
+    if int(env.get("SLURM_STEP_NUM_TASKS", len(nodes))) != len(nodes):
+        raise SystemExit("multinode torchrun: inside an srun step, start one task per node "
+                         "(srun --ntasks-per-node=1 multinode torchrun ...)")
+    me = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    alloc = Allocation(env["SLURM_JOB_ID"], tuple(nodes), _count_devices(env),
+                       int(env.get("SLURM_CPUS_PER_TASK") or 1),
+                       env.get("MASTER_ADDR") or head_address(nodes[0], nodes[1:]),
+                       # the same on every node without talking to each other: job and step id
+                       int(env.get("MASTER_PORT") or 20000 + (int(env["SLURM_JOB_ID"]) * 16
+                                                             + int(env.get("SLURM_STEP_ID", 0))) % 40000))
+    refuse_owned(opts)
+    return [python, "-m", "torch.distributed.run", f"--nnodes={len(nodes)}",
+            f"--nproc_per_node={nproc_for(alloc, opts)}", f"--node_rank={nodes.index(me)}",
+            f"--master_addr={alloc.master_addr}", f"--master_port={alloc.master_port}", *_strip_nproc(opts), *script]
+
+
 def main(argv: Sequence[str]) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         print(__doc__)
@@ -270,6 +296,13 @@ def main(argv: Sequence[str]) -> int:
                *_strip_nproc(opts), *script]
         log(f"no SLURM allocation: one-node torchrun with {nproc} process(es)")
         return subprocess.call(cmd, env=env)
+    if env.get("SLURM_STEP_ID"):
+        cmd = step_command(env, opts, script)
+        log(f"inside step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}: {' '.join(cmd[3:8])}")
+        # This process is a step task: USR2 would end it. Ignored here, inherited by torchrun's agent; the
+        # workers install their own handler.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        os.execv(cmd[0], cmd)
     alloc = read_allocation(env)
     launches = plan(alloc, opts, script)
     nproc = nproc_for(alloc, opts)

@@ -231,3 +231,34 @@ def test_snakemake_own_executor_test_workflows_pass(slurm_cluster, tmp_path):
     )
     assert code.returncode == 0, code.stdout[-4000:] + code.stderr[-2000:]
     assert "2 passed" in code.stdout
+
+
+HAND_WRITTEN = """#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=1 --gres=gpu:2 --cpus-per-task=2
+cd {wd}
+{launch}
+"""
+
+
+@pytest.mark.parametrize("launch", [
+    "multinode torchrun allreduce.py results/allreduce.json",  # from the batch script: one srun per node
+    "srun --ntasks-per-node=1 multinode torchrun allreduce.py results/allreduce.json",  # one task per node
+], ids=["batch-script", "srun-step"])
+def test_multinode_torchrun_uses_a_hand_written_allocation(slurm_cluster, tmp_path, launch):
+    wd = copy_workflow("torchrun", tmp_path)
+    (wd / "results").mkdir()
+    script = wd / "job.sbatch"
+    script.write_text(HAND_WRITTEN.format(wd=wd, launch=launch))
+    job = slurm_cluster.run("sbatch", "--parsable", "-o", str(wd / "job.log"), str(script)).stdout.strip()
+    deadline = time.monotonic() + 120
+    state = ""
+    while time.monotonic() < deadline:
+        state = slurm_cluster.run("squeue", "-h", "-t", "all", "-j", job, "-o", "%T").stdout.strip()
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            break
+        time.sleep(0.5)
+    assert state == "COMPLETED", (wd / "job.log").read_text()
+    result = json.loads((wd / "results" / "allreduce.json").read_text())
+    assert result["world_size"] == 4
+    assert sorted((r["host"], r["node_rank"]) for r in result["ranks"]) == [
+        ("node1", 0), ("node1", 0), ("node2", 1), ("node2", 1)]
