@@ -201,7 +201,7 @@ def _strip_nproc(opts: Sequence[str]) -> list[str]:
 
 def worker_env(alloc: Allocation, nproc: int, env: Mapping[str, str]) -> dict[str, str]:
     """OMP threads = the node's CPUs shared by its processes (Snakemake's shell set it to the rule's threads)."""
-    omp = env.get("MULTINODE_OMP_NUM_THREADS") or str(max(1, alloc.cpus_per_task // max(nproc, 1)))
+    omp = str(max(1, alloc.cpus_per_task // max(nproc, 1)))
     return dict(env) | {"OMP_NUM_THREADS": omp, "MASTER_ADDR": alloc.master_addr,
                         "MASTER_PORT": str(alloc.master_port)}
 
@@ -265,7 +265,7 @@ def _stop_all(procs: Mapping[int, subprocess.Popen], grace: float) -> None:
 
 
 def step_command(env: Mapping[str, str], opts: Sequence[str], script: Sequence[str],
-                 python: str = sys.executable) -> list[str]:
+                 python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
     """Inside an `srun --ntasks-per-node=1 multinode torchrun ...` step: this node's torchrun, no further srun."""
     nodes = hostnames(env["SLURM_STEP_NODELIST"])
     if int(env.get("SLURM_STEP_NUM_TASKS", len(nodes))) != len(nodes):
@@ -279,9 +279,11 @@ def step_command(env: Mapping[str, str], opts: Sequence[str], script: Sequence[s
                        int(env.get("MASTER_PORT") or 20000 + (int(env["SLURM_JOB_ID"]) * 16
                                                              + int(env.get("SLURM_STEP_ID", 0))) % 40000))
     refuse_owned(opts)
-    return [python, "-m", "torch.distributed.run", f"--nnodes={len(nodes)}",
-            f"--nproc_per_node={nproc_for(alloc, opts)}", f"--node_rank={nodes.index(me)}",
-            f"--master_addr={alloc.master_addr}", f"--master_port={alloc.master_port}", *_strip_nproc(opts), *script]
+    nproc = nproc_for(alloc, opts)
+    cmd = [python, "-m", "torch.distributed.run", f"--nnodes={len(nodes)}", f"--nproc_per_node={nproc}",
+           f"--node_rank={nodes.index(me)}", f"--master_addr={alloc.master_addr}",
+           f"--master_port={alloc.master_port}", *_strip_nproc(opts), *script]
+    return cmd, worker_env(alloc, nproc, env)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -297,12 +299,12 @@ def main(argv: Sequence[str]) -> int:
         log(f"no SLURM allocation: one-node torchrun with {nproc} process(es)")
         return subprocess.call(cmd, env=env)
     if env.get("SLURM_STEP_ID"):
-        cmd = step_command(env, opts, script)
+        cmd, step_env = step_command(env, opts, script)
         log(f"inside step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}: {' '.join(cmd[3:8])}")
         # This process is a step task: USR2 would end it. Ignored here, inherited by torchrun's agent; the
         # workers install their own handler.
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-        os.execv(cmd[0], cmd)
+        os.execve(cmd[0], cmd, step_env)
     alloc = read_allocation(env)
     launches = plan(alloc, opts, script)
     nproc = nproc_for(alloc, opts)

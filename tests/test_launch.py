@@ -60,6 +60,7 @@ def test_unknown_option_and_missing_script_are_clear():
 def test_workers_get_cpus_per_gpu_as_omp_threads():
     env = worker_env(ALLOC, 8, {"OMP_NUM_THREADS": "1"})
     assert env["OMP_NUM_THREADS"] == "8" and env["MASTER_PORT"] == "24242"
+    assert worker_env(ALLOC, 4, {})["OMP_NUM_THREADS"] == "16"  # a --nproc_per_node override shares the CPUs too
 
 
 def test_allocation_from_the_job_script_environment():

@@ -42,7 +42,7 @@ esac
 MASTER_PORT={{master_port}}
 export NODELIST NODE_NUM MASTER_ADDR MASTER_PORT
 export MULTINODE_NODES={{nodes}} MULTINODE_GPUS_PER_NODE={{gpus}} MULTINODE_CPUS_PER_TASK={{cpus_per_task}}
-export MULTINODE_OMP_NUM_THREADS={{omp_threads}}
+export MULTINODE_OMP_NUM_THREADS={{omp_threads}}  # CPUs per GPU process, for rules that start their own workers
 echo "NODE_NUM=$NODE_NUM"
 echo "NODELIST: $(echo $NODELIST)"
 echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
