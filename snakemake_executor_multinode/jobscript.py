@@ -103,7 +103,7 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "threads": str(req.threads),
         "workdir": q(str(ctx.workdir)),
         "command": f"bash -c {q(ctx.command)}",
-        "max_requeues": str(req.max_requeues if req.requeue else 0),
+        "max_requeues": str(req.max_requeues),
     }
     template = resources.files(__package__).joinpath("templates", "job.sh").read_text()
 

@@ -55,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         profiles = environment.load_profiles(args.env_profiles)
         defaults = Defaults(account=args.account, partition=args.partition, signal=args.signal,
-                            env_profile=profiles.default, requeue=args.max_requeues > 0,
-                            max_requeues=args.max_requeues)
+                            env_profile=profiles.default, max_requeues=args.max_requeues)
         req = build_request(args.rule, resources, threads=args.threads, wildcards=wildcards,
                             attempt=args.attempt, defaults=defaults, known_profiles=profiles.names)
         env_lines = environment.render_lines(environment.resolve(profiles, req.env_profile))

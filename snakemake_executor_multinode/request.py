@@ -58,8 +58,7 @@ class Defaults:
     signal: str | None = "USR2@120"
     env_profile: str | None = None
     gpu_flag: str = "gres"  # or "gpus-per-node"
-    requeue: bool = True
-    max_requeues: int = 3
+    max_requeues: int = 3  # 0: never requeue (sbatch --no-requeue)
 
 
 @dataclass(frozen=True)
@@ -87,14 +86,13 @@ class JobRequest:
     env_profile: str | None = None
     master_port: int | None = None
     slurm_extra: tuple[str, ...] = ()
-    requeue: bool = True
     max_requeues: int = 3
     attempt: int = 1
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
-    def is_multinode(self) -> bool:
-        return self.nodes > 1 or self.gpus > 0
+    def requeue(self) -> bool:
+        return self.max_requeues > 0
 
     @property
     def omp_threads(self) -> int:
@@ -265,8 +263,7 @@ def build_request(
         env_profile=env_profile,
         master_port=port,
         slurm_extra=_slurm_extra(rule, r.get("slurm_extra")),
-        requeue=defaults.requeue,
-        max_requeues=defaults.max_requeues,
+        max_requeues=max(0, defaults.max_requeues),
         attempt=attempt,
         warnings=tuple(warnings),
     )

@@ -97,7 +97,7 @@ class Executor(RemoteExecutor):
                                 f"{', '.join(sorted(self.profiles.names))}")
         self.defaults = Defaults(account=s.account, partition=s.partition, signal=s.signal,
                                  env_profile=s.env_profile or self.profiles.default, gpu_flag=s.gpu_flag,
-                                 requeue=s.max_requeues > 0, max_requeues=s.max_requeues)
+                                 max_requeues=s.max_requeues)
         self._validate_planned_jobs()
 
     # --- request -------------------------------------------------------------------------------
