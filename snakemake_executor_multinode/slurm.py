@@ -48,10 +48,8 @@ class SlurmClient:
         self.env = dict(env) if env is not None else None
         self.runner = runner
         self.timeout = timeout
-        self.calls: dict[str, int] = {}  # command -> count, for tests and benchmarks
 
     def _run(self, cmd: Sequence[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
-        self.calls[cmd[0]] = self.calls.get(cmd[0], 0) + 1
         try:
             return self.runner(list(cmd), capture_output=True, text=True, env=self.env, cwd=cwd,
                                timeout=self.timeout, stdin=subprocess.DEVNULL)
