@@ -97,8 +97,9 @@ def daemons(spec: ClusterSpec) -> list[Daemon]:
     return found
 
 
-def idle_nodes(spec: ClusterSpec) -> set[str]:
-    proc = subprocess.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], capture_output=True, text=True,
+def nodes_in(spec: ClusterSpec, states: str = "idle") -> set[str]:
+    """Names of the nodes sinfo reports in these states (comma-separated, sinfo -t)."""
+    proc = subprocess.run(["sinfo", "-h", "-N", "-t", states, "-o", "%N"], capture_output=True, text=True,
                           env=slurm_env(spec), timeout=10)
     return set(proc.stdout.split()) if proc.returncode == 0 else set()
 
@@ -135,7 +136,7 @@ def up(spec: ClusterSpec) -> None:
                     f"({previous.nodes} nodes x {previous.gpus} GPUs, accounting "
                     f"{'on' if previous.accounting else 'off'}): run `multinode cluster down` first"
                 )
-            if len(idle_nodes(spec) | _busy_nodes(spec)) >= spec.nodes:
+            if len(nodes_in(spec, "idle,alloc,mix")) >= spec.nodes:
                 say(f"already up: {spec.nodes} nodes ({spec.dir}); nothing to do")
                 return
         ensure_packages(spec)
@@ -155,12 +156,6 @@ def up(spec: ClusterSpec) -> None:
         _slurmctld_up(spec)
         _slurmd_up(spec)
         say(f"ready: {spec.nodes} idle nodes with gpu:{spec.gpus}; use it with: eval \"$(multinode cluster env)\"")
-
-
-def _busy_nodes(spec: ClusterSpec) -> set[str]:
-    proc = subprocess.run(["sinfo", "-h", "-N", "-t", "alloc,mix", "-o", "%N"], capture_output=True, text=True,
-                          env=slurm_env(spec), timeout=10)
-    return set(proc.stdout.split()) if proc.returncode == 0 else set()
 
 
 def _prepare_dirs(spec: ClusterSpec) -> None:
@@ -304,11 +299,11 @@ def _slurmd_up(spec: ClusterSpec) -> None:
                 "--propagation", "private", "sh", "-c", inner],
                f"starting slurmd on {node}", log=spec.dir / "logs" / f"slurmd-{node}.log", env=slurm_env(spec))
     want = {spec.node_name(i) for i in spec.node_indices}
-    if not ps.wait_for(lambda: want <= idle_nodes(spec), 60, 0.2):
+    if not ps.wait_for(lambda: want <= nodes_in(spec), 60, 0.2):
         proc = subprocess.run(["sinfo", "-N", "-o", "%N %T %E"], capture_output=True, text=True,
                               env=slurm_env(spec))
         raise ClusterError(
-            f"only {sorted(idle_nodes(spec))} of {sorted(want)} became idle within 60 s:\n{proc.stdout}"
+            f"only {sorted(nodes_in(spec))} of {sorted(want)} became idle within 60 s:\n{proc.stdout}"
             f"see {spec.dir / 'logs'}/slurmctld.log and slurmd-<node>.log"
         )
     say(f"{len(want)} slurmd nodes idle")
