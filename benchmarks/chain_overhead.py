@@ -46,8 +46,13 @@ def handwritten(n: int, workdir: Path) -> float:
     for i in range(n):
         dep = [f"--dependency=afterok:{prev}"] if prev else []
         cmd = f"sleep {SLEEP}" + (f" && touch {done}" if i == n - 1 else "")
-        prev = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", *dep, "--wrap", cmd],
-                              capture_output=True, text=True, check=True, cwd=workdir).stdout.strip()
+        prev = subprocess.run(
+            ["sbatch", "--parsable", "-o", "/dev/null", *dep, "--wrap", cmd],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=workdir,
+        ).stdout.strip()
     while not done.exists():  # the filesystem, not slurmctld, tells us it ended
         time.sleep(0.05)
     return time.monotonic() - start
@@ -64,8 +69,13 @@ def snakefile(n: int) -> str:
 def snakemake_chain(n: int, workdir: Path, executor: str, extra: list[str]) -> float:
     (workdir / "Snakefile").write_text(snakefile(n))
     start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "snakemake", "--executor", executor, "--jobs", "1", "--quiet", "all",
-                    *extra], cwd=workdir, check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "snakemake", "--executor", executor, "--jobs", "1", "--quiet", "all", *extra],
+        cwd=workdir,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return time.monotonic() - start
 
 
@@ -75,8 +85,13 @@ def measure(name: str, n: int, run) -> dict:
         wall = run(n, Path(tmp))
         time.sleep(1)  # let the last batch-complete RPC land
         rpcs = sdiag_rpcs() - rpc0
-    return {"variant": name, "jobs": n, "wall_s": round(wall, 2),
-            "overhead_per_job_s": round((wall - n * SLEEP) / n, 2), "rpcs_per_job": round(rpcs / n, 1)}
+    return {
+        "variant": name,
+        "jobs": n,
+        "wall_s": round(wall, 2),
+        "overhead_per_job_s": round((wall - n * SLEEP) / n, 2),
+        "rpcs_per_job": round(rpcs / n, 1),
+    }
 
 
 def main() -> int:
@@ -95,12 +110,18 @@ def main() -> int:
     variants = [
         ("handwritten afterok chain", handwritten),
         ("multinode", lambda n, wd: snakemake_chain(n, wd, "multinode", [])),
-        ("multinode --multinode-inner-snakemake",
-         lambda n, wd: snakemake_chain(n, wd, "multinode", ["--multinode-inner-snakemake"])),
+        (
+            "multinode --multinode-inner-snakemake",
+            lambda n, wd: snakemake_chain(n, wd, "multinode", ["--multinode-inner-snakemake"]),
+        ),
     ]
     if importlib.util.find_spec("snakemake_executor_plugin_slurm"):
-        variants.append(("official slurm plugin, 1 s checks",
-                         lambda n, wd: snakemake_chain(n, wd, "slurm", ["--seconds-between-status-checks", "1"])))
+        variants.append(
+            (
+                "official slurm plugin, 1 s checks",
+                lambda n, wd: snakemake_chain(n, wd, "slurm", ["--seconds-between-status-checks", "1"]),
+            )
+        )
     rows = [measure(name, args.jobs, run) for _ in range(args.repeats) for name, run in variants]
     print(f"{'variant':<42} {'wall s':>7} {'overhead/job s':>15} {'RPCs/job':>9}")
     for r in rows:

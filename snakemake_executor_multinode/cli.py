@@ -20,8 +20,11 @@ def _cluster_parser(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--gpus", type=int, default=8, help="fake GPUs per node (default 8)")
     up.add_argument("--mem", type=int, default=64000, help="memory per node in MB (default 64000)")
     up.add_argument("--no-accounting", action="store_true", help="no MariaDB/slurmdbd: squeue only, no sacct")
-    for name, text in (("down", "stop everything `up` started"), ("status", "show daemons and nodes"),
-                       ("env", "print `export SLURM_CONF=...`: eval \"$(multinode cluster env)\"")):
+    for name, text in (
+        ("down", "stop everything `up` started"),
+        ("status", "show daemons and nodes"),
+        ("env", 'print `export SLURM_CONF=...`: eval "$(multinode cluster env)"'),
+    ):
         p = actions.add_parser(name, help=text)
         p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=dir_help)
 
@@ -31,8 +34,14 @@ def _run_cluster(args: argparse.Namespace) -> int:
     from .sandbox.spec import ClusterSpec
 
     if args.action == "up":
-        spec = ClusterSpec(dir=args.dir.resolve(), nodes=args.nodes, cpus=args.cpus, gpus=args.gpus,
-                           mem_mb=args.mem, accounting=not args.no_accounting)
+        spec = ClusterSpec(
+            dir=args.dir.resolve(),
+            nodes=args.nodes,
+            cpus=args.cpus,
+            gpus=args.gpus,
+            mem_mb=args.mem,
+            accounting=not args.no_accounting,
+        )
         cluster.up(spec)
         return 0
     spec = ClusterSpec.load(args.dir.resolve()) or ClusterSpec(dir=args.dir.resolve())

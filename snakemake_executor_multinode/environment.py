@@ -21,12 +21,22 @@ _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PROFILE_KEYS = {"extends", "cuda", "modules", "conda", "venv", "setup", "nccl", "env"}
 # profile key -> NCCL variable; booleans become 1/0 (ib is inverted: NCCL_IB_DISABLE).
 NCCL_KEYS = {
-    "socket_ifname": "NCCL_SOCKET_IFNAME", "hca": "NCCL_IB_HCA", "gid_index": "NCCL_IB_GID_INDEX",
-    "tc": "NCCL_IB_TC", "ib_timeout": "NCCL_IB_TIMEOUT", "gdr_level": "NCCL_NET_GDR_LEVEL",
-    "async_error_handling": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "launch_mode": "NCCL_LAUNCH_MODE",
-    "min_nrings": "NCCL_MIN_NRINGS", "debug": "NCCL_DEBUG", "debug_subsys": "NCCL_DEBUG_SUBSYS",
-    "nvls_enable": "NCCL_NVLS_ENABLE", "p2p_level": "NCCL_P2P_LEVEL", "algo": "NCCL_ALGO",
-    "proto": "NCCL_PROTO", "cross_nic": "NCCL_CROSS_NIC",
+    "socket_ifname": "NCCL_SOCKET_IFNAME",
+    "hca": "NCCL_IB_HCA",
+    "gid_index": "NCCL_IB_GID_INDEX",
+    "tc": "NCCL_IB_TC",
+    "ib_timeout": "NCCL_IB_TIMEOUT",
+    "gdr_level": "NCCL_NET_GDR_LEVEL",
+    "async_error_handling": "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "launch_mode": "NCCL_LAUNCH_MODE",
+    "min_nrings": "NCCL_MIN_NRINGS",
+    "debug": "NCCL_DEBUG",
+    "debug_subsys": "NCCL_DEBUG_SUBSYS",
+    "nvls_enable": "NCCL_NVLS_ENABLE",
+    "p2p_level": "NCCL_P2P_LEVEL",
+    "algo": "NCCL_ALGO",
+    "proto": "NCCL_PROTO",
+    "cross_nic": "NCCL_CROSS_NIC",
 }
 
 

@@ -59,13 +59,17 @@ def sbatch_options(req: JobRequest, ctx: ScriptContext) -> list[str]:
     ]
     if req.gpus:
         typed = f"{req.gpu_type}:" if req.gpu_type else ""
-        opts.append(f"--gres=gpu:{typed}{req.gpus}" if req.gpu_flag == "gres"
-                    else f"--gpus-per-node={typed}{req.gpus}")
+        opts.append(f"--gres=gpu:{typed}{req.gpus}" if req.gpu_flag == "gres" else f"--gpus-per-node={typed}{req.gpus}")
     optional = [
-        ("--partition", req.partition), ("--account", req.account), ("--qos", req.qos),
-        ("--time", req.runtime_min), ("--mem", req.mem_mb and f"{req.mem_mb}M"),
+        ("--partition", req.partition),
+        ("--account", req.account),
+        ("--qos", req.qos),
+        ("--time", req.runtime_min),
+        ("--mem", req.mem_mb and f"{req.mem_mb}M"),
         ("--mem-per-cpu", req.mem_mb_per_cpu and f"{req.mem_mb_per_cpu}M"),
-        ("--constraint", req.constraint), ("--nodelist", req.nodelist), ("--exclude", req.exclude),
+        ("--constraint", req.constraint),
+        ("--nodelist", req.nodelist),
+        ("--exclude", req.exclude),
         ("--signal", req.signal),
     ]
     opts += [f"{flag}={value}" for flag, value in optional if value]

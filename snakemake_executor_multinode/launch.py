@@ -24,8 +24,16 @@ from pathlib import Path
 
 EXIT_PREEMPTED = 85
 # Flags the launcher decides in a multi-node allocation; a user value would desynchronise the nodes.
-OWNED = ("--node_rank", "--node-rank", "--nnodes", "--standalone", "--rdzv_endpoint", "--rdzv-endpoint",
-         "--rdzv_backend", "--rdzv-backend")
+OWNED = (
+    "--node_rank",
+    "--node-rank",
+    "--nnodes",
+    "--standalone",
+    "--rdzv_endpoint",
+    "--rdzv-endpoint",
+    "--rdzv_backend",
+    "--rdzv-backend",
+)
 
 
 def log(msg: str) -> None:
@@ -54,14 +62,12 @@ def split_torchrun_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     from torch.distributed.run import get_args_parser  # lazy: torch is only needed once we launch
 
     parser = get_args_parser()
-    takes_value = {
-        opt: action.nargs != 0 for action in parser._actions for opt in action.option_strings
-    }
+    takes_value = {opt: action.nargs != 0 for action in parser._actions for opt in action.option_strings}
     i = 0
     while i < len(argv):
         token = argv[i]
         if token == "--":
-            return list(argv[:i]), list(argv[i + 1:])
+            return list(argv[:i]), list(argv[i + 1 :])
         if not token.startswith("-") or token == "-":
             break
         name = token.split("=", 1)[0]
@@ -160,8 +166,12 @@ def nproc_for(alloc: Allocation, opts: Sequence[str]) -> int:
     return max(alloc.gpus_per_node, 1)
 
 
-def plan(alloc: Allocation, opts: Sequence[str], script: Sequence[str], python: str = sys.executable,
-         ) -> list[NodeLaunch]:
+def plan(
+    alloc: Allocation,
+    opts: Sequence[str],
+    script: Sequence[str],
+    python: str = sys.executable,
+) -> list[NodeLaunch]:
     """The srun command line for every node: what `run_nodes` starts, and what tests check."""
     refuse_owned(opts)
     nproc = nproc_for(alloc, opts)
@@ -170,12 +180,25 @@ def plan(alloc: Allocation, opts: Sequence[str], script: Sequence[str], python: 
         # Explicit CPUs (srun 22.05 does not inherit --cpus-per-task) and --mem=0: all of the job's memory on
         # the node, not a DefMemPerCPU-sized slice. The step inherits the job's GPUs on its node.
         srun = [
-            "srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", f"--cpus-per-task={alloc.cpus_per_task}",
-            "--mem=0", "--kill-on-bad-exit=1", "--export=ALL", f"--job-name=torchrun-node{rank}",
+            "srun",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={node}",
+            f"--cpus-per-task={alloc.cpus_per_task}",
+            "--mem=0",
+            "--kill-on-bad-exit=1",
+            "--export=ALL",
+            f"--job-name=torchrun-node{rank}",
         ]
         torchrun = [
-            python, "-m", "torch.distributed.run", f"--nnodes={len(alloc.nodes)}", f"--nproc_per_node={nproc}",
-            f"--node_rank={rank}", f"--master_addr={alloc.master_addr}", f"--master_port={alloc.master_port}",
+            python,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={len(alloc.nodes)}",
+            f"--nproc_per_node={nproc}",
+            f"--node_rank={rank}",
+            f"--master_addr={alloc.master_addr}",
+            f"--master_port={alloc.master_port}",
             *_strip_nproc(opts),
         ]
         # The agent ignores USR2 (an inherited ignore); the workers' own handler overrides it.
@@ -202,8 +225,7 @@ def _strip_nproc(opts: Sequence[str]) -> list[str]:
 def worker_env(alloc: Allocation, nproc: int, env: Mapping[str, str]) -> dict[str, str]:
     """OMP threads = the node's CPUs shared by its processes (Snakemake's shell set it to the rule's threads)."""
     omp = str(max(1, alloc.cpus_per_task // max(nproc, 1)))
-    return dict(env) | {"OMP_NUM_THREADS": omp, "MASTER_ADDR": alloc.master_addr,
-                        "MASTER_PORT": str(alloc.master_port)}
+    return dict(env) | {"OMP_NUM_THREADS": omp, "MASTER_ADDR": alloc.master_addr, "MASTER_PORT": str(alloc.master_port)}
 
 
 def run_nodes(launches: Sequence[NodeLaunch], env: Mapping[str, str], grace: float = 10.0) -> int:
@@ -229,8 +251,7 @@ def run_nodes(launches: Sequence[NodeLaunch], env: Mapping[str, str], grace: flo
         if failed is not None and not stopping:
             stopping = True
             rank, code = failed
-            log(f"node {by_rank[rank].node} (node_rank {rank}) failed with exit code {code}; "
-                "stopping the other nodes")
+            log(f"node {by_rank[rank].node} (node_rank {rank}) failed with exit code {code}; stopping the other nodes")
             _stop_all(procs, grace)
         time.sleep(0.2)
     if failed is None:
@@ -264,25 +285,42 @@ def _stop_all(procs: Mapping[int, subprocess.Popen], grace: float) -> None:
             p.kill()
 
 
-def step_command(env: Mapping[str, str], opts: Sequence[str], script: Sequence[str],
-                 python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
+def step_command(
+    env: Mapping[str, str], opts: Sequence[str], script: Sequence[str], python: str = sys.executable
+) -> tuple[list[str], dict[str, str]]:
     """Inside an `srun --ntasks-per-node=1 multinode torchrun ...` step: this node's torchrun, no further srun."""
     nodes = hostnames(env["SLURM_STEP_NODELIST"])
     if int(env.get("SLURM_STEP_NUM_TASKS", len(nodes))) != len(nodes):
-        raise SystemExit("multinode torchrun: inside an srun step, start one task per node "
-                         "(srun --ntasks-per-node=1 multinode torchrun ...)")
+        raise SystemExit(
+            "multinode torchrun: inside an srun step, start one task per node "
+            "(srun --ntasks-per-node=1 multinode torchrun ...)"
+        )
     me = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    alloc = Allocation(env["SLURM_JOB_ID"], tuple(nodes), _count_devices(env),
-                       int(env.get("SLURM_CPUS_PER_TASK") or 1),
-                       env.get("MASTER_ADDR") or head_address(nodes[0], nodes[1:]),
-                       # the same on every node without talking to each other: job and step id
-                       int(env.get("MASTER_PORT") or 20000 + (int(env["SLURM_JOB_ID"]) * 16
-                                                             + int(env.get("SLURM_STEP_ID", 0))) % 40000))
+    alloc = Allocation(
+        env["SLURM_JOB_ID"],
+        tuple(nodes),
+        _count_devices(env),
+        int(env.get("SLURM_CPUS_PER_TASK") or 1),
+        env.get("MASTER_ADDR") or head_address(nodes[0], nodes[1:]),
+        # the same on every node without talking to each other: job and step id
+        int(
+            env.get("MASTER_PORT") or 20000 + (int(env["SLURM_JOB_ID"]) * 16 + int(env.get("SLURM_STEP_ID", 0))) % 40000
+        ),
+    )
     refuse_owned(opts)
     nproc = nproc_for(alloc, opts)
-    cmd = [python, "-m", "torch.distributed.run", f"--nnodes={len(nodes)}", f"--nproc_per_node={nproc}",
-           f"--node_rank={nodes.index(me)}", f"--master_addr={alloc.master_addr}",
-           f"--master_port={alloc.master_port}", *_strip_nproc(opts), *script]
+    cmd = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={len(nodes)}",
+        f"--nproc_per_node={nproc}",
+        f"--node_rank={nodes.index(me)}",
+        f"--master_addr={alloc.master_addr}",
+        f"--master_port={alloc.master_port}",
+        *_strip_nproc(opts),
+        *script,
+    ]
     return cmd, worker_env(alloc, nproc, env)
 
 
@@ -294,8 +332,15 @@ def main(argv: Sequence[str]) -> int:
     env = dict(os.environ)
     if not env.get("SLURM_JOB_ID") or not (env.get("SLURM_JOB_NODELIST") or env.get("NODELIST")):
         nproc = _option(opts, "--nproc_per_node", "--nproc-per-node") or str(max(_count_devices(env), 1))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               *_strip_nproc(opts), *script]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            *_strip_nproc(opts),
+            *script,
+        ]
         log(f"no SLURM allocation: one-node torchrun with {nproc} process(es)")
         return subprocess.call(cmd, env=env)
     if env.get("SLURM_STEP_ID"):
@@ -308,8 +353,10 @@ def main(argv: Sequence[str]) -> int:
     alloc = read_allocation(env)
     launches = plan(alloc, opts, script)
     nproc = nproc_for(alloc, opts)
-    log(f"job {alloc.job_id}: {len(alloc.nodes)} node(s) x {nproc} process(es), "
-        f"master {alloc.master_addr}:{alloc.master_port}")
+    log(
+        f"job {alloc.job_id}: {len(alloc.nodes)} node(s) x {nproc} process(es), "
+        f"master {alloc.master_addr}:{alloc.master_port}"
+    )
     for ln in launches:
         log(f"launching on {ln.node}, node_rank={ln.rank}")
     code = run_nodes(launches, worker_env(alloc, nproc, env))

@@ -19,8 +19,12 @@ from .request import Defaults, RequestError, build_request
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("preview", help="print the job script for given resources (submits nothing)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "preview",
+        help="print the job script for given resources (submits nothing)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--rule", default="rule", help="rule name (for the job name, comment and log folder)")
     p.add_argument("--wildcards", default="", help="wildcards as name=value,name=value")
     p.add_argument("--threads", type=int, default=1, help="the rule's threads")
@@ -32,8 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-requeues", type=int, default=3)
     p.add_argument("--logdir", default=".snakemake/multinode/logs")
     p.add_argument("--workdir", default=".", help="working directory of the job (default: here)")
-    p.add_argument("items", nargs="*", metavar="RESOURCE=VALUE [-- COMMAND]",
-                   help="rule resources, then -- and the shell command")
+    p.add_argument(
+        "items", nargs="*", metavar="RESOURCE=VALUE [-- COMMAND]", help="rule resources, then -- and the shell command"
+    )
     p.set_defaults(func=run)
 
 
@@ -54,18 +59,33 @@ def run(args: argparse.Namespace) -> int:
     wildcards = dict(w.split("=", 1) for w in args.wildcards.split(",") if "=" in w)
     try:
         profiles = environment.load_profiles(args.env_profiles)
-        defaults = Defaults(account=args.account, partition=args.partition, signal=args.signal,
-                            env_profile=profiles.default, max_requeues=args.max_requeues)
-        req = build_request(args.rule, resources, threads=args.threads, wildcards=wildcards,
-                            attempt=args.attempt, defaults=defaults, known_profiles=profiles.names)
+        defaults = Defaults(
+            account=args.account,
+            partition=args.partition,
+            signal=args.signal,
+            env_profile=profiles.default,
+            max_requeues=args.max_requeues,
+        )
+        req = build_request(
+            args.rule,
+            resources,
+            threads=args.threads,
+            wildcards=wildcards,
+            attempt=args.attempt,
+            defaults=defaults,
+            known_profiles=profiles.names,
+        )
         env_lines = environment.render_lines(environment.resolve(profiles, req.env_profile))
     except (RequestError, environment.EnvProfileError) as err:
         print(f"multinode preview: {err}", file=sys.stderr)
         return 2
     workdir = Path(args.workdir).resolve()
     ctx = jobscript.ScriptContext(
-        command=command, workdir=workdir, log_dir=jobscript.log_dir_for(Path(args.logdir), req),
-        state_dir=workdir / ".snakemake" / "multinode" / "state", job_name=f"mn-preview-{req.rule}",
+        command=command,
+        workdir=workdir,
+        log_dir=jobscript.log_dir_for(Path(args.logdir), req),
+        state_dir=workdir / ".snakemake" / "multinode" / "state",
+        job_name=f"mn-preview-{req.rule}",
     )
     sys.stdout.write(jobscript.render(req, ctx, env_lines))
     return 0

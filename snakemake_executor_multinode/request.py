@@ -24,19 +24,54 @@ class RequestError(ValueError):
 
 # Flags the job script manages itself; slurm_extra may not set them (they would silently fight ours).
 MANAGED_FLAGS = {
-    "-N": "nodes", "--nodes": "nodes", "-n": "nodes", "--ntasks": "nodes", "--ntasks-per-node": "nodes",
-    "-c": "cpus_per_task", "--cpus-per-task": "cpus_per_task", "--cpus-per-gpu": "cpus_per_task",
-    "--gres": "gpus", "-G": "gpus", "--gpus": "gpus", "--gpus-per-node": "gpus", "--gpus-per-task": "gpus",
-    "-p": "slurm_partition", "--partition": "slurm_partition", "-A": "slurm_account", "--account": "slurm_account",
-    "-t": "runtime", "--time": "runtime", "--mem": "mem_mb", "--mem-per-cpu": "mem_mb_per_cpu",
-    "--mem-per-gpu": "mem_mb", "-J": "(the job name)", "--job-name": "(the job name)",
-    "-o": "(the log path)", "--output": "(the log path)", "-e": "(the log path)", "--error": "(the log path)",
-    "--open-mode": "(append, always)", "--signal": "signal", "--comment": "(rule and wildcards)",
-    "--export": "(the environment)", "-D": "(the working directory)", "--chdir": "(the working directory)",
-    "-w": "nodelist", "--nodelist": "nodelist", "-x": "exclude", "--exclude": "exclude",
-    "-C": "constraint", "--constraint": "constraint", "-q": "qos", "--qos": "qos",
-    "--parsable": "(submission)", "--wrap": "(submission)", "-d": "(dependencies)", "--dependency": "(dependencies)",
-    "--requeue": "(requeue policy setting)", "--no-requeue": "(requeue policy setting)",
+    "-N": "nodes",
+    "--nodes": "nodes",
+    "-n": "nodes",
+    "--ntasks": "nodes",
+    "--ntasks-per-node": "nodes",
+    "-c": "cpus_per_task",
+    "--cpus-per-task": "cpus_per_task",
+    "--cpus-per-gpu": "cpus_per_task",
+    "--gres": "gpus",
+    "-G": "gpus",
+    "--gpus": "gpus",
+    "--gpus-per-node": "gpus",
+    "--gpus-per-task": "gpus",
+    "-p": "slurm_partition",
+    "--partition": "slurm_partition",
+    "-A": "slurm_account",
+    "--account": "slurm_account",
+    "-t": "runtime",
+    "--time": "runtime",
+    "--mem": "mem_mb",
+    "--mem-per-cpu": "mem_mb_per_cpu",
+    "--mem-per-gpu": "mem_mb",
+    "-J": "(the job name)",
+    "--job-name": "(the job name)",
+    "-o": "(the log path)",
+    "--output": "(the log path)",
+    "-e": "(the log path)",
+    "--error": "(the log path)",
+    "--open-mode": "(append, always)",
+    "--signal": "signal",
+    "--comment": "(rule and wildcards)",
+    "--export": "(the environment)",
+    "-D": "(the working directory)",
+    "--chdir": "(the working directory)",
+    "-w": "nodelist",
+    "--nodelist": "nodelist",
+    "-x": "exclude",
+    "--exclude": "exclude",
+    "-C": "constraint",
+    "--constraint": "constraint",
+    "-q": "qos",
+    "--qos": "qos",
+    "--parsable": "(submission)",
+    "--wrap": "(submission)",
+    "-d": "(dependencies)",
+    "--dependency": "(dependencies)",
+    "--requeue": "(requeue policy setting)",
+    "--no-requeue": "(requeue policy setting)",
 }
 
 _SIGNAL = re.compile(r"^(?:[BR]:)?(?:SIG)?[A-Z][A-Z0-9]*(?:@\d+)?$|^(?:[BR]:)?\d+(?:@\d+)?$")
@@ -169,8 +204,9 @@ def _slurm_extra(rule: str, value: Any) -> tuple[str, ...]:
             (o for f, o in MANAGED_FLAGS.items() if len(f) == 2 and flag.startswith(f) and len(flag) > 2), None
         )
         if owner:
-            raise RequestError(rule, "slurm_extra", value,
-                               f"{flag} is managed by the plugin; set it with {owner} instead")
+            raise RequestError(
+                rule, "slurm_extra", value, f"{flag} is managed by the plugin; set it with {owner} instead"
+            )
     return tuple(tokens)
 
 
@@ -191,29 +227,43 @@ def build_request(
     warnings: list[str] = []
     nodes = _int(rule, "nodes", r.get("nodes", 1), 1, "a positive integer (number of nodes)")
     if isinstance(declared_nodes, int) and declared_nodes > nodes:
-        warnings.append(f"rule {rule!r} asks for nodes={declared_nodes} but gets {nodes}: Snakemake's "
-                        f"--resources nodes=... caps every job; raise it or drop it to run on {declared_nodes}")
+        warnings.append(
+            f"rule {rule!r} asks for nodes={declared_nodes} but gets {nodes}: Snakemake's "
+            f"--resources nodes=... caps every job; raise it or drop it to run on {declared_nodes}"
+        )
     gpus = _int(rule, "gpus", r.get("gpus", r.get("gpu", 0)), 0, "a non-negative integer (GPUs PER NODE)")
     default_cpus = max(threads, gpus, 1)
-    cpus = _int(rule, "cpus_per_task", r.get("cpus_per_task", default_cpus), 1,
-                "a positive integer (CPUs per node for the one task on each node)")
+    cpus = _int(
+        rule,
+        "cpus_per_task",
+        r.get("cpus_per_task", default_cpus),
+        1,
+        "a positive integer (CPUs per node for the one task on each node)",
+    )
     if gpus and cpus < gpus:
-        raise RequestError(rule, "cpus_per_task", cpus,
-                           f"must be at least gpus={gpus}: each GPU process needs one CPU or more")
+        raise RequestError(
+            rule, "cpus_per_task", cpus, f"must be at least gpus={gpus}: each GPU process needs one CPU or more"
+        )
     mem_mb = r.get("mem_mb")
     mem_mb = None if mem_mb in (None, "", 0) else _int(rule, "mem_mb", mem_mb, 1, "a positive integer (MB per node)")
     mem_cpu = r.get("mem_mb_per_cpu")
-    mem_cpu = None if mem_cpu in (None, "", 0) else _int(rule, "mem_mb_per_cpu", mem_cpu, 1,
-                                                        "a positive integer (MB per CPU)")
+    mem_cpu = (
+        None
+        if mem_cpu in (None, "", 0)
+        else _int(rule, "mem_mb_per_cpu", mem_cpu, 1, "a positive integer (MB per CPU)")
+    )
     runtime = r.get("runtime")
     runtime_min = None
     if runtime not in (None, ""):
         try:
             runtime_min = parse_runtime(runtime)
         except ValueError as err:
-            raise RequestError(rule, "runtime", runtime,
-                               "minutes (int) or a duration like '90', '2h', '1d', '30m', '1-12:00:00', "
-                               "'12:00:00'") from err
+            raise RequestError(
+                rule,
+                "runtime",
+                runtime,
+                "minutes (int) or a duration like '90', '2h', '1d', '30m', '1-12:00:00', '12:00:00'",
+            ) from err
     # The pre-time-limit signal is for training (GPU or multi-node) jobs; in a plain job USR2's default action
     # would only end the command two minutes early.
     signal = r.get("signal", defaults.signal if nodes > 1 or gpus > 0 else None)
@@ -224,14 +274,20 @@ def build_request(
         lead = int(signal.rsplit("@", 1)[1])
         # slurmctld checks every 30 s and signals once the time left is within lead (+ up to one check)
         if runtime_min * 60 <= lead + 30:
-            warnings.append(f"rule {rule!r}: signal {signal} with runtime {runtime_min} min: the signal arrives "
-                            "within 30 s of every start, so a checkpoint-and-requeue job would make no progress")
+            warnings.append(
+                f"rule {rule!r}: signal {signal} with runtime {runtime_min} min: the signal arrives "
+                "within 30 s of every start, so a checkpoint-and-requeue job would make no progress"
+            )
     env_profile = r.get("env_profile", defaults.env_profile) or None
     if env_profile is not None and known_profiles is not None:
         # "infiniband,debug" applies both, left to right
         if any(name.strip() not in known_profiles for name in str(env_profile).split(",") if name.strip()):
-            raise RequestError(rule, "env_profile", env_profile,
-                               f"unknown profile; defined: {', '.join(sorted(known_profiles)) or '(none)'}")
+            raise RequestError(
+                rule,
+                "env_profile",
+                env_profile,
+                f"unknown profile; defined: {', '.join(sorted(known_profiles)) or '(none)'}",
+            )
     gpu_flag = r.get("gpu_flag", defaults.gpu_flag)
     if gpu_flag not in ("gres", "gpus-per-node"):
         raise RequestError(rule, "gpu_flag", gpu_flag, "'gres' or 'gpus-per-node'")
@@ -255,8 +311,13 @@ def build_request(
         partition=_text(rule, "slurm_partition", r.get("slurm_partition", defaults.partition), _NAME, name),
         account=_text(rule, "slurm_account", r.get("slurm_account", defaults.account), _NAME, name),
         qos=_text(rule, "qos", r.get("qos"), _NAME, name),
-        constraint=_text(rule, "constraint", r.get("constraint"), _CONSTRAINT,
-                         "a SLURM feature expression, e.g. 'a100&ib' or '[rack1|rack2]'"),
+        constraint=_text(
+            rule,
+            "constraint",
+            r.get("constraint"),
+            _CONSTRAINT,
+            "a SLURM feature expression, e.g. 'a100&ib' or '[rack1|rack2]'",
+        ),
         nodelist=_text(rule, "nodelist", r.get("nodelist"), _HOSTLIST, "a host list like node[110-111],node5"),
         exclude=_text(rule, "exclude", r.get("exclude"), _HOSTLIST, "a host list like node[110-111],node5"),
         signal=signal,

@@ -9,8 +9,19 @@ from pathlib import Path
 
 # States in which a job may still produce its outputs (a requeued job passes through several).
 ACTIVE_STATES = {
-    "PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "CONFIGURING",
-    "COMPLETING", "STAGE_OUT", "SIGNALING", "RESV_DEL_HOLD", "STOPPED",
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "RESIZING",
+    "SUSPENDED",
+    "CONFIGURING",
+    "COMPLETING",
+    "STAGE_OUT",
+    "SIGNALING",
+    "RESV_DEL_HOLD",
+    "STOPPED",
 }
 SUCCESS_STATES = {"COMPLETED"}
 
@@ -43,16 +54,24 @@ class JobState:
 
 
 class SlurmClient:
-    def __init__(self, env: Mapping[str, str] | None = None, runner: Runner = subprocess.run,
-                 timeout: float = 30) -> None:
+    def __init__(
+        self, env: Mapping[str, str] | None = None, runner: Runner = subprocess.run, timeout: float = 30
+    ) -> None:
         self.env = dict(env) if env is not None else None
         self.runner = runner
         self.timeout = timeout
 
     def _run(self, cmd: Sequence[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
         try:
-            return self.runner(list(cmd), capture_output=True, text=True, env=self.env, cwd=cwd,
-                               timeout=self.timeout, stdin=subprocess.DEVNULL)
+            return self.runner(
+                list(cmd),
+                capture_output=True,
+                text=True,
+                env=self.env,
+                cwd=cwd,
+                timeout=self.timeout,
+                stdin=subprocess.DEVNULL,
+            )
         except FileNotFoundError as err:
             raise QueryError(f"{cmd[0]} not found: is SLURM's client installed and on PATH?") from err
         except subprocess.TimeoutExpired as err:
@@ -66,8 +85,10 @@ class SlurmClient:
         if proc.returncode != 0:
             message = (proc.stderr or proc.stdout).strip().replace("sbatch: error: ", "")
             if "configuration source" in message:
-                message += ("\n(no SLURM configuration: set SLURM_CONF, or for the local sandbox run "
-                            "`eval \"$(multinode cluster env)\"`)")
+                message += (
+                    "\n(no SLURM configuration: set SLURM_CONF, or for the local sandbox run "
+                    '`eval "$(multinode cluster env)"`)'
+                )
             raise SubmitError(message or f"sbatch exited {proc.returncode}")
         jobid = proc.stdout.strip().split(";")[0]
         if not jobid.isdigit():
@@ -81,8 +102,9 @@ class SlurmClient:
         ids = sorted(set(jobids), key=int)
         if not ids:
             return {}
-        sacct = self._run(["sacct", "-X", "-P", "-n", "-j", ",".join(ids),
-                           "-o", "JobIDRaw,State,ExitCode,Reason,NodeList"])
+        sacct = self._run(
+            ["sacct", "-X", "-P", "-n", "-j", ",".join(ids), "-o", "JobIDRaw,State,ExitCode,Reason,NodeList"]
+        )
         if sacct.returncode == 0:
             return parse_sacct(sacct.stdout)
         squeue = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r|%N"])

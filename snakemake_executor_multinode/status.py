@@ -46,8 +46,13 @@ class Outcome:
 
 
 class Tracker:
-    def __init__(self, state_dir: Path, client: SlurmClient, sweep_seconds: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        client: SlurmClient,
+        sweep_seconds: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.state_dir = state_dir
         self.client = client
         self.sweep_seconds = sweep_seconds
@@ -87,8 +92,9 @@ class Tracker:
                 # Asked again next cycle; a query failure never fails a job.
                 self.query_failures += 1
         for jobid in failed:
-            outcomes[jobid] = Outcome(jobid, True, False, outcomes[jobid].exit_code, states.get(jobid),
-                                      outcomes[jobid].failed_node)
+            outcomes[jobid] = Outcome(
+                jobid, True, False, outcomes[jobid].exit_code, states.get(jobid), outcomes[jobid].failed_node
+            )
         for jobid in unknown:
             state = states.get(jobid)
             if state is None or state.active:

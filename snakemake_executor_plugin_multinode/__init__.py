@@ -27,38 +27,83 @@ from snakemake_executor_multinode.status import Tracker
 
 @dataclass
 class ExecutorSettings(ExecutorSettingsBase):
-    account: Optional[str] = field(default=None, metadata={
-        "help": "SLURM account for every job without slurm_account.", "env_var": True})
-    partition: Optional[str] = field(default=None, metadata={
-        "help": "SLURM partition for every job without slurm_partition.", "env_var": True})
-    env_profiles: Optional[str] = field(default=None, metadata={
-        "help": "YAML file of environment profiles (CUDA, conda/venv, modules, NCCL/InfiniBand, variables); "
-                "adds to the built-in infiniband, ethernet and debug profiles.", "env_var": True})
-    env_profile: Optional[str] = field(default=None, metadata={
-        "help": "Profile(s) for rules without env_profile, e.g. 'infiniband' or 'infiniband,debug'; "
-                "default: the file's `default:`.", "env_var": True})
-    signal: str = field(default="USR2@120", metadata={
-        "help": "sbatch --signal for GPU or multi-node jobs without a signal resource ('none' to send none). "
-                "USR2 reaches the training workers, not torchrun's agent.", "env_var": True})
-    logdir: str = field(default=".snakemake/multinode/logs", metadata={
-        "help": "Folder (relative to the working directory) for job scripts and logs: "
-                "rule_<rule>/<wildcards>/<jobid>.attempt<n>.log and .sh.", "env_var": True})
-    max_requeues: int = field(default=3, metadata={
-        "help": "How often a job that checkpointed on the pre-time-limit signal is requeued by SLURM "
-                "(0: never; Snakemake's --retries then reruns it).", "env_var": True})
-    gpu_flag: str = field(default="gres", metadata={
-        "help": "How GPUs per node are asked for: 'gres' (--gres=gpu[:type]:N) or 'gpus-per-node'.",
-        "choices": ["gres", "gpus-per-node"], "env_var": True})
-    status_seconds: float = field(default=0.5, metadata={
-        "help": "Seconds between status cycles; a cycle reads completion markers only (no SLURM query).",
-        "env_var": True})
-    sweep_seconds: float = field(default=30.0, metadata={
-        "help": "Seconds between sacct/squeue sweeps that catch jobs ending without a marker "
-                "(cancelled, timed out, node lost).", "env_var": True})
-    inner_snakemake: bool = field(default=False, metadata={
-        "help": "Always run Snakemake inside the job. By default a plain shell rule runs its formatted command "
-                "directly (one process less, seconds faster); script/run/conda/container/group jobs always "
-                "use Snakemake."})
+    account: Optional[str] = field(
+        default=None, metadata={"help": "SLURM account for every job without slurm_account.", "env_var": True}
+    )
+    partition: Optional[str] = field(
+        default=None, metadata={"help": "SLURM partition for every job without slurm_partition.", "env_var": True}
+    )
+    env_profiles: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "YAML file of environment profiles (CUDA, conda/venv, modules, NCCL/InfiniBand, variables); "
+            "adds to the built-in infiniband, ethernet and debug profiles.",
+            "env_var": True,
+        },
+    )
+    env_profile: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "Profile(s) for rules without env_profile, e.g. 'infiniband' or 'infiniband,debug'; "
+            "default: the file's `default:`.",
+            "env_var": True,
+        },
+    )
+    signal: str = field(
+        default="USR2@120",
+        metadata={
+            "help": "sbatch --signal for GPU or multi-node jobs without a signal resource ('none' to send none). "
+            "USR2 reaches the training workers, not torchrun's agent.",
+            "env_var": True,
+        },
+    )
+    logdir: str = field(
+        default=".snakemake/multinode/logs",
+        metadata={
+            "help": "Folder (relative to the working directory) for job scripts and logs: "
+            "rule_<rule>/<wildcards>/<jobid>.attempt<n>.log and .sh.",
+            "env_var": True,
+        },
+    )
+    max_requeues: int = field(
+        default=3,
+        metadata={
+            "help": "How often a job that checkpointed on the pre-time-limit signal is requeued by SLURM "
+            "(0: never; Snakemake's --retries then reruns it).",
+            "env_var": True,
+        },
+    )
+    gpu_flag: str = field(
+        default="gres",
+        metadata={
+            "help": "How GPUs per node are asked for: 'gres' (--gres=gpu[:type]:N) or 'gpus-per-node'.",
+            "choices": ["gres", "gpus-per-node"],
+            "env_var": True,
+        },
+    )
+    status_seconds: float = field(
+        default=0.5,
+        metadata={
+            "help": "Seconds between status cycles; a cycle reads completion markers only (no SLURM query).",
+            "env_var": True,
+        },
+    )
+    sweep_seconds: float = field(
+        default=30.0,
+        metadata={
+            "help": "Seconds between sacct/squeue sweeps that catch jobs ending without a marker "
+            "(cancelled, timed out, node lost).",
+            "env_var": True,
+        },
+    )
+    inner_snakemake: bool = field(
+        default=False,
+        metadata={
+            "help": "Always run Snakemake inside the job. By default a plain shell rule runs its formatted command "
+            "directly (one process less, seconds faster); script/run/conda/container/group jobs always "
+            "use Snakemake."
+        },
+    )
 
 
 common_settings = CommonSettings(
@@ -93,11 +138,18 @@ class Executor(RemoteExecutor):
         except environment.EnvProfileError as err:
             raise WorkflowError(f"--multinode-env-profiles: {err}") from err
         if s.env_profile and not self.profiles.known(s.env_profile):
-            raise WorkflowError(f"--multinode-env-profile {s.env_profile!r}: unknown profile; defined: "
-                                f"{', '.join(sorted(self.profiles.names))}")
-        self.defaults = Defaults(account=s.account, partition=s.partition, signal=s.signal,
-                                 env_profile=s.env_profile or self.profiles.default, gpu_flag=s.gpu_flag,
-                                 max_requeues=s.max_requeues)
+            raise WorkflowError(
+                f"--multinode-env-profile {s.env_profile!r}: unknown profile; defined: "
+                f"{', '.join(sorted(self.profiles.names))}"
+            )
+        self.defaults = Defaults(
+            account=s.account,
+            partition=s.partition,
+            signal=s.signal,
+            env_profile=s.env_profile or self.profiles.default,
+            gpu_flag=s.gpu_flag,
+            max_requeues=s.max_requeues,
+        )
         self._validate_planned_jobs()
 
     # --- request -------------------------------------------------------------------------------
@@ -107,9 +159,16 @@ class Executor(RemoteExecutor):
         wildcards = getattr(job, "wildcards_dict", None) or {}
         name = job.name if not job.is_group() else f"group_{job.name}"
         try:
-            return build_request(name, resources, threads=job.threads, wildcards=wildcards, attempt=job.attempt,
-                                 defaults=self.defaults, known_profiles=self.profiles.names,
-                                 declared_nodes=declared if isinstance(declared, int) else None)
+            return build_request(
+                name,
+                resources,
+                threads=job.threads,
+                wildcards=wildcards,
+                attempt=job.attempt,
+                defaults=self.defaults,
+                known_profiles=self.profiles.names,
+                declared_nodes=declared if isinstance(declared, int) else None,
+            )
         except RequestError as err:
             raise WorkflowError(str(err)) from err
 
@@ -144,12 +203,13 @@ class Executor(RemoteExecutor):
             return False
         if getattr(job, "conda_env_spec", None) or getattr(job, "container_img_url", None):
             return False
-        if getattr(rule, "env_modules", None) or getattr(rule, "shadow_depth", None) or getattr(job, "benchmark",
-                                                                                                None):
+        if getattr(rule, "env_modules", None) or getattr(rule, "shadow_depth", None) or getattr(job, "benchmark", None):
             return False
         files = list(job.input) + list(job.output) + list(job.log)
-        if any(getattr(f, "is_storage", False) or getattr(f, "is_pipe", False) or getattr(f, "is_service", False)
-               for f in files):
+        if any(
+            getattr(f, "is_storage", False) or getattr(f, "is_pipe", False) or getattr(f, "is_service", False)
+            for f in files
+        ):
             return False
         return not any(getattr(f, "flags", {}).get("touch") for f in job.output)
 
@@ -173,8 +233,13 @@ class Executor(RemoteExecutor):
         req = self.request_for(job)
         self._warn(req)
         log_dir = jobscript.log_dir_for(Path(self.settings.logdir), req)
-        ctx = jobscript.ScriptContext(command=self.command_for(job), workdir=self.workdir, log_dir=log_dir,
-                                      state_dir=self.state_dir, job_name=f"mn-{self.run_id}-{req.rule}")
+        ctx = jobscript.ScriptContext(
+            command=self.command_for(job),
+            workdir=self.workdir,
+            log_dir=log_dir,
+            state_dir=self.state_dir,
+            job_name=f"mn-{self.run_id}-{req.rule}",
+        )
         env_lines = environment.render_lines(environment.resolve(self.profiles, req.env_profile))
         script = jobscript.render(req, ctx, env_lines)
         (self.workdir / log_dir).mkdir(parents=True, exist_ok=True)
@@ -184,16 +249,18 @@ class Executor(RemoteExecutor):
         try:
             jobid = self.client.submit(script_path, cwd=self.workdir, extra=extra)
         except SubmitError as err:
-            raise WorkflowError(f"rule {req.rule!r}: sbatch refused the job: {err} "
-                                f"(script kept at {script_path})") from err
+            raise WorkflowError(
+                f"rule {req.rule!r}: sbatch refused the job: {err} (script kept at {script_path})"
+            ) from err
         final_script = script_path.with_name(f"{jobid}.attempt{req.attempt}.sh")
         script_path.rename(final_script)
         log = self.workdir / log_dir / f"{jobid}.attempt{req.attempt}.log"
         for f in job.output:
             self.external_ids[str(f)] = jobid
         self.logger.info(f"rule {req.rule}: SLURM job {jobid} ({req.nodes} node(s) x {req.gpus} GPU(s)); log {log}")
-        self.report_job_submission(SubmittedJobInfo(job, external_jobid=jobid,
-                                                    aux={"log": log, "script": final_script}))
+        self.report_job_submission(
+            SubmittedJobInfo(job, external_jobid=jobid, aux={"log": log, "script": final_script})
+        )
 
     def _dependencies(self, job: JobExecutorInterface) -> list[str]:
         if not self.workflow.remote_execution_settings.immediate_submit:
@@ -207,9 +274,7 @@ class Executor(RemoteExecutor):
         return [f"--dependency=afterok:{':'.join(sorted(upstream, key=int))}", "--kill-on-invalid-dep=yes"]
 
     # --- status --------------------------------------------------------------------------------
-    async def check_active_jobs(
-        self, active_jobs: list[SubmittedJobInfo]
-    ) -> AsyncGenerator[SubmittedJobInfo, None]:
+    async def check_active_jobs(self, active_jobs: list[SubmittedJobInfo]) -> AsyncGenerator[SubmittedJobInfo, None]:
         if not active_jobs:
             return
         async with self.status_rate_limiter:
@@ -224,8 +289,11 @@ class Executor(RemoteExecutor):
                 self.report_job_success(info)
             else:
                 log = info.aux.get("log")
-                self.report_job_error(info, msg=f"SLURM job {info.external_jobid} failed: {outcome.describe()}; "
-                                               f"log: {log} ", aux_logs=[str(log)] if log else [])
+                self.report_job_error(
+                    info,
+                    msg=f"SLURM job {info.external_jobid} failed: {outcome.describe()}; log: {log} ",
+                    aux_logs=[str(log)] if log else [],
+                )
 
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
         ids = [j.external_jobid for j in active_jobs]

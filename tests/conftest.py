@@ -34,8 +34,9 @@ class Cluster:
         self.torn_down = False
 
     def run(self, *cmd: str, timeout: float = 60, check: bool = True, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run(list(cmd), capture_output=True, text=True, env=self.env, timeout=timeout,
-                              check=check, **kw)
+        return subprocess.run(
+            list(cmd), capture_output=True, text=True, env=self.env, timeout=timeout, check=check, **kw
+        )
 
 
 @pytest.fixture(scope="session")

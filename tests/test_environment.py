@@ -29,8 +29,16 @@ def test_conda_is_activated_in_the_job_and_alloc_conf_is_always_set(tmp_path):
 
 def test_builtin_infiniband_profile_is_the_seed_recipes_block():
     lines = render_lines(resolve(load_profiles(), "infiniband"))
-    for expected in ("NCCL_IB_DISABLE=0", "NCCL_SOCKET_IFNAME='^lo'", "NCCL_IB_HCA=mlx5_0", "NCCL_IB_GID_INDEX=0",
-                     "NCCL_IB_TC=106", "NCCL_IB_TIMEOUT=22", "NCCL_NET_GDR_LEVEL=2", "NCCL_MIN_NRINGS=4"):
+    for expected in (
+        "NCCL_IB_DISABLE=0",
+        "NCCL_SOCKET_IFNAME='^lo'",
+        "NCCL_IB_HCA=mlx5_0",
+        "NCCL_IB_GID_INDEX=0",
+        "NCCL_IB_TC=106",
+        "NCCL_IB_TIMEOUT=22",
+        "NCCL_NET_GDR_LEVEL=2",
+        "NCCL_MIN_NRINGS=4",
+    ):
         assert f"export {expected}" in lines
 
 
@@ -42,29 +50,34 @@ def test_ethernet_and_debug_profiles_compose_left_to_right():
 
 
 def test_extends_and_default_apply(tmp_path):
-    text = ("default: mine\nprofiles:\n  mine:\n    extends: infiniband\n    nccl: {hca: mlx5_2}\n"
-            "    env: {WANDB_MODE: offline}\n    modules: [cuda/12.1]\n")
+    text = (
+        "default: mine\nprofiles:\n  mine:\n    extends: infiniband\n    nccl: {hca: mlx5_2}\n"
+        "    env: {WANDB_MODE: offline}\n    modules: [cuda/12.1]\n"
+    )
     lines = lines_for(tmp_path, text)
     assert "export NCCL_IB_HCA=mlx5_2" in lines and "export NCCL_IB_TC=106" in lines
     assert "export WANDB_MODE=offline" in lines and "module load cuda/12.1" in lines
 
 
 def test_values_are_quoted(tmp_path):
-    lines = lines_for(tmp_path, "profiles:\n  q:\n    env: {X: \"$(touch pwned); echo\"}\n", "q")
+    lines = lines_for(tmp_path, 'profiles:\n  q:\n    env: {X: "$(touch pwned); echo"}\n', "q")
     assert "export X='$(touch pwned); echo'" in lines
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("profiles: [a, b]", "env.yaml: 'profiles' must be a mapping"),
-    ("profiles:\n  a:\n    cuda: [1]\n", "env.yaml: profiles.a.cuda: must be a string"),
-    ("profiles:\n  a:\n    nccl: {ibb: 1}\n", "env.yaml: profiles.a.nccl.ibb: unknown"),
-    ("profiles:\n  a:\n    colour: red\n", "env.yaml: profiles.a: unknown key(s) ['colour']"),
-    ("profiles:\n  a:\n    env: {1BAD: x}\n", "profiles.a.env.1BAD: not a valid environment variable name"),
-    ("profiles:\n  a:\n    extends: nope\n", "profiles.a.extends: profile 'nope' is not defined"),
-    ("default: nope\nprofiles: {}\n", "env.yaml: default: profile 'nope' is not defined"),
-    ("profiles:\n  a: {env: {X: 1}\n", "env.yaml: not valid YAML"),
-    ("profiles:\n  a:\n    conda: my_env\n", "profiles.a.conda: must be {env: NAME_OR_PATH"),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("profiles: [a, b]", "env.yaml: 'profiles' must be a mapping"),
+        ("profiles:\n  a:\n    cuda: [1]\n", "env.yaml: profiles.a.cuda: must be a string"),
+        ("profiles:\n  a:\n    nccl: {ibb: 1}\n", "env.yaml: profiles.a.nccl.ibb: unknown"),
+        ("profiles:\n  a:\n    colour: red\n", "env.yaml: profiles.a: unknown key(s) ['colour']"),
+        ("profiles:\n  a:\n    env: {1BAD: x}\n", "profiles.a.env.1BAD: not a valid environment variable name"),
+        ("profiles:\n  a:\n    extends: nope\n", "profiles.a.extends: profile 'nope' is not defined"),
+        ("default: nope\nprofiles: {}\n", "env.yaml: default: profile 'nope' is not defined"),
+        ("profiles:\n  a: {env: {X: 1}\n", "env.yaml: not valid YAML"),
+        ("profiles:\n  a:\n    conda: my_env\n", "profiles.a.conda: must be {env: NAME_OR_PATH"),
+    ],
+)
 def test_malformed_profile_files_name_the_file_and_key(tmp_path, text, expected):
     with pytest.raises(EnvProfileError) as err:
         lines_for(tmp_path, text)

@@ -26,8 +26,7 @@ def copy_workflow(name: str, tmp_path: Path) -> Path:
 
 
 def snakemake(workdir: Path, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "4", "--latency-wait", "5",
-           *args]
+    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "4", "--latency-wait", "5", *args]
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -55,8 +54,13 @@ def test_gpu_rule_becomes_one_two_node_job_with_one_torchrun_per_node(slurm_clus
     # cpus_per_task=4 shared by 2 GPU processes per node
     assert {r["omp"] for r in ranks} == {"2"}
     log = job_logs(wd, "allreduce")[0].read_text()
-    for line in ("NODE_NUM=2", "NODELIST: node1 node2", "MASTER_ADDR=172.31.250.11",
-                 "launching on node1, node_rank=0", "launching on node2, node_rank=1"):
+    for line in (
+        "NODE_NUM=2",
+        "NODELIST: node1 node2",
+        "MASTER_ADDR=172.31.250.11",
+        "launching on node1, node_rank=0",
+        "launching on node2, node_rank=1",
+    ):
         assert line in log
 
 
@@ -80,8 +84,10 @@ def test_three_rule_chain_runs_cpu_and_multinode_jobs_in_order(slurm_cluster, tm
 def test_whole_pipeline_submitted_at_once_is_chained_by_afterok(slurm_cluster, tmp_path):
     wd = copy_workflow("chain", tmp_path)
     snakemake(wd, "--immediate-submit", "--notemp")
-    scripts = {rule: next((wd / ".snakemake/multinode/logs" / f"rule_{rule}").rglob("*.sh"))
-               for rule in ("preprocess", "train", "evaluate")}
+    scripts = {
+        rule: next((wd / ".snakemake/multinode/logs" / f"rule_{rule}").rglob("*.sh"))
+        for rule in ("preprocess", "train", "evaluate")
+    }
     ids = {rule: path.name.split(".")[0] for rule, path in scripts.items()}
     deps = slurm_cluster.run("squeue", "-h", "-t", "all", "-j", ids["evaluate"], "-o", "%E").stdout
     assert ids["train"] in deps or deps.strip() in ("", "(null)")  # gone once satisfied
@@ -89,8 +95,7 @@ def test_whole_pipeline_submitted_at_once_is_chained_by_afterok(slurm_cluster, t
     while not (wd / "results" / "evaluated.txt").exists() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert (wd / "results" / "evaluated.txt").read_text().split() == ["2", "2", "0,1"]
-    start = {r: slurm_cluster.run("sacct", "-X", "-n", "-P", "-j", ids[r], "-o", "Start").stdout.strip()
-             for r in ids}
+    start = {r: slurm_cluster.run("sacct", "-X", "-n", "-P", "-j", ids[r], "-o", "Start").stdout.strip() for r in ids}
     assert start["preprocess"] <= start["train"] <= start["evaluate"]
 
 
@@ -110,9 +115,7 @@ def test_wildcards_with_shell_metacharacters_neither_break_the_job_nor_run_anyth
 def test_failing_job_reports_slurm_state_exit_code_and_log(slurm_cluster, tmp_path):
     wd = tmp_path / "fail"
     wd.mkdir()
-    (wd / "Snakefile").write_text(
-        'rule broken:\n    output: "out.txt"\n    shell: "echo about to fail; exit 3"\n'
-    )
+    (wd / "Snakefile").write_text('rule broken:\n    output: "out.txt"\n    shell: "echo about to fail; exit 3"\n')
     proc = snakemake(wd, check=False)
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
@@ -125,9 +128,7 @@ def test_failing_node_stops_the_others_and_is_named(slurm_cluster, tmp_path):
     wd = tmp_path / "nodefail"
     wd.mkdir()
     (wd / "fail.py").write_text(
-        "import os, sys, time\n"
-        "if os.environ['GROUP_RANK'] == '1':\n    sys.exit(3)\n"
-        "time.sleep(300)\n"
+        "import os, sys, time\nif os.environ['GROUP_RANK'] == '1':\n    sys.exit(3)\ntime.sleep(300)\n"
     )
     (wd / "Snakefile").write_text(
         'rule train:\n    output: "out.txt"\n    resources: nodes=2, gpus=1\n'
@@ -144,8 +145,13 @@ def test_failing_node_stops_the_others_and_is_named(slurm_cluster, tmp_path):
 
 def test_pre_time_limit_signal_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
     wd = copy_workflow("preempt", tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1"],
-                            cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1"],
+        cwd=wd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         # both ranks' handlers are installed: send what --signal=USR2@120 sends, to every step process
         deadline = time.monotonic() + 90
@@ -171,8 +177,13 @@ def test_ctrl_c_cancels_every_submitted_job(slurm_cluster, tmp_path):
         'rule all:\n    input: expand("out/{i}.txt", i=range(2))\n'
         'rule sleep:\n    output: "out/{i}.txt"\n    shell: "sleep 300; touch {output}"\n'
     )
-    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "2"],
-                            cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "2"],
+        cwd=wd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         scripts: list[Path] = []
@@ -225,9 +236,21 @@ def test_bad_resources_stop_the_run_before_anything_is_submitted(slurm_cluster, 
 def test_snakemake_own_executor_test_workflows_pass(slurm_cluster, tmp_path):
     """snakemake.common.tests' simple (a -> b -> c, report output, a '/' in a wildcard) and groups workflows."""
     code = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(REPO / "tests" / "snakemake_suite.py"),
-         "--basetemp", str(tmp_path / "suite")],
-        capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONPATH": str(REPO)},
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(REPO / "tests" / "snakemake_suite.py"),
+            "--basetemp",
+            str(tmp_path / "suite"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ | {"PYTHONPATH": str(REPO)},
     )
     assert code.returncode == 0, code.stdout[-4000:] + code.stderr[-2000:]
     assert "2 passed" in code.stdout
@@ -240,10 +263,14 @@ cd {wd}
 """
 
 
-@pytest.mark.parametrize("launch", [
-    "multinode torchrun allreduce.py results/allreduce.json",  # from the batch script: one srun per node
-    "srun --ntasks-per-node=1 multinode torchrun allreduce.py results/allreduce.json",  # one task per node
-], ids=["batch-script", "srun-step"])
+@pytest.mark.parametrize(
+    "launch",
+    [
+        "multinode torchrun allreduce.py results/allreduce.json",  # from the batch script: one srun per node
+        "srun --ntasks-per-node=1 multinode torchrun allreduce.py results/allreduce.json",  # one task per node
+    ],
+    ids=["batch-script", "srun-step"],
+)
 def test_multinode_torchrun_uses_a_hand_written_allocation(slurm_cluster, tmp_path, launch):
     wd = copy_workflow("torchrun", tmp_path)
     (wd / "results").mkdir()
@@ -261,4 +288,8 @@ def test_multinode_torchrun_uses_a_hand_written_allocation(slurm_cluster, tmp_pa
     result = json.loads((wd / "results" / "allreduce.json").read_text())
     assert result["world_size"] == 4
     assert sorted((r["host"], r["node_rank"]) for r in result["ranks"]) == [
-        ("node1", 0), ("node1", 0), ("node2", 1), ("node2", 1)]
+        ("node1", 0),
+        ("node1", 0),
+        ("node2", 1),
+        ("node2", 1),
+    ]

@@ -21,8 +21,16 @@ profiles:
     cuda: /path/to/cuda-11.8
     conda: {base: /path/to/anaconda3, env: my_env}
 """
-BLOG_RESOURCES = dict(nodes=2, gpus=8, cpus_per_task=64, mem_mb=400000, runtime=20160, slurm_partition="gpu_A6000",
-                      slurm_account="your_account", nodelist="node110,node111")
+BLOG_RESOURCES = dict(
+    nodes=2,
+    gpus=8,
+    cpus_per_task=64,
+    mem_mb=400000,
+    runtime=20160,
+    slurm_partition="gpu_A6000",
+    slurm_account="your_account",
+    nodelist="node110,node111",
+)
 
 
 def blog_script(tmp_path: Path) -> str:
@@ -32,8 +40,11 @@ def blog_script(tmp_path: Path) -> str:
     req = build_request("train", BLOG_RESOURCES, threads=1, known_profiles=profiles.names)
     ctx = jobscript.ScriptContext(
         command="multinode torchrun train.py --data results/data/train.bin --out results/model/final.pt",
-        workdir=PurePath("/work/project"), log_dir=jobscript.log_dir_for(PurePath(".snakemake/multinode/logs"), req),
-        state_dir=PurePath("/work/project/.snakemake/multinode/state"), job_name="mn-0123abcd-train")
+        workdir=PurePath("/work/project"),
+        log_dir=jobscript.log_dir_for(PurePath(".snakemake/multinode/logs"), req),
+        state_dir=PurePath("/work/project/.snakemake/multinode/state"),
+        job_name="mn-0123abcd-train",
+    )
     return jobscript.render(req, ctx, environment.render_lines(environment.resolve(profiles, profiles.default)))
 
 
@@ -53,9 +64,21 @@ def test_rendered_script_is_valid_bash(tmp_path):
 
 def test_sbatch_header_carries_every_resource(tmp_path):
     header = [line for line in blog_script(tmp_path).splitlines() if line.startswith("#SBATCH")]
-    for flag in ("--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=64", "--gres=gpu:8", "--partition=gpu_A6000",
-                 "--account=your_account", "--time=20160", "--mem=400000M", "--nodelist=node110,node111",
-                 "--open-mode=append", "--signal=USR2@120", "--requeue", "--export=ALL"):
+    for flag in (
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=64",
+        "--gres=gpu:8",
+        "--partition=gpu_A6000",
+        "--account=your_account",
+        "--time=20160",
+        "--mem=400000M",
+        "--nodelist=node110,node111",
+        "--open-mode=append",
+        "--signal=USR2@120",
+        "--requeue",
+        "--export=ALL",
+    ):
         assert f"#SBATCH {flag}" in header
 
 
@@ -85,8 +108,25 @@ def test_preview_prints_the_same_script_the_executor_submits(tmp_path, capsys):
     f = tmp_path / "env.yaml"
     f.write_text(BLOG_PROFILES)
     items = [f"{k}={v}" for k, v in BLOG_RESOURCES.items()]
-    assert main(["preview", "--rule", "train", "--env-profiles", str(f), "--workdir", str(tmp_path), *items,
-                 "--", "multinode", "torchrun", "train.py"]) == 0
+    assert (
+        main(
+            [
+                "preview",
+                "--rule",
+                "train",
+                "--env-profiles",
+                str(f),
+                "--workdir",
+                str(tmp_path),
+                *items,
+                "--",
+                "multinode",
+                "torchrun",
+                "train.py",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("#!/bin/bash") and "#SBATCH --gres=gpu:8" in out
     assert "conda activate my_env" in out and "multinode torchrun train.py" in out

@@ -28,8 +28,16 @@ def pipeline_copy(tmp_path: Path, **train) -> Path:
 
 
 def snakemake(wd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "-s", "workflows/Snakefile", "--workflow-profile",
-           "workflows/profiles/local", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        "workflows/Snakefile",
+        "--workflow-profile",
+        "workflows/profiles/local",
+        *args,
+    ]
     return subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -64,8 +72,9 @@ def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes(slurm_clus
     # A 2-minute limit with USR2 60 s before it: slurmctld checks every 30 s and signals once the remaining time
     # falls within the warning plus one check, so the signal lands 30-60 s into each run (~15 s of it start-up).
     # 1400 steps (~35 ms each with 2 ranks on 2 cores) outlast one run: it checkpoints, is requeued, resumes.
-    wd = pipeline_copy(tmp_path, steps=1400, ckpt_every=0, log_every=100, n_layer=2, d_model=64, seq_len=64,
-                       micro_batch=8)
+    wd = pipeline_copy(
+        tmp_path, steps=1400, ckpt_every=0, log_every=100, n_layer=2, d_model=64, seq_len=64, micro_batch=8
+    )
     cfg_path = wd / "workflows" / "config.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["train_resources"].update(nodes=2, gpus=1, cpus_per_task=1, runtime=2)

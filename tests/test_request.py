@@ -17,8 +17,15 @@ def test_gpus_are_per_node_and_each_node_runs_one_task():
 
 
 def test_official_slurm_plugin_resource_names_carry_over():
-    r = req(slurm_partition="gpu_A6000", slurm_account="acct", runtime="14d", mem_mb=400000,
-            constraint="a100&ib", qos="high", slurm_extra="--mail-type=END")
+    r = req(
+        slurm_partition="gpu_A6000",
+        slurm_account="acct",
+        runtime="14d",
+        mem_mb=400000,
+        constraint="a100&ib",
+        qos="high",
+        slurm_extra="--mail-type=END",
+    )
     assert (r.partition, r.account, r.runtime_min, r.mem_mb) == ("gpu_A6000", "acct", 20160, 400000)
     assert (r.constraint, r.qos, r.slurm_extra) == ("a100&ib", "high", ("--mail-type=END",))
 
@@ -36,10 +43,22 @@ def test_the_pre_time_limit_signal_goes_to_training_jobs_only():
     assert build_request("x", {"signal": "USR1@60"}).signal == "USR1@60"
 
 
-@pytest.mark.parametrize("value,minutes", [
-    (90, 90), ("90", 90), ("2h", 120), ("1.5h", 90), ("1d", 1440), ("30m", 30), ("45s", 1),
-    ("1-12:00:00", 2160), ("12:00:00", 720), ("10:30", 11), (0.5, 1),
-])
+@pytest.mark.parametrize(
+    "value,minutes",
+    [
+        (90, 90),
+        ("90", 90),
+        ("2h", 120),
+        ("1.5h", 90),
+        ("1d", 1440),
+        ("30m", 30),
+        ("45s", 1),
+        ("1-12:00:00", 2160),
+        ("12:00:00", 720),
+        ("10:30", 11),
+        (0.5, 1),
+    ],
+)
 def test_runtime_accepts_minutes_and_durations(value, minutes):
     assert parse_runtime(value) == minutes
 

@@ -27,8 +27,9 @@ def test_srun_across_three_nodes_sees_three_hostnames_and_addresses(slurm_cluste
 
 
 def test_gres_request_sets_cuda_visible_devices(slurm_cluster):
-    out = slurm_cluster.run("srun", "-N2", "--gres=gpu:2", "bash", "-c",
-                            "echo $(hostname) $CUDA_VISIBLE_DEVICES").stdout
+    out = slurm_cluster.run(
+        "srun", "-N2", "--gres=gpu:2", "bash", "-c", "echo $(hostname) $CUDA_VISIBLE_DEVICES"
+    ).stdout
     assert sorted(out.split("\n")[:2]) == ["node1 0,1", "node2 0,1"]
 
 
@@ -36,7 +37,7 @@ def test_two_node_batch_job_runs_one_step_per_node(slurm_cluster, tmp_path):
     script = tmp_path / "two.sbatch"
     script.write_text(
         "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --gres=gpu:8\n"
-        "for n in $(scontrol show hostnames \"$SLURM_JOB_NODELIST\"); do\n"
+        'for n in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do\n'
         "  srun --nodes=1 --ntasks=1 -w \"$n\" bash -c 'echo step $(hostname) $SLURM_NODEID' &\n"
         "done\nwait\n"
     )
@@ -53,7 +54,7 @@ def test_requeue_of_running_job_reruns_it_with_restart_count(slurm_cluster, tmp_
     script.write_text(
         "#!/bin/bash\n#SBATCH --open-mode=append\n"
         "echo run restart=${SLURM_RESTART_COUNT:-0}\n"
-        "[ \"${SLURM_RESTART_COUNT:-0}\" -ge 1 ] && exit 0\nsleep 120\n"
+        '[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && exit 0\nsleep 120\n'
     )
     job = slurm_cluster.run("sbatch", "--parsable", "--requeue", "-o", str(out), str(script)).stdout.strip()
     _wait_state(slurm_cluster, job, {"RUNNING"})
@@ -83,8 +84,12 @@ def test_second_up_with_other_settings_says_so_and_keeps_the_cluster(slurm_clust
 
 
 def test_env_points_slurm_commands_at_the_cluster(slurm_cluster):
-    out = subprocess.run(["multinode", "cluster", "env", "--dir", str(slurm_cluster.spec.dir)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["multinode", "cluster", "env", "--dir", str(slurm_cluster.spec.dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert f"export SLURM_CONF={slurm_cluster.spec.slurm_conf}" in out
 
 

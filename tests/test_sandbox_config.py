@@ -36,8 +36,12 @@ def test_accounting_toggles_slurmdbd():
 
 def test_hosts_file_names_controller_and_nodes():
     hosts = render_configs(ClusterSpec(dir=Path("/x"), nodes=2), 1, "ctl")["hosts"]
-    assert hosts.splitlines() == ["127.0.0.1 localhost", "172.31.250.1 ctl slurmctl",
-                                  "172.31.250.11 node1", "172.31.250.12 node2"]
+    assert hosts.splitlines() == [
+        "127.0.0.1 localhost",
+        "172.31.250.1 ctl slurmctl",
+        "172.31.250.11 node1",
+        "172.31.250.12 node2",
+    ]
 
 
 @pytest.mark.parametrize("field,value", [("nodes", 0), ("nodes", 100), ("gpus", -1), ("cpus", 0)])

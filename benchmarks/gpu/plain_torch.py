@@ -65,10 +65,21 @@ def main() -> int:
     med = statistics.median(times)
     tps = rows * seq / med
     peak_mem = round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None
-    print(json.dumps({"variant": "plain+compile" if args.compile else "plain", "step_ms": round(1000 * med, 1),
-                      "tokens_per_s": round(tps), "mfu": round(6 * n_matmul * tps / PEAK, 4),
-                      "params_matmul": n_matmul, "first_step_s": round(first, 1), "loss": round(loss.item(), 3),
-                      "peak_mem_gib": peak_mem}), flush=True)
+    print(
+        json.dumps(
+            {
+                "variant": "plain+compile" if args.compile else "plain",
+                "step_ms": round(1000 * med, 1),
+                "tokens_per_s": round(tps),
+                "mfu": round(6 * n_matmul * tps / PEAK, 4),
+                "params_matmul": n_matmul,
+                "first_step_s": round(first, 1),
+                "loss": round(loss.item(), 3),
+                "peak_mem_gib": peak_mem,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

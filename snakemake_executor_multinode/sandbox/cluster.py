@@ -92,15 +92,18 @@ def daemons(spec: ClusterSpec) -> list[Daemon]:
         found.append(Daemon("mariadbd", spec.dir / "mysql" / "mysqld.pid", ("mariadbd", "mysqld")))
         found.append(Daemon("slurmdbd", run / "slurmdbd.pid", ("slurmdbd",)))
     found.append(Daemon("slurmctld", run / "slurmctld.pid", ("slurmctld",)))
-    found += [Daemon(f"slurmd {spec.node_name(i)}", run / f"slurmd-{spec.node_name(i)}.pid", ("slurmd",))
-              for i in spec.node_indices]
+    found += [
+        Daemon(f"slurmd {spec.node_name(i)}", run / f"slurmd-{spec.node_name(i)}.pid", ("slurmd",))
+        for i in spec.node_indices
+    ]
     return found
 
 
 def nodes_in(spec: ClusterSpec, states: str = "idle") -> set[str]:
     """Names of the nodes sinfo reports in these states (comma-separated, sinfo -t)."""
-    proc = subprocess.run(["sinfo", "-h", "-N", "-t", states, "-o", "%N"], capture_output=True, text=True,
-                          env=slurm_env(spec), timeout=10)
+    proc = subprocess.run(
+        ["sinfo", "-h", "-N", "-t", states, "-o", "%N"], capture_output=True, text=True, env=slurm_env(spec), timeout=10
+    )
     return set(proc.stdout.split()) if proc.returncode == 0 else set()
 
 
@@ -114,8 +117,9 @@ def status(spec: ClusterSpec) -> str:
         pid = d.pid()
         lines.append(f"  {d.name:<14} {'running, pid ' + str(pid) if pid else 'stopped'}")
     if any(d.name == "slurmctld" and d.pid() for d in daemons(spec)):
-        proc = subprocess.run(["sinfo", "-N", "-o", "%N %T %c %m %G %E"], capture_output=True, text=True,
-                              env=slurm_env(spec), timeout=10)
+        proc = subprocess.run(
+            ["sinfo", "-N", "-o", "%N %T %c %m %G %E"], capture_output=True, text=True, env=slurm_env(spec), timeout=10
+        )
         lines += ["", proc.stdout.rstrip() or proc.stderr.rstrip()]
     return "\n".join(lines)
 
@@ -155,7 +159,7 @@ def up(spec: ClusterSpec) -> None:
                 _write_configs(spec, recorded + 1)
         _slurmctld_up(spec)
         _slurmd_up(spec)
-        say(f"ready: {spec.nodes} idle nodes with gpu:{spec.gpus}; use it with: eval \"$(multinode cluster env)\"")
+        say(f'ready: {spec.nodes} idle nodes with gpu:{spec.gpus}; use it with: eval "$(multinode cluster env)"')
 
 
 def _prepare_dirs(spec: ClusterSpec) -> None:
@@ -184,8 +188,10 @@ def _network_up(spec: ClusterSpec) -> None:
     for i in spec.node_indices:
         ns, host_end = spec.netns(i), f"mnv{i}"
         ps.run([*ip, "netns", "add", ns], f"creating network namespace {ns}")
-        ps.run([*ip, "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns],
-               f"creating veth pair for {ns}")
+        ps.run(
+            [*ip, "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns],
+            f"creating veth pair for {ns}",
+        )
         ps.run([*ip, "link", "set", host_end, "master", spec.bridge, "up"], f"attaching {host_end}")
         ps.run([*ip, "-n", ns, "addr", "add", f"{spec.node_ip(i)}/24", "dev", "eth0"], f"addressing {ns}")
         ps.run([*ip, "-n", ns, "link", "set", "eth0", "up"], f"bringing up eth0 in {ns}")
@@ -214,8 +220,18 @@ def _munge_up(spec: ClusterSpec) -> None:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
     log = m / "munged.log"
-    ps.run(["munged", f"--key-file={key}", f"--socket={m / 'munge.socket'}", f"--pid-file={m / 'munged.pid'}",
-            f"--log-file={log}", f"--seed-file={m / 'munged.seed'}"], "starting munged", log=log)
+    ps.run(
+        [
+            "munged",
+            f"--key-file={key}",
+            f"--socket={m / 'munge.socket'}",
+            f"--pid-file={m / 'munged.pid'}",
+            f"--log-file={log}",
+            f"--seed-file={m / 'munged.seed'}",
+        ],
+        "starting munged",
+        log=log,
+    )
     cred = ps.run(["munge", "-S", str(m / "munge.socket"), "-n"], "munge self-test", log=log)
     ps.run(["unmunge", "-S", str(m / "munge.socket")], "munge self-test", log=log, input=cred)
     say("munged up")
@@ -227,22 +243,51 @@ def _mariadb_up(spec: ClusterSpec) -> None:
     db.mkdir(exist_ok=True)
     if not (db / "data" / "mysql").is_dir():
         shutil.rmtree(db / "data", ignore_errors=True)
-        ps.run(["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={db / 'data'}",
-                "--auth-root-authentication-method=socket", "--skip-test-db"],
-               "initialising the MariaDB data folder", log=spec.dir / "logs" / "mariadb-install.log", timeout=180)
+        ps.run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                "--user=root",
+                f"--datadir={db / 'data'}",
+                "--auth-root-authentication-method=socket",
+                "--skip-test-db",
+            ],
+            "initialising the MariaDB data folder",
+            log=spec.dir / "logs" / "mariadb-install.log",
+            timeout=180,
+        )
     log.unlink(missing_ok=True)
     server = shutil.which("mariadbd") or "mysqld"
-    ps.start_detached([server, "--no-defaults", "--user=root", f"--datadir={db / 'data'}",
-                       f"--socket={db / 'mysqld.sock'}", f"--pid-file={db / 'mysqld.pid'}",
-                       "--bind-address=127.0.0.1", f"--port={spec.db_port}", "--skip-name-resolve",
-                       "--innodb-buffer-pool-size=64M", f"--log-error={log}"], "starting MariaDB")
+    ps.start_detached(
+        [
+            server,
+            "--no-defaults",
+            "--user=root",
+            f"--datadir={db / 'data'}",
+            f"--socket={db / 'mysqld.sock'}",
+            f"--pid-file={db / 'mysqld.pid'}",
+            "--bind-address=127.0.0.1",
+            f"--port={spec.db_port}",
+            "--skip-name-resolve",
+            "--innodb-buffer-pool-size=64M",
+            f"--log-error={log}",
+        ],
+        "starting MariaDB",
+    )
     client = ["mariadb", "--no-defaults", "-S", str(db / "mysqld.sock"), "-uroot"]
     ok = ps.wait_for(lambda: subprocess.run([*client, "-e", "select 1"], capture_output=True).returncode == 0, 30)
     if not ok:
         raise ClusterError(f"MariaDB did not accept connections within 30 s; see {log}")
-    ps.run([*client, "-e", "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'multinode'; "
-            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"],
-           "creating the slurm database user", log=log)
+    ps.run(
+        [
+            *client,
+            "-e",
+            "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'multinode'; "
+            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;",
+        ],
+        "creating the slurm database user",
+        log=log,
+    )
     say("MariaDB up")
 
 
@@ -254,20 +299,26 @@ def _slurmdbd_up(spec: ClusterSpec) -> None:
     ps.start_detached(["env", f"SLURM_CONF={spec.slurm_conf}", "slurmdbd"], "starting slurmdbd")
 
     def answers() -> bool:
-        probe = subprocess.run(["timeout", "5", "sacctmgr", "-n", "-P", "show", "cluster"],
-                               capture_output=True, env=env)
+        probe = subprocess.run(
+            ["timeout", "5", "sacctmgr", "-n", "-P", "show", "cluster"], capture_output=True, env=env
+        )
         return probe.returncode == 0
 
     if not ps.wait_for(answers, 30, 0.2):
         raise ClusterError(f"slurmdbd did not answer within 30 s; see {log}")
-    subprocess.run(["timeout", "10", "sacctmgr", "-i", "-Q", "add", "cluster", spec.cluster_name],
-                   capture_output=True, env=env)
+    subprocess.run(
+        ["timeout", "10", "sacctmgr", "-i", "-Q", "add", "cluster", spec.cluster_name], capture_output=True, env=env
+    )
     say("slurmdbd up")
 
 
 def _max_recorded_job_id(spec: ClusterSpec) -> int:
-    proc = subprocess.run(["timeout", "10", "sacct", "-X", "-n", "-P", "-a", "-o", "JobIDRaw", "-S", "2000-01-01",
-                           "-E", "now"], capture_output=True, text=True, env=slurm_env(spec))
+    proc = subprocess.run(
+        ["timeout", "10", "sacct", "-X", "-n", "-P", "-a", "-o", "JobIDRaw", "-S", "2000-01-01", "-E", "now"],
+        capture_output=True,
+        text=True,
+        env=slurm_env(spec),
+    )
     ids = [int(x) for x in proc.stdout.split() if x.isdigit()]
     return max(ids, default=0)
 
@@ -295,13 +346,26 @@ def _slurmd_up(spec: ClusterSpec) -> None:
             f"{{ [ ! -d /etc/slurm ] || mount --bind {etc} /etc/slurm; }} && "
             f"hostname {node} && exec slurmd -N {node} -f {spec.slurm_conf}"
         )
-        ps.run(["nsenter", f"--net=/run/netns/{spec.netns(i)}", "unshare", "--uts", "--mount",
-                "--propagation", "private", "sh", "-c", inner],
-               f"starting slurmd on {node}", log=spec.dir / "logs" / f"slurmd-{node}.log", env=slurm_env(spec))
+        ps.run(
+            [
+                "nsenter",
+                f"--net=/run/netns/{spec.netns(i)}",
+                "unshare",
+                "--uts",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                inner,
+            ],
+            f"starting slurmd on {node}",
+            log=spec.dir / "logs" / f"slurmd-{node}.log",
+            env=slurm_env(spec),
+        )
     want = {spec.node_name(i) for i in spec.node_indices}
     if not ps.wait_for(lambda: want <= nodes_in(spec), 60, 0.2):
-        proc = subprocess.run(["sinfo", "-N", "-o", "%N %T %E"], capture_output=True, text=True,
-                              env=slurm_env(spec))
+        proc = subprocess.run(["sinfo", "-N", "-o", "%N %T %E"], capture_output=True, text=True, env=slurm_env(spec))
         raise ClusterError(
             f"only {sorted(nodes_in(spec))} of {sorted(want)} became idle within 60 s:\n{proc.stdout}"
             f"see {spec.dir / 'logs'}/slurmctld.log and slurmd-<node>.log"
@@ -324,13 +388,13 @@ def _down(spec: ClusterSpec, quiet: bool) -> None:
     ctld = Daemon("slurmctld", spec.dir / "run" / "slurmctld.pid", ("slurmctld",))
     if ctld.pid():
         env = slurm_env(spec)
-        conf = subprocess.run(["timeout", "5", "scontrol", "show", "config"], capture_output=True, text=True,
-                              env=env)
+        conf = subprocess.run(["timeout", "5", "scontrol", "show", "config"], capture_output=True, text=True, env=env)
         for line in conf.stdout.splitlines():
             if line.startswith("NEXT_JOB_ID"):
                 (spec.dir / "next_job_id").write_text(line.split("=")[1].strip() + "\n")
-        jobs = subprocess.run(["timeout", "5", "squeue", "-h", "-o", "%i"], capture_output=True, text=True,
-                              env=env).stdout.split()
+        jobs = subprocess.run(
+            ["timeout", "5", "squeue", "-h", "-o", "%i"], capture_output=True, text=True, env=env
+        ).stdout.split()
         if jobs:
             log(f"cancelling jobs {' '.join(jobs)}")
             subprocess.run(["timeout", "5", "scancel", *jobs], capture_output=True, env=env)
@@ -362,8 +426,9 @@ def _down(spec: ClusterSpec, quiet: bool) -> None:
 
 def leftovers(spec: ClusterSpec) -> list[str]:
     left = [f"{d.name} (pid {p})" for d in daemons(spec) if (p := d.pid())]
-    left += [f"network namespace {spec.netns(i)}" for i in spec.node_indices
-             if Path(f"/run/netns/{spec.netns(i)}").exists()]
+    left += [
+        f"network namespace {spec.netns(i)}" for i in spec.node_indices if Path(f"/run/netns/{spec.netns(i)}").exists()
+    ]
     if Path(f"/sys/class/net/{spec.bridge}").exists():
         left.append(f"bridge {spec.bridge}")
     return left

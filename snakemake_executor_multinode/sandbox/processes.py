@@ -42,7 +42,10 @@ def start_detached(cmd: Sequence[str], what: str) -> None:
     """Start a daemon in its own session with no inherited stdio (slurmdbd keeps a pipe open forever)."""
     try:
         subprocess.Popen(
-            list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
     except FileNotFoundError as err:

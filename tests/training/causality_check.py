@@ -73,8 +73,11 @@ def check(name: str, user_cfg: dict[str, Any], cuda: bool) -> dict[str, Any]:
     diffs = diffs.to(device)
     dist.all_reduce(diffs, op=dist.ReduceOp.MAX)
     diffs = diffs.cpu()
-    return {"earlier_max_diff": diffs[0].item(), "last_max_diff": diffs[1].item(),
-            "local_logits_shape": None if la is None else list(la.shape)}
+    return {
+        "earlier_max_diff": diffs[0].item(),
+        "last_max_diff": diffs[1].item(),
+        "local_logits_shape": None if la is None else list(la.shape),
+    }
 
 
 def main() -> int:

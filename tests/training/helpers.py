@@ -14,25 +14,49 @@ SCRIPTS = REPO / "workflows" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 # Small enough for 2 CPU cores: ~10 ms per step; a launch costs ~10 s of imports.
-TINY: dict[str, Any] = {"n_layer": 2, "n_head": 4, "d_model": 64, "seq_len": 64, "micro_batch": 4,
-                        "log_every": 1, "ckpt_every": 0, "warmup": 2}
+TINY: dict[str, Any] = {
+    "n_layer": 2,
+    "n_head": 4,
+    "d_model": 64,
+    "seq_len": 64,
+    "micro_batch": 4,
+    "log_every": 1,
+    "ckpt_every": 0,
+    "warmup": 2,
+}
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def torchrun_argv(script: Path | str, *args: str, nproc: int = 2) -> list[str]:
     # --standalone: a private rendezvous on a free port, so launches never collide.
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            str(script), *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(script),
+        *args,
+    ]
 
 
 def train_argv(out: Path, data_dir: Path, cfg: dict[str, Any]) -> list[str]:
-    return ["--data-dir", str(data_dir), "--out", str(out / "model.pt"), "--ckpt-dir", str(out / "ckpt"),
-            "--metrics", str(out / "metrics.jsonl"), "--config-json", json.dumps(cfg)]
+    return [
+        "--data-dir",
+        str(data_dir),
+        "--out",
+        str(out / "model.pt"),
+        "--ckpt-dir",
+        str(out / "ckpt"),
+        "--metrics",
+        str(out / "metrics.jsonl"),
+        "--config-json",
+        json.dumps(cfg),
+    ]
 
 
-def run(argv: list[str], timeout: float = 120,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run(argv: list[str], timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env or ENV, cwd=REPO)
 
 

@@ -41,7 +41,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_changing_the_last_token_changes_no_earlier_logit_inside_the_booster(
-        name: str, results: dict[str, dict[str, Any]]) -> None:
+    name: str, results: dict[str, dict[str, Any]]
+) -> None:
     r = results[name]
     assert r["earlier_max_diff"] == 0.0, r
     assert r["last_max_diff"] > 1e-3, r  # the check is sensitive: the last position does change

@@ -19,8 +19,10 @@ def test_default_config_prints_as_yaml_with_every_key(capsys: pytest.CaptureFixt
     assert train.main(["--print-default-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed == lm.DEFAULT_CONFIG
-    required = ("plugin tp pp sp sp_mode precision n_layer n_head d_model seq_len vocab steps micro_batch "
-                "grad_accum lr warmup schedule ckpt_every seed compile log_every").split()
+    required = (
+        "plugin tp pp sp sp_mode precision n_layer n_head d_model seq_len vocab steps micro_batch "
+        "grad_accum lr warmup schedule ckpt_every seed compile log_every"
+    ).split()
     assert set(required) <= set(printed)
 
 
@@ -31,11 +33,15 @@ def test_train_docstring_documents_every_config_key() -> None:
 
 
 @pytest.mark.parametrize("plugin", ["gemini", "low_level_zero"])
-def test_gpu_only_plugin_on_cpu_exits_2_naming_the_plugin_and_why(plugin: str, tmp_path: Path,
-                                                                  data_dir: Path) -> None:
+def test_gpu_only_plugin_on_cpu_exits_2_naming_the_plugin_and_why(plugin: str, tmp_path: Path, data_dir: Path) -> None:
     t0 = time.monotonic()
-    proc = run([sys.executable, str(SCRIPTS / "train.py"),
-                *train_argv(tmp_path, data_dir, {"plugin": plugin, "precision": "bf16"})])
+    proc = run(
+        [
+            sys.executable,
+            str(SCRIPTS / "train.py"),
+            *train_argv(tmp_path, data_dir, {"plugin": plugin, "precision": "bf16"}),
+        ]
+    )
     assert proc.returncode == 2
     assert f"plugin {plugin!r} cannot run on this CPU-only machine" in proc.stderr
     assert "CUDA" in proc.stderr or "accelerator device" in proc.stderr
@@ -61,9 +67,9 @@ INVALID = {
 
 
 @pytest.mark.parametrize("bad", list(INVALID.values()), ids=list(INVALID))
-def test_invalid_config_exits_2_before_training(bad: dict, tmp_path: Path, data_dir: Path,
-                                                monkeypatch: pytest.MonkeyPatch,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_invalid_config_exits_2_before_training(
+    bad: dict, tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(key, value)  # as under torchrun with 2 processes
     assert train.main(train_argv(tmp_path, data_dir, bad)) == 2

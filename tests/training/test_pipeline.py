@@ -13,13 +13,13 @@ import torch
 
 from .helpers import SCRIPTS, TINY, metrics, run, train
 
-CHAIN = {**TINY, "plugin": "torch_ddp", "steps": 40, "lr": 1e-2, "warmup": 4, "log_every": 2,
-         "ckpt_every": 15}
+CHAIN = {**TINY, "plugin": "torch_ddp", "steps": 40, "lr": 1e-2, "warmup": 4, "log_every": 2, "ckpt_every": 15}
 
 
 @pytest.mark.slow
 def test_preprocess_train_evaluate_produces_model_metrics_eval_and_plot_and_loss_decreases(
-        tmp_path: Path, data_dir: Path) -> None:
+    tmp_path: Path, data_dir: Path
+) -> None:
     out = tmp_path / "run"
     proc = train(out, data_dir, CHAIN)
     assert "step 40/40 loss" in proc.stdout
@@ -40,9 +40,22 @@ def test_preprocess_train_evaluate_produces_model_metrics_eval_and_plot_and_loss
     assert blob["step"] == 40 and blob["model_config"]["d_model"] == TINY["d_model"]
     lm.load_final_model(out / "model.pt")
 
-    proc = run([sys.executable, str(SCRIPTS / "evaluate.py"), "--model", str(out / "model.pt"),
-                "--data-dir", str(data_dir), "--metrics-in", str(out / "metrics.jsonl"),
-                "--out-json", str(out / "eval.json"), "--plot", str(out / "loss.png")])
+    proc = run(
+        [
+            sys.executable,
+            str(SCRIPTS / "evaluate.py"),
+            "--model",
+            str(out / "model.pt"),
+            "--data-dir",
+            str(data_dir),
+            "--metrics-in",
+            str(out / "metrics.jsonl"),
+            "--out-json",
+            str(out / "eval.json"),
+            "--plot",
+            str(out / "loss.png"),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "eval.json").read_text())
     assert result["val_loss"] < math.log(lm.DATA_VOCAB) - 1.0

@@ -43,13 +43,20 @@ def wait_for_metrics(path: Path, lines: int, proc: subprocess.Popen, timeout: fl
 
 @pytest.mark.slow
 def test_sigusr2_checkpoints_writes_the_preempt_file_exits_0_and_the_rerun_completes(
-        tmp_path: Path, data_dir: Path) -> None:
+    tmp_path: Path, data_dir: Path
+) -> None:
     cfg = {**TINY, "steps": STEPS}
     out, preempt_file = tmp_path / "run", tmp_path / "preempted"
     log = (tmp_path / "first.log").open("w")
-    proc = subprocess.Popen(torchrun_argv(SCRIPTS / "train.py", *train_argv(out, data_dir, cfg)), cwd=REPO,
-                            env={**ENV, "MULTINODE_PREEMPT_FILE": str(preempt_file)}, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=ignore_usr2)
+    proc = subprocess.Popen(
+        torchrun_argv(SCRIPTS / "train.py", *train_argv(out, data_dir, cfg)),
+        cwd=REPO,
+        env={**ENV, "MULTINODE_PREEMPT_FILE": str(preempt_file)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=ignore_usr2,
+    )
     try:
         wait_for_metrics(out / "metrics.jsonl", 3, proc)
         # Like SLURM's --signal: every process of the job step gets it, the agent and the workers (torchrun

@@ -68,11 +68,17 @@ def test_torch_ddp_stop_after_k_then_resume_equals_a_straight_run(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_hybrid_bf16_resume_from_a_mid_run_checkpoint_equals_the_straight_run(tmp_path: Path,
-                                                                             data_dir: Path) -> None:
+def test_hybrid_bf16_resume_from_a_mid_run_checkpoint_equals_the_straight_run(tmp_path: Path, data_dir: Path) -> None:
     # bf16 AMP keeps fp32 masters in the optimizer: a resume must restore them, not re-seed them from bf16.
-    cfg = {**TINY, "plugin": "hybrid", "precision": "bf16", "steps": STEPS, "grad_accum": 2, "lr": 3e-3,
-           "ckpt_every": STOP}
+    cfg = {
+        **TINY,
+        "plugin": "hybrid",
+        "precision": "bf16",
+        "steps": STEPS,
+        "grad_accum": 2,
+        "lr": 3e-3,
+        "ckpt_every": STOP,
+    }
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(straight, data_dir, cfg)
     assert [s for s, _ in lm.complete_checkpoints(straight / "ckpt")] == [STOP, STEPS]

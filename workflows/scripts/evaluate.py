@@ -27,8 +27,9 @@ import lm  # noqa: E402
 
 
 @torch.no_grad()
-def validation_loss(model: lm.NativeLlama, tokens: np.ndarray, seq_len: int, max_tokens: int,
-                    batch_size: int) -> tuple[float, int, int]:
+def validation_loss(
+    model: lm.NativeLlama, tokens: np.ndarray, seq_len: int, max_tokens: int, batch_size: int
+) -> tuple[float, int, int]:
     """(mean loss, predicted tokens, windows) over non-overlapping windows of the first max_tokens tokens."""
     usable = min(len(tokens), max_tokens)
     n_windows = usable // seq_len
@@ -37,7 +38,7 @@ def validation_loss(model: lm.NativeLlama, tokens: np.ndarray, seq_len: int, max
     windows = np.asarray(tokens[: n_windows * seq_len], dtype=np.int64).reshape(n_windows, seq_len)
     total, count = 0.0, 0
     for i in range(0, n_windows, batch_size):
-        ids = torch.from_numpy(windows[i:i + batch_size])
+        ids = torch.from_numpy(windows[i : i + batch_size])
         logits = model(input_ids=ids).logits[:, :-1]
         target = ids[:, 1:]
         flat_logits = logits.reshape(-1, logits.shape[-1])
@@ -85,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     model, blob = lm.load_final_model(args.model)
     tokens = lm.load_tokens(args.data_dir, "val")
-    loss, scored, windows = validation_loss(model, tokens, model.config.seq_len, args.max_tokens,
-                                            args.batch_size)
+    loss, scored, windows = validation_loss(model, tokens, model.config.seq_len, args.max_tokens, args.batch_size)
     metrics = list(lm.iter_metrics(args.metrics_in))
     result = {
         "val_loss": loss,

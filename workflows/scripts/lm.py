@@ -214,8 +214,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = (proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)
-                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (
+            proj(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+            for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -313,10 +315,18 @@ def hf_llama(cfg: ModelConfig, attn_implementation: str) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hf_cfg = LlamaConfig(
-        vocab_size=cfg.vocab, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_head,
-        max_position_embeddings=cfg.seq_len, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.norm_eps,
-        tie_word_embeddings=False, use_cache=False, attn_implementation=attn_implementation,
+        vocab_size=cfg.vocab,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layer,
+        num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.n_head,
+        max_position_embeddings=cfg.seq_len,
+        rope_theta=cfg.rope_theta,
+        rms_norm_eps=cfg.norm_eps,
+        tie_word_embeddings=False,
+        use_cache=False,
+        attn_implementation=attn_implementation,
     )
     return LlamaForCausalLM(hf_cfg)
 
@@ -384,8 +394,8 @@ def batch_for_step(
     if len(tokens) <= seq_len:
         raise ValueError(f"only {len(tokens)} training tokens for seq_len {seq_len}")
     rng = np.random.default_rng([seed, 0xDA7A, step])
-    offsets = rng.integers(0, len(tokens) - seq_len, size=global_rows)[first_row:first_row + rows]
-    batch = np.stack([tokens[o:o + seq_len] for o in offsets]).astype(np.int64)
+    offsets = rng.integers(0, len(tokens) - seq_len, size=global_rows)[first_row : first_row + rows]
+    batch = np.stack([tokens[o : o + seq_len] for o in offsets]).astype(np.int64)
     return torch.from_numpy(batch)
 
 
@@ -472,14 +482,12 @@ def make_optimizer(cfg: dict[str, Any], model: nn.Module, cuda: bool) -> torch.o
     """AdamW with decay on matrices only. Gemini requires ColossalAI's HybridAdam."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg["weight_decay"]},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
     betas = (cfg["beta1"], cfg["beta2"])
     if cfg["optimizer"] == "hybrid_adam" or cfg["plugin"] == "gemini":
         from colossalai.nn.optimizer import HybridAdam
 
-        return HybridAdam(groups, lr=cfg["lr"], betas=betas, weight_decay=cfg["weight_decay"],
-                          adamw_mode=True)
+        return HybridAdam(groups, lr=cfg["lr"], betas=betas, weight_decay=cfg["weight_decay"], adamw_mode=True)
     return torch.optim.AdamW(groups, lr=cfg["lr"], betas=betas, fused=cuda)
 
 
@@ -520,16 +528,20 @@ def autocast(cfg: dict[str, Any], device_type: str) -> contextlib.AbstractContex
     return contextlib.nullcontext()
 
 
-def forward_logits(booster: Any, model: nn.Module, ids: torch.Tensor,
-                   cfg: dict[str, Any]) -> torch.Tensor | None:
+def forward_logits(booster: Any, model: nn.Module, ids: torch.Tensor, cfg: dict[str, Any]) -> torch.Tensor | None:
     """Logits of the boosted model (this rank's shard under tp; None on non-last pipeline stages)."""
     if not uses_pipeline(cfg):
         with autocast(cfg, ids.device.type):
             return model(**model_inputs(ids, cfg, labels=False)).logits
     # The schedule calls the criterion on the last stage even when no loss is wanted.
-    out = booster.execute_pipeline(iter([model_inputs(ids, cfg, labels=False)]), model,
-                                   lambda o, _: o["logits"].float().mean(), None,
-                                   return_loss=False, return_outputs=True)
+    out = booster.execute_pipeline(
+        iter([model_inputs(ids, cfg, labels=False)]),
+        model,
+        lambda o, _: o["logits"].float().mean(),
+        None,
+        return_loss=False,
+        return_outputs=True,
+    )
     outputs = out.get("outputs")
     return None if outputs is None else outputs["logits"] if isinstance(outputs, dict) else outputs.logits
 
@@ -562,8 +574,8 @@ def complete_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path]]:
         return []
     found = []
     for path in root.glob(f"{CKPT_PREFIX}*"):
-        if path.is_dir() and (path / "trainer.json").is_file() and path.name[len(CKPT_PREFIX):].isdigit():
-            found.append((int(path.name[len(CKPT_PREFIX):]), path))
+        if path.is_dir() and (path / "trainer.json").is_file() and path.name[len(CKPT_PREFIX) :].isdigit():
+            found.append((int(path.name[len(CKPT_PREFIX) :]), path))
     return sorted(found)
 
 
@@ -597,8 +609,17 @@ class Checkpointer:
     A shared filesystem is assumed (ColossalAI's unsharded checkpoints are written by rank 0 only).
     """
 
-    def __init__(self, booster: Any, model: Any, optimizer: Any, scheduler: Any, ckpt_dir: str | Path,
-                 cfg: dict[str, Any], rank: int, keep: int) -> None:
+    def __init__(
+        self,
+        booster: Any,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any,
+        ckpt_dir: str | Path,
+        cfg: dict[str, Any],
+        rank: int,
+        keep: int,
+    ) -> None:
         self.booster, self.model, self.optimizer, self.scheduler = booster, model, optimizer, scheduler
         self.root, self.cfg, self.rank, self.keep = Path(ckpt_dir), cfg, rank, max(1, keep)
 
@@ -626,7 +647,7 @@ class Checkpointer:
             (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
-            for _, old in complete_checkpoints(self.root)[:-self.keep]:
+            for _, old in complete_checkpoints(self.root)[: -self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
         dist.barrier()
         return final
@@ -638,8 +659,7 @@ class Checkpointer:
         self.booster.load_optimizer(self.optimizer, str(path / "optimizer.bin"))
         self.scheduler.load_state_dict(torch.load(path / "scheduler.bin", weights_only=False))
         own = path / f"rank{self.rank:05d}.pt"
-        per_rank = torch.load(own if own.exists() else path / "rank00000.pt", map_location="cpu",
-                              weights_only=False)
+        per_rank = torch.load(own if own.exists() else path / "rank00000.pt", map_location="cpu", weights_only=False)
         set_rng_state(per_rank["rng"])
         self._restore_masters(per_rank.get("masters"))
         return TrainState(step=meta["step"], tokens=meta["tokens"], elapsed=meta["elapsed"])

@@ -31,21 +31,133 @@ from lm import DATA_FORMAT, DATA_VOCAB, EOS_ID, TOKEN_DTYPE  # noqa: E402
 
 GENERATOR_VERSION = 1
 
-NAMES = ["Ada", "Bruno", "Clara", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kira",
-         "Lars", "Mira", "Nils", "Olga", "Pavel", "Rosa", "Sven", "Tilda", "Umar", "Vera", "Wim", "Yara",
-         "Zeno"]
-ADJECTIVES = ["old", "quiet", "bright", "narrow", "green", "cold", "heavy", "small", "golden", "tired",
-              "crooked", "gentle", "wide", "silent", "red", "careful", "distant", "busy", "pale", "warm"]
-NOUNS = ["river", "miller", "lantern", "ferry", "orchard", "bridge", "harbour", "wagon", "garden", "tower",
-         "baker", "letter", "forest", "market", "clock", "window", "shepherd", "road", "village", "boat"]
-PLACES = ["the valley", "the hill", "the square", "the old mill", "the coast", "the north gate",
-          "the inn", "the library", "the station", "the meadow", "the quay", "the chapel"]
-VERBS = ["crossed", "watched", "carried", "painted", "found", "followed", "repaired", "visited", "counted",
-         "remembered", "opened", "described"]
-WEATHER = ["It rained all morning.", "The wind came from the sea.", "Snow covered the roofs.",
-           "The sun was low and yellow.", "Fog hid the far bank.", "The night was clear and still."]
-NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-                "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen"]
+NAMES = [
+    "Ada",
+    "Bruno",
+    "Clara",
+    "Dmitri",
+    "Elena",
+    "Farid",
+    "Greta",
+    "Hugo",
+    "Ines",
+    "Jonas",
+    "Kira",
+    "Lars",
+    "Mira",
+    "Nils",
+    "Olga",
+    "Pavel",
+    "Rosa",
+    "Sven",
+    "Tilda",
+    "Umar",
+    "Vera",
+    "Wim",
+    "Yara",
+    "Zeno",
+]
+ADJECTIVES = [
+    "old",
+    "quiet",
+    "bright",
+    "narrow",
+    "green",
+    "cold",
+    "heavy",
+    "small",
+    "golden",
+    "tired",
+    "crooked",
+    "gentle",
+    "wide",
+    "silent",
+    "red",
+    "careful",
+    "distant",
+    "busy",
+    "pale",
+    "warm",
+]
+NOUNS = [
+    "river",
+    "miller",
+    "lantern",
+    "ferry",
+    "orchard",
+    "bridge",
+    "harbour",
+    "wagon",
+    "garden",
+    "tower",
+    "baker",
+    "letter",
+    "forest",
+    "market",
+    "clock",
+    "window",
+    "shepherd",
+    "road",
+    "village",
+    "boat",
+]
+PLACES = [
+    "the valley",
+    "the hill",
+    "the square",
+    "the old mill",
+    "the coast",
+    "the north gate",
+    "the inn",
+    "the library",
+    "the station",
+    "the meadow",
+    "the quay",
+    "the chapel",
+]
+VERBS = [
+    "crossed",
+    "watched",
+    "carried",
+    "painted",
+    "found",
+    "followed",
+    "repaired",
+    "visited",
+    "counted",
+    "remembered",
+    "opened",
+    "described",
+]
+WEATHER = [
+    "It rained all morning.",
+    "The wind came from the sea.",
+    "Snow covered the roofs.",
+    "The sun was low and yellow.",
+    "Fog hid the far bank.",
+    "The night was clear and still.",
+]
+NUMBER_WORDS = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+]
 
 
 def sentence(rng: random.Random) -> str:
@@ -63,7 +175,7 @@ def sentence(rng: random.Random) -> str:
         return f"{NUMBER_WORDS[a].capitalize()} plus {NUMBER_WORDS[b]} is {NUMBER_WORDS[a + b]}."
     if kind == 3:
         start = rng.randrange(8)
-        return ", ".join(NUMBER_WORDS[start:start + rng.randrange(3, 7)]).capitalize() + "."
+        return ", ".join(NUMBER_WORDS[start : start + rng.randrange(3, 7)]).capitalize() + "."
     if kind == 4:
         return rng.choice(WEATHER)
     return f"{name} {rng.choice(VERBS)} {rng.randrange(2, 40)} {n1}s on the way to {rng.choice(PLACES)}."
@@ -72,8 +184,7 @@ def sentence(rng: random.Random) -> str:
 def generated_document(seed: int, index: int) -> str:
     rng = random.Random(f"doc:{seed}:{index}")  # str seeds hash with SHA-512: stable across runs
     title = f"Chapter {index + 1}: The {rng.choice(ADJECTIVES).capitalize()} {rng.choice(NOUNS).capitalize()}"
-    paragraphs = [" ".join(sentence(rng) for _ in range(rng.randrange(3, 8)))
-                  for _ in range(rng.randrange(2, 5))]
+    paragraphs = [" ".join(sentence(rng) for _ in range(rng.randrange(3, 8))) for _ in range(rng.randrange(2, 5))]
     return title + "\n\n" + "\n\n".join(paragraphs) + "\n"
 
 
@@ -125,8 +236,9 @@ def write_stats(out_dir: Path, extra: dict) -> dict:
     return stats
 
 
-def build(out_dir: Path, seed: int, val_fraction: float, num_docs: int, shard: int, num_shards: int,
-          inputs: list[str] | None) -> dict:
+def build(
+    out_dir: Path, seed: int, val_fraction: float, num_docs: int, shard: int, num_shards: int, inputs: list[str] | None
+) -> dict:
     source_docs = text_documents(inputs) if inputs else None
     total = len(source_docs) if source_docs is not None else num_docs
     lo, hi = shard_range(total, shard, num_shards)
@@ -143,11 +255,19 @@ def build(out_dir: Path, seed: int, val_fraction: float, num_docs: int, shard: i
     out_dir.mkdir(parents=True, exist_ok=True)
     write_split(out_dir, "train", train)
     write_split(out_dir, "val", val)
-    return write_stats(out_dir, {
-        "source": {"inputs": inputs} if inputs else {"generator": GENERATOR_VERSION},
-        "seed": seed, "val_fraction": val_fraction, "shard": shard, "num_shards": num_shards,
-        "doc_range": [lo, hi], "docs": hi - lo, "val_docs": n_val,
-    })
+    return write_stats(
+        out_dir,
+        {
+            "source": {"inputs": inputs} if inputs else {"generator": GENERATOR_VERSION},
+            "seed": seed,
+            "val_fraction": val_fraction,
+            "shard": shard,
+            "num_shards": num_shards,
+            "doc_range": [lo, hi],
+            "docs": hi - lo,
+            "val_docs": n_val,
+        },
+    )
 
 
 def merge(dirs: list[Path], out_dir: Path) -> dict:
@@ -160,11 +280,17 @@ def merge(dirs: list[Path], out_dir: Path) -> dict:
     for split in ("train", "val"):
         parts = [np.fromfile(d / f"{split}.bin", dtype=TOKEN_DTYPE) for d in dirs]
         write_split(out_dir, split, parts)
-    return write_stats(out_dir, {
-        "merged_from": [{"dir": str(d), "shard": s.get("shard"), "doc_range": s.get("doc_range")}
-                        for d, s in zip(dirs, stats, strict=True)],
-        "docs": sum(s.get("docs", 0) for s in stats), "val_docs": sum(s.get("val_docs", 0) for s in stats),
-    })
+    return write_stats(
+        out_dir,
+        {
+            "merged_from": [
+                {"dir": str(d), "shard": s.get("shard"), "doc_range": s.get("doc_range")}
+                for d, s in zip(dirs, stats, strict=True)
+            ],
+            "docs": sum(s.get("docs", 0) for s in stats),
+            "val_docs": sum(s.get("val_docs", 0) for s in stats),
+        },
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -190,10 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         stats = merge(args.merge, args.out_dir)
     else:
-        stats = build(args.out_dir, args.seed, args.val_fraction, args.num_docs, args.shard, args.num_shards,
-                      args.input)
-    print(f"{args.out_dir}: train {stats['train_tokens']:,} tokens, val {stats['val_tokens']:,} tokens, "
-          f"{stats['docs']} docs")
+        stats = build(
+            args.out_dir, args.seed, args.val_fraction, args.num_docs, args.shard, args.num_shards, args.input
+        )
+    print(
+        f"{args.out_dir}: train {stats['train_tokens']:,} tokens, val {stats['val_tokens']:,} tokens, "
+        f"{stats['docs']} docs"
+    )
     return 0
 
 

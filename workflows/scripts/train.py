@@ -86,8 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--print-default-config", action="store_true", help="print the default config as YAML")
     args = p.parse_args(argv)
     if not args.print_default_config:
-        missing = [f"--{k.replace('_', '-')}" for k in ("data_dir", "out", "ckpt_dir", "metrics")
-                   if getattr(args, k) is None]
+        missing = [
+            f"--{k.replace('_', '-')}" for k in ("data_dir", "out", "ckpt_dir", "metrics") if getattr(args, k) is None
+        ]
         if missing:
             p.error(f"missing {', '.join(missing)}")
     return args
@@ -100,8 +101,9 @@ def ensure_dist_env() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
 
 
 class Preemption:
@@ -183,8 +185,24 @@ def setup(args: argparse.Namespace, cfg: dict[str, Any], cuda: bool) -> Run:
     dp_rank, dp_size = lm.data_parallel_layout(plugin)
     ckpt = lm.Checkpointer(booster, model, optimizer, scheduler, args.ckpt_dir, cfg, rank, cfg["keep_ckpts"])
     tokens = lm.load_tokens(args.data_dir, "train")
-    return Run(args, cfg, cuda, rank, world, booster, plugin, model, optimizer, scheduler, ckpt, tokens,
-               dp_rank, dp_size, device, n_matmul)
+    return Run(
+        args,
+        cfg,
+        cuda,
+        rank,
+        world,
+        booster,
+        plugin,
+        model,
+        optimizer,
+        scheduler,
+        ckpt,
+        tokens,
+        dp_rank,
+        dp_size,
+        device,
+        n_matmul,
+    )
 
 
 def check_data(data_dir: str, cfg: dict[str, Any]) -> None:
@@ -198,18 +216,24 @@ def train_step(run: Run, step: int) -> torch.Tensor | None:
     cfg = run.cfg
     mb, ga = cfg["micro_batch"], cfg["grad_accum"]
     rows = mb * ga
-    batch = lm.batch_for_step(run.tokens, step, cfg["seed"], cfg["seq_len"], run.dp_size * rows,
-                              run.dp_rank * rows, rows)
+    batch = lm.batch_for_step(
+        run.tokens, step, cfg["seed"], cfg["seq_len"], run.dp_size * rows, run.dp_rank * rows, rows
+    )
     if run.cuda:
         batch = batch.pin_memory().to(run.device, non_blocking=True)
     if lm.uses_pipeline(cfg):
-        out = run.booster.execute_pipeline(iter([lm.model_inputs(batch, cfg, labels=True)]), run.model,
-                                           lambda o, _: o.loss, run.optimizer, return_loss=True)
+        out = run.booster.execute_pipeline(
+            iter([lm.model_inputs(batch, cfg, labels=True)]),
+            run.model,
+            lambda o, _: o.loss,
+            run.optimizer,
+            return_loss=True,
+        )
         loss = out["loss"]
     else:
         loss = torch.zeros((), device=run.device)
         for m in range(ga):
-            ids = batch[m * mb:(m + 1) * mb]
+            ids = batch[m * mb : (m + 1) * mb]
             skip_sync = m < ga - 1 and run.plugin.support_no_sync()
             with run.booster.no_sync(run.model, run.optimizer) if skip_sync else contextlib.nullcontext():
                 with lm.autocast(cfg, run.device.type):
@@ -307,15 +331,25 @@ class Logger:
         run = self.run
         loss = mean_loss(run, self.loss_sum, self.count)
         tps = self.tokens / max(self.train_s, 1e-9)
-        rec = {"step": state.step, "loss": round(loss, 6), "lr": lr, "tokens": state.tokens,
-               "tokens_per_s": round(tps, 1), "mfu": mfu(run, tps), "elapsed": round(state.elapsed, 3),
-               "step_ms": round(1000 * step_s, 2)}
+        rec = {
+            "step": state.step,
+            "loss": round(loss, 6),
+            "lr": lr,
+            "tokens": state.tokens,
+            "tokens_per_s": round(tps, 1),
+            "mfu": mfu(run, tps),
+            "elapsed": round(state.elapsed, 3),
+            "step_ms": round(1000 * step_s, 2),
+        }
         if run.rank == 0:
             with open(run.args.metrics, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             m = "" if rec["mfu"] is None else f" mfu {100 * rec['mfu']:.1f}%"
-            print(f"step {state.step}/{run.cfg['steps']} loss {loss:.4f} lr {lr:.3e} tok/s {tps:,.0f}{m} "
-                  f"elapsed {state.elapsed:.1f}s", flush=True)
+            print(
+                f"step {state.step}/{run.cfg['steps']} loss {loss:.4f} lr {lr:.3e} tok/s {tps:,.0f}{m} "
+                f"elapsed {state.elapsed:.1f}s",
+                flush=True,
+            )
         self.loss_sum.zero_()
         self.count, self.train_s, self.tokens = 0, 0.0, 0
 
@@ -332,9 +366,12 @@ def train(run: Run, preempt: Preemption) -> int:
     dist.barrier()
     end = cfg["stop_after"] or cfg["steps"]
     tokens_per_step = run.dp_size * cfg["micro_batch"] * cfg["grad_accum"] * cfg["seq_len"]
-    log0(run.rank, f"plugin {cfg['plugin']} world {run.world} dp {run.dp_size} device {run.device.type} "
-                   f"params {sum(p.numel() for p in run.model.parameters()):,} (this rank) "
-                   f"tokens/step {tokens_per_step} steps {state.step}->{end}")
+    log0(
+        run.rank,
+        f"plugin {cfg['plugin']} world {run.world} dp {run.dp_size} device {run.device.type} "
+        f"params {sum(p.numel() for p in run.model.parameters()):,} (this rank) "
+        f"tokens/step {tokens_per_step} steps {state.step}->{end}",
+    )
     logger = Logger(run)
     saved_at = state.step if latest is not None else -1
     run.model.train()
