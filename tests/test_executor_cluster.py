@@ -57,7 +57,7 @@ def test_gpu_rule_becomes_one_two_node_job_with_one_torchrun_per_node(slurm_clus
     for line in (
         "NODE_NUM=2",
         "NODELIST: node1 node2",
-        "MASTER_ADDR=172.31.250.11",
+        f"MASTER_ADDR={slurm_cluster.spec.node_ip(1)}",
         "launching on node1, node_rank=0",
         "launching on node2, node_rank=1",
     ):

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from snakemake_executor_multinode.sandbox import cluster
+from snakemake_executor_multinode.sandbox.spec import ClusterSpec
 
 pytestmark = pytest.mark.cluster
 
@@ -93,16 +99,82 @@ def test_env_points_slurm_commands_at_the_cluster(slurm_cluster):
     assert f"export SLURM_CONF={slurm_cluster.spec.slurm_conf}" in out
 
 
-@pytest.mark.teardown_last
-def test_down_leaves_no_process_namespace_or_bridge(slurm_cluster):
-    assert cluster.down(slurm_cluster.spec) == []
-    slurm_cluster.torn_down = True
-    running = subprocess.run(["ps", "-eo", "stat=,comm="], capture_output=True, text=True).stdout
-    live = [line.split()[1] for line in running.splitlines() if not line.strip().startswith("Z")]
-    assert not [c for c in live if c in ("slurmctld", "slurmd", "slurmdbd", "slurmstepd", "munged", "mariadbd")]
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert "mn-node" not in netns
-    assert subprocess.run(["ip", "link", "show", slurm_cluster.spec.bridge], capture_output=True).returncode != 0
+@pytest.fixture
+def spare_dirs() -> Iterator[Callable[[], Path]]:
+    """Cluster folders outside pytest's private tmp (munged wants every folder above its socket world-executable)."""
+    made: list[Path] = []
+
+    def make() -> Path:
+        made.append(Path(tempfile.mkdtemp(prefix="mn-spare-", dir="/var/tmp")))
+        made[-1].chmod(0o755)
+        return made[-1]
+
+    yield make
+    for d in made:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_second_cluster_runs_beside_this_one_and_its_down_leaves_this_one_alone(slurm_cluster, spare_dirs):
+    """A user's sandbox and the suite's cluster coexist: each folder has its own bridge, subnet, namespaces and
+    ports; `down` of one stops exactly its own daemons and links, and `up` right after works again."""
+    first = slurm_cluster.spec
+    folder = next(d for _ in range(50) if ClusterSpec(dir=(d := spare_dirs())).slot != first.slot)
+    second = ClusterSpec(dir=folder, nodes=1, cpus=1, gpus=0, accounting=False)
+    assert {second.bridge, second.subnet, second.ctld_port} & {first.bridge, first.subnet, first.ctld_port} == set()
+    first_pids = {d.name: d.pid() for d in cluster.daemons(first)}
+    for _ in range(2):  # up, use, down, and once more: down leaves nothing that blocks the next up
+        cluster.up(second)
+        env2 = os.environ | {"SLURM_CONF": str(second.slurm_conf)}
+        ids = {
+            spec.dir: subprocess.run(
+                ["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "hostname"],
+                env=os.environ | {"SLURM_CONF": str(spec.slurm_conf)},
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            for spec in (first, second)
+        }
+        _wait_state(slurm_cluster, ids[first.dir], {"COMPLETED"})
+        job2 = ids[second.dir]
+        _wait_for(lambda env=env2, job=job2: _squeue_state(env, job) == "COMPLETED", 60)
+        assert _squeue_state(env2, job2) == "COMPLETED"
+        second_pids = [p for d in cluster.daemons(second) if (p := d.pid())]
+        assert len(second_pids) == 3  # munged, slurmctld, slurmd node1
+
+        assert cluster.down(second) == []
+        assert not [pid for pid in second_pids if _alive(pid)]
+        assert not Path(f"/run/netns/{second.netns(1)}").exists()
+        assert not Path(f"/sys/class/net/{second.bridge}").exists()
+        assert not Path(f"/sys/class/net/{second.host_link(1)}").exists()
+        # the suite's cluster: same daemons, its network, its nodes idle
+        assert {d.name: d.pid() for d in cluster.daemons(first)} == first_pids
+        assert all(Path(f"/run/netns/{first.netns(i)}").exists() for i in first.node_indices)
+        assert cluster.network_owner(first) == str(first.dir)
+        assert cluster.nodes_in(first, "idle") == {"node1", "node2", "node3"}
+
+
+def test_a_folder_whose_slot_another_cluster_holds_is_refused_without_touching_it(slurm_cluster, spare_dirs):
+    first = slurm_cluster.spec
+    clash = ClusterSpec(dir=spare_dirs(), nodes=1, gpus=0, accounting=False, slot=first.slot)
+    with pytest.raises(cluster.ClusterError, match=f"belongs to the sandbox cluster in {first.dir}"):
+        cluster.up(clash)
+    assert cluster.down(clash) == []  # nothing of its own to stop, and the other's network is not its to remove
+    assert cluster.is_up(first) and cluster.network_owner(first) == str(first.dir)
+    assert cluster.nodes_in(first, "idle") == {"node1", "node2", "node3"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _squeue_state(env, job: str) -> str:
+    cmd = ["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True).stdout.strip()
 
 
 def _read(path) -> str:

@@ -144,6 +144,12 @@ def up(spec: ClusterSpec) -> None:
                 say(f"already up: {spec.nodes} nodes ({spec.dir}); nothing to do")
                 return
         ensure_packages(spec)
+        owner = network_owner(spec)
+        if owner not in (None, str(spec.dir)):
+            raise ClusterError(
+                f"network slot {spec.slot} (bridge {spec.bridge}, subnet {spec.subnet}.0/24) belongs to the sandbox "
+                f"cluster in {owner}; choose another --dir, or `multinode cluster down --dir {owner}` first"
+            )
         _down(previous or spec, quiet=True)
         _prepare_dirs(spec)
         _network_up(spec)
@@ -182,11 +188,24 @@ def _prepare_dirs(spec: ClusterSpec) -> None:
 
 def _network_up(spec: ClusterSpec) -> None:
     ip = ["ip"]
+    # Our own leftovers are gone (_down ran first): whatever still holds these names or this subnet belongs to
+    # another cluster folder that derived the same slot, or to someone else. Never take it over.
+    taken = [f"link {name}" for name in (spec.bridge, *map(spec.host_link, spec.node_indices)) if _link_exists(name)]
+    addrs = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    taken += [f"subnet {spec.subnet}.0/24" for line in addrs.splitlines() if f" {spec.subnet}." in line][:1]
+    if taken:
+        raise ClusterError(
+            f"{', '.join(taken)} already exist on this machine but belong to no cluster in {spec.dir}: another "
+            "sandbox cluster folder derived the same network slot, or something else uses it. Run "
+            "`multinode cluster down --dir <that folder>`, or choose another --dir."
+        )
     ps.run([*ip, "link", "add", spec.bridge, "type", "bridge"], f"creating bridge {spec.bridge}")
+    # The bridge names its cluster folder: `up` and `down` of another folder with the same slot leave it alone.
+    ps.run([*ip, "link", "set", "dev", spec.bridge, "alias", str(spec.dir)], f"labelling bridge {spec.bridge}")
     ps.run([*ip, "addr", "add", f"{spec.ctl_ip}/24", "dev", spec.bridge], f"addressing bridge {spec.bridge}")
     ps.run([*ip, "link", "set", spec.bridge, "up"], f"bringing up bridge {spec.bridge}")
     for i in spec.node_indices:
-        ns, host_end = spec.netns(i), f"mnv{i}"
+        ns, host_end = spec.netns(i), spec.host_link(i)
         ps.run([*ip, "netns", "add", ns], f"creating network namespace {ns}")
         ps.run(
             [*ip, "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns],
@@ -403,8 +422,11 @@ def _down(spec: ClusterSpec, quiet: bool) -> None:
     if pids:
         log(f"stopping slurm daemons {pids}")
         ps.stop(pids)
+    ours = network_owner(spec) in (None, str(spec.dir))
+    if not ours:
+        log(f"network slot {spec.slot} belongs to the cluster in {network_owner(spec)}: its network is left alone")
     # Whatever is left inside our namespaces (slurmstepd, job processes) was started by our slurmd.
-    for i in spec.node_indices:
+    for i in spec.node_indices if ours else ():
         ns = spec.netns(i)
         if not Path(f"/run/netns/{ns}").exists():
             continue
@@ -419,16 +441,32 @@ def _down(spec: ClusterSpec, quiet: bool) -> None:
         ps.stop(others)
     for f in ("munge.socket", "munge.socket.lock"):
         (spec.dir / "munge" / f).unlink(missing_ok=True)
-    if Path(f"/sys/class/net/{spec.bridge}").exists():
-        subprocess.run(["ip", "link", "del", spec.bridge], capture_output=True)
+    # A veth's host end can outlive its namespace for a while (open connections keep the namespace alive):
+    # delete it by name, or the next `up` finds it taken.
+    for name in (*map(spec.host_link, spec.node_indices), spec.bridge) if ours else ():
+        if _link_exists(name):
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
     log("down")
+
+
+def network_owner(spec: ClusterSpec) -> str | None:
+    """The cluster folder written on the slot's bridge, or None when there is no bridge."""
+    try:
+        return Path(f"/sys/class/net/{spec.bridge}/ifalias").read_text().strip()
+    except OSError:
+        return None
+
+
+def _link_exists(name: str) -> bool:
+    return Path(f"/sys/class/net/{name}").exists()
 
 
 def leftovers(spec: ClusterSpec) -> list[str]:
     left = [f"{d.name} (pid {p})" for d in daemons(spec) if (p := d.pid())]
+    if network_owner(spec) not in (None, str(spec.dir)):
+        return left  # the slot's network is another cluster's
     left += [
         f"network namespace {spec.netns(i)}" for i in spec.node_indices if Path(f"/run/netns/{spec.netns(i)}").exists()
     ]
-    if Path(f"/sys/class/net/{spec.bridge}").exists():
-        left.append(f"bridge {spec.bridge}")
+    left += [f"link {name}" for name in (*map(spec.host_link, spec.node_indices), spec.bridge) if _link_exists(name)]
     return left

@@ -5,12 +5,20 @@ from __future__ import annotations
 import json
 import os
 import socket
+import zlib
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from pathlib import Path
 from string import Template
 
 DEFAULT_DIR = Path(os.environ.get("MULTINODE_CLUSTER_DIR", "/var/tmp/multinode-cluster"))
+SLOTS = (20, 220)  # subnets 172.31.20.0/24 .. 172.31.219.0/24
+PORT_BASE = 17000  # daemon ports PORT_BASE + 10 * slot + 6..9
+
+
+def slot_for(directory: Path) -> int:
+    """A stable number for a cluster folder; two folders that share one are told apart by `up` (see cluster.py)."""
+    return SLOTS[0] + zlib.crc32(str(directory).encode()) % (SLOTS[1] - SLOTS[0])
 
 
 class ClusterError(RuntimeError):
@@ -27,26 +35,54 @@ class ClusterSpec:
     accounting: bool = True
     partition: str = "gpu"
     cluster_name: str = "multinode"
-    # A /24 that exists only on the bridge and in the namespaces that `up` creates.
-    subnet: str = "172.31.250"
-    bridge: str = "mnbr0"
     cred_expire: int = 10
     sched_interval: int = 2
     kill_wait: int = 30
     min_job_age: int = 300
-    ctld_port: int = 6817
-    slurmd_port: int = 6818
-    dbd_port: int = 6819
-    db_port: int = 33061
+    # The cluster's network identity: subnet, bridge, namespace and link names and daemon ports. Derived from the
+    # folder (see `slot_for`), so that clusters in different folders (a user's sandbox and the test suite's) run
+    # side by side and `down` of one never touches the other's network. Saved in cluster.json with the rest.
+    slot: int = -1
 
     def __post_init__(self) -> None:
         for name, low, high in (("nodes", 1, 64), ("cpus", 1, 1024), ("gpus", 0, 64), ("mem_mb", 100, 10**8)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise ClusterError(f"--{name.replace('_', '-')} must be an integer in {low}..{high}, got {value!r}")
-        parts = self.subnet.split(".")
-        if len(parts) != 3 or not all(p.isdigit() and 0 <= int(p) <= 255 for p in parts):
-            raise ClusterError(f"subnet must look like 172.31.250 (a /24 prefix), got {self.subnet!r}")
+        if self.slot == -1:
+            object.__setattr__(self, "slot", slot_for(self.dir))
+        if not isinstance(self.slot, int) or not SLOTS[0] <= self.slot < SLOTS[1]:
+            raise ClusterError(f"slot must be an integer in {SLOTS[0]}..{SLOTS[1] - 1}, got {self.slot!r}")
+
+    # --- network identity (all from the slot) ----------------------------------------------------
+    @property
+    def subnet(self) -> str:
+        """A /24 that exists only on this cluster's bridge and in its namespaces."""
+        return f"172.31.{self.slot}"
+
+    @property
+    def bridge(self) -> str:
+        return f"mnbr{self.slot}"
+
+    def host_link(self, i: int) -> str:
+        """The host end of node i's veth pair (interface names have at most 15 characters)."""
+        return f"mn{self.slot}v{i}"
+
+    @property
+    def ctld_port(self) -> int:
+        return PORT_BASE + 10 * self.slot + 7
+
+    @property
+    def slurmd_port(self) -> int:
+        return PORT_BASE + 10 * self.slot + 8
+
+    @property
+    def dbd_port(self) -> int:
+        return PORT_BASE + 10 * self.slot + 9
+
+    @property
+    def db_port(self) -> int:
+        return PORT_BASE + 10 * self.slot + 6
 
     # --- derived names ---------------------------------------------------------------------------
     @property
@@ -60,8 +96,8 @@ class ClusterSpec:
         return f"{self.subnet}.{10 + i}"
 
     def netns(self, i: int) -> str:
-        # Prefixed so that `down` never touches a namespace someone else named node1.
-        return f"mn-node{i}"
+        # Prefixed with the slot so that `down` never touches another cluster's (or anyone's) node1.
+        return f"mn{self.slot}-node{i}"
 
     @property
     def node_indices(self) -> range:
@@ -112,6 +148,10 @@ def render_configs(spec: ClusterSpec, first_job_id: int, ctl_host: str | None = 
         dir=str(spec.dir),
         ctl_host=ctl_host,
         ctl_ip=spec.ctl_ip,
+        ctld_port=spec.ctld_port,
+        slurmd_port=spec.slurmd_port,
+        dbd_port=spec.dbd_port,
+        db_port=spec.db_port,
         node_range=spec.node_range,
         first_job_id=first_job_id,
         last_gpu=max(spec.gpus - 1, 0),
