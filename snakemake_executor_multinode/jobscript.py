@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import PurePath
 
+from . import protocol
 from .request import JobRequest
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
@@ -99,7 +100,11 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "attempt": str(req.attempt),
         "state_dir": q(str(ctx.state_dir)),
         "environment": "\n".join(environment) if environment else "# (no environment profile)",
-        "master_port": str(req.master_port) if req.master_port else "$((20000 + SLURM_JOB_ID % 40000))",
+        "master_port": str(req.master_port) if req.master_port else protocol.master_port_shell(),
+        "exit_marker": protocol.marker_shell(protocol.EXIT_MARKER),
+        "preempt_marker": protocol.marker_shell(protocol.PREEMPT_MARKER),
+        "failed_node_marker": protocol.marker_shell(protocol.FAILED_NODE_MARKER),
+        "exit_preempted": str(protocol.EXIT_PREEMPTED),
         "nodes": str(req.nodes),
         "gpus": str(req.gpus),
         "cpus_per_task": str(req.cpus_per_task),

@@ -22,7 +22,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-EXIT_PREEMPTED = 85
+from . import protocol
+from .protocol import EXIT_PREEMPTED
+
 # Flags the launcher decides in a multi-node allocation; a user value would desynchronise the nodes.
 OWNED = (
     "--node_rank",
@@ -90,7 +92,7 @@ def _option(opts: Sequence[str], *names: str) -> str | None:
 
 
 def _count_devices(env: Mapping[str, str]) -> int:
-    for key in ("MULTINODE_GPUS_PER_NODE", "SLURM_GPUS_ON_NODE"):
+    for key in (protocol.GPUS_PER_NODE_VAR, "SLURM_GPUS_ON_NODE"):
         value = env.get(key, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
@@ -142,9 +144,9 @@ def free_port(start: int, tries: int = 50) -> int:
 def read_allocation(env: Mapping[str, str]) -> Allocation:
     job_id = env["SLURM_JOB_ID"]
     nodes = tuple(env["NODELIST"].split()) if env.get("NODELIST") else tuple(hostnames(env["SLURM_JOB_NODELIST"]))
-    cpus = int(env.get("MULTINODE_CPUS_PER_TASK") or env.get("SLURM_CPUS_PER_TASK") or 1)
+    cpus = int(env.get(protocol.CPUS_PER_TASK_VAR) or env.get("SLURM_CPUS_PER_TASK") or 1)
     addr = env.get("MASTER_ADDR") or head_address(nodes[0], nodes[1:])
-    port = int(env.get("MASTER_PORT") or 20000 + int(job_id) % 40000)
+    port = int(env.get("MASTER_PORT") or protocol.master_port(int(job_id)))
     if socket.gethostname().split(".")[0] == nodes[0]:
         port = free_port(port)
     return Allocation(job_id, nodes, _count_devices(env), cpus, addr, port)
@@ -260,7 +262,7 @@ def run_nodes(launches: Sequence[NodeLaunch], env: Mapping[str, str], grace: flo
         rank, code = failed
         node = by_rank[rank].node
         log(f"FAILED: node {node} (node_rank {rank}) exited with {code}")
-        if path := env.get("MULTINODE_FAILED_NODE_FILE"):
+        if path := env.get(protocol.FAILED_NODE_FILE_VAR):
             Path(path).write_text(f"{node}\n")
         return code if code > 0 else 1
     return 0
@@ -303,9 +305,7 @@ def step_command(
         int(env.get("SLURM_CPUS_PER_TASK") or 1),
         env.get("MASTER_ADDR") or head_address(nodes[0], nodes[1:]),
         # the same on every node without talking to each other: job and step id
-        int(
-            env.get("MASTER_PORT") or 20000 + (int(env["SLURM_JOB_ID"]) * 16 + int(env.get("SLURM_STEP_ID", 0))) % 40000
-        ),
+        int(env.get("MASTER_PORT") or protocol.master_port(int(env["SLURM_JOB_ID"]), int(env.get("SLURM_STEP_ID", 0)))),
     )
     refuse_owned(opts)
     nproc = nproc_for(alloc, opts)
@@ -360,7 +360,7 @@ def main(argv: Sequence[str]) -> int:
     for ln in launches:
         log(f"launching on {ln.node}, node_rank={ln.rank}")
     code = run_nodes(launches, worker_env(alloc, nproc, env))
-    preempt = env.get("MULTINODE_PREEMPT_FILE")
+    preempt = env.get(protocol.PREEMPT_FILE_VAR)
     if code == 0 and preempt and Path(preempt).exists():
         log("training checkpointed on the pre-time-limit signal")
         return EXIT_PREEMPTED

@@ -1,6 +1,6 @@
 """Notice finished jobs within a second without loading slurmctld.
 
-The job script writes `<state_dir>/<jobid>.exit` (its exit code) when it ends, so each status cycle is a few stat()
+The job script writes its exit code into an exit marker (protocol.py) when it ends, so each status cycle is a few stat()
 calls on the shared filesystem. A slow batched sweep (one sacct, or squeue when accounting is off) catches jobs that
 die without writing a marker: cancelled, killed at the time limit, lost with their node, never started.
 """
@@ -12,9 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .protocol import EXIT_MARKER, EXIT_PREEMPTED, FAILED_NODE_MARKER, MARKERS, marker
 from .slurm import JobState, QueryError, SlurmClient
-
-EXIT_PREEMPTED = 85  # the job checkpointed before its time limit and was not requeued: a rerun resumes
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class Tracker:
         self.query_failures = 0
 
     def marker(self, jobid: str) -> Path:
-        return self.state_dir / f"{jobid}.exit"
+        return marker(self.state_dir, jobid, EXIT_MARKER)
 
     def _from_marker(self, jobid: str) -> Outcome | None:
         try:
@@ -69,7 +68,7 @@ class Tracker:
         except FileNotFoundError:
             return None
         code = int(text) if text.lstrip("-").isdigit() else 1
-        node = self.state_dir / f"{jobid}.failed-node"
+        node = marker(self.state_dir, jobid, FAILED_NODE_MARKER)
         failed_node = node.read_text().strip() if node.exists() else None
         return Outcome(jobid, True, code == 0, code, failed_node=failed_node)
 
@@ -106,5 +105,5 @@ class Tracker:
         return outcomes
 
     def forget(self, jobid: str) -> None:
-        for suffix in ("exit", "failed-node", "preempted"):
-            (self.state_dir / f"{jobid}.{suffix}").unlink(missing_ok=True)
+        for suffix in MARKERS:
+            marker(self.state_dir, jobid, suffix).unlink(missing_ok=True)

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from snakemake_executor_multinode import protocol
 from snakemake_executor_multinode.launch import (
     Allocation,
     nproc_for,
@@ -106,7 +107,7 @@ def test_hand_written_allocation_counts_gpus_from_slurm():
         "MASTER_ADDR": "10.1.1.1",
     }
     alloc = read_allocation(env)
-    assert (alloc.gpus_per_node, alloc.cpus_per_task, alloc.master_port) == (4, 16, 20001)
+    assert (alloc.gpus_per_node, alloc.cpus_per_task, alloc.master_port) == (4, 16, protocol.master_port(1))
 
 
 def test_outside_slurm_it_is_a_one_node_torchrun(tmp_path):

@@ -12,15 +12,15 @@ echo "[multinode] job $SLURM_JOB_ID, rule {{rule_q}}, attempt {{attempt}}, resta
 
 # ==== bookkeeping: a marker on the shared filesystem tells Snakemake the job ended (no slurmctld query)
 MULTINODE_STATE_DIR={{state_dir}}
-export MULTINODE_PREEMPT_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.preempted"
-export MULTINODE_FAILED_NODE_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.failed-node"
+export MULTINODE_PREEMPT_FILE={{preempt_marker}}
+export MULTINODE_FAILED_NODE_FILE={{failed_node_marker}}
 MULTINODE_REQUEUED=0
 multinode_finish() {
     local rc=$?
     [ "$MULTINODE_REQUEUED" = 1 ] && return
     echo "[multinode] exit $rc, $(date -Is)"
-    printf '%s\n' "$rc" >"$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit.tmp" &&
-        mv -f "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit.tmp" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit"
+    local marker={{exit_marker}}
+    printf '%s\n' "$rc" >"$marker.tmp" && mv -f "$marker.tmp" "$marker"  # atomic: never read half-written
 }
 trap multinode_finish EXIT
 trap 'exit 143' TERM
@@ -69,6 +69,6 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
         MULTINODE_REQUEUED=0
     fi
     echo "[multinode] not requeued: a rerun or --retries resumes from the checkpoint"
-    exit 85
+    exit {{exit_preempted}}
 fi
 exit "$rc"

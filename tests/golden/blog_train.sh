@@ -34,8 +34,8 @@ multinode_finish() {
     local rc=$?
     [ "$MULTINODE_REQUEUED" = 1 ] && return
     echo "[multinode] exit $rc, $(date -Is)"
-    printf '%s\n' "$rc" >"$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit.tmp" &&
-        mv -f "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit.tmp" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit"
+    local marker="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit"
+    printf '%s\n' "$rc" >"$marker.tmp" && mv -f "$marker.tmp" "$marker"  # atomic: never read half-written
 }
 trap multinode_finish EXIT
 trap 'exit 143' TERM
@@ -74,7 +74,7 @@ case "$MASTER_ADDR" in
     "" | 127.*) MASTER_ADDR=$(hostname -I | awk '{print $1}') ;;  # a loopback entry is unreachable from peers
 esac
 # Derived from the job id: two jobs sharing a head node never pick the same port.
-MASTER_PORT=$((20000 + SLURM_JOB_ID % 40000))
+MASTER_PORT=$((20000 + SLURM_JOB_ID * 4 % 40000))
 export NODELIST NODE_NUM MASTER_ADDR MASTER_PORT
 export MULTINODE_NODES=2 MULTINODE_GPUS_PER_NODE=8 MULTINODE_CPUS_PER_TASK=64
 export MULTINODE_OMP_NUM_THREADS=8  # CPUs per GPU process, for rules that start their own workers

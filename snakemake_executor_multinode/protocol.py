@@ -1,0 +1,64 @@
+"""The contract between the job script, `multinode torchrun`, the training and the status tracker, said once.
+
+The job script (templates/job.sh) receives the marker paths, the exit code and the port rule from here as
+placeholders; the launcher and the status tracker import them; the training reads the MULTINODE_* variables by name
+(`tests/test_protocol.py` proves that the template, the launcher and the example training agree with this module).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Exit code of a job whose training checkpointed on the pre-time-limit signal and was not requeued: a rerun (or
+# Snakemake's --retries) resumes from the checkpoint. Chosen outside the shell's 126+ and signal ranges.
+EXIT_PREEMPTED = 85
+
+# Markers the job script writes into the state folder (on the shared filesystem), named <jobid><suffix>.
+EXIT_MARKER = ".exit"  # the job script's exit code, written last (atomically, by rename)
+FAILED_NODE_MARKER = ".failed-node"  # the node whose launch failed first (written by the launcher)
+PREEMPT_MARKER = ".preempted"  # the training checkpointed on the signal (its step, written by rank 0)
+MARKERS = (EXIT_MARKER, FAILED_NODE_MARKER, PREEMPT_MARKER)
+
+# Variables the job script exports for the launcher and the training.
+STATE_DIR_VAR = "MULTINODE_STATE_DIR"
+PREEMPT_FILE_VAR = "MULTINODE_PREEMPT_FILE"  # training: write your step here after checkpointing on SIGUSR2
+FAILED_NODE_FILE_VAR = "MULTINODE_FAILED_NODE_FILE"
+NODES_VAR = "MULTINODE_NODES"
+GPUS_PER_NODE_VAR = "MULTINODE_GPUS_PER_NODE"
+CPUS_PER_TASK_VAR = "MULTINODE_CPUS_PER_TASK"
+OMP_THREADS_VAR = "MULTINODE_OMP_NUM_THREADS"  # CPUs per GPU process, for rules that start their own workers
+REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run handed over to its requeued rerun
+VARIABLES = (
+    STATE_DIR_VAR,
+    PREEMPT_FILE_VAR,
+    FAILED_NODE_FILE_VAR,
+    NODES_VAR,
+    GPUS_PER_NODE_VAR,
+    CPUS_PER_TASK_VAR,
+    OMP_THREADS_VAR,
+    REQUEUED_VAR,
+)
+
+# Rendezvous port: derived from the job id, so two jobs sharing a head node pick different ports without talking to
+# each other. A few ports per job leave room for consecutive srun steps of one allocation (a port in TIME_WAIT).
+PORT_BASE = 20000
+PORT_SPAN = 40000
+PORTS_PER_JOB = 4
+
+
+def master_port(job_id: int, step_id: int = 0) -> int:
+    return PORT_BASE + (job_id * PORTS_PER_JOB + step_id % PORTS_PER_JOB) % PORT_SPAN
+
+
+def master_port_shell(job_id_var: str = "SLURM_JOB_ID") -> str:
+    """The same rule (step 0) as a bash arithmetic expression, for the job script."""
+    return f"$(({PORT_BASE} + {job_id_var} * {PORTS_PER_JOB} % {PORT_SPAN}))"
+
+
+def marker(state_dir: Path, job_id: str, suffix: str) -> Path:
+    return state_dir / f"{job_id}{suffix}"
+
+
+def marker_shell(suffix: str) -> str:
+    """A marker's path in the job script, where the state folder is $MULTINODE_STATE_DIR."""
+    return f'"${STATE_DIR_VAR}/$SLURM_JOB_ID{suffix}"'

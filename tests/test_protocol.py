@@ -1,0 +1,77 @@
+"""The job script, the launcher, the status tracker and the training speak one protocol (protocol.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from snakemake_executor_multinode import jobscript, protocol
+from snakemake_executor_multinode.request import build_request
+from tests.conftest import REPO
+
+PACKAGE = REPO / "snakemake_executor_multinode"
+TEMPLATE = PACKAGE / "templates" / "job.sh"
+# Everything outside protocol.py that names a MULTINODE_* variable.
+SPEAKERS = [TEMPLATE, PACKAGE / "launch.py", PACKAGE / "status.py", REPO / "workflows" / "scripts" / "train.py"]
+
+
+def rendered(tmp_path: Path) -> str:
+    req = build_request("train", {"nodes": 2, "gpus": 1})
+    ctx = jobscript.ScriptContext(
+        command="true", workdir=tmp_path, log_dir=Path("logs"), state_dir=tmp_path / "state", job_name="t"
+    )
+    return jobscript.render(req, ctx, [])
+
+
+def test_every_multinode_variable_anyone_reads_or_writes_is_defined_once_in_the_protocol():
+    for path in SPEAKERS:
+        used = set(re.findall(r"\bMULTINODE_[A-Z_]+\b", path.read_text()))
+        assert used <= set(protocol.VARIABLES), f"{path.name}: {used - set(protocol.VARIABLES)}"
+    template_vars = set(re.findall(r"\bMULTINODE_[A-Z_]+\b", TEMPLATE.read_text()))
+    assert template_vars == set(protocol.VARIABLES)  # the job script sets every one
+
+
+def test_python_modules_take_markers_exit_codes_and_ports_from_the_protocol():
+    for name in ("launch.py", "status.py", "jobscript.py"):
+        text = (PACKAGE / name).read_text()
+        assert not re.search(r"\b85\b|\.exit\b|failed-node|\.preempted|40000|20000", text), name
+    template = TEMPLATE.read_text()
+    assert not re.search(r"\b85\b|\.exit\b|failed-node|\.preempted|40000|20000", template)
+
+
+@pytest.mark.parametrize("suffix", protocol.MARKERS)
+def test_the_job_script_writes_markers_where_the_tracker_reads_them(tmp_path, suffix):
+    script = rendered(tmp_path)
+    assert protocol.marker_shell(suffix) in script
+    state = tmp_path / "state"
+    shell_path = subprocess.run(
+        ["bash", "-c", f"MULTINODE_STATE_DIR={state}; SLURM_JOB_ID=42; echo {protocol.marker_shell(suffix)}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert Path(shell_path) == protocol.marker(state, "42", suffix)
+
+
+def test_the_job_script_exits_with_the_protocols_preempted_code(tmp_path):
+    assert f"exit {protocol.EXIT_PREEMPTED}\n" in rendered(tmp_path)
+
+
+@pytest.mark.parametrize("job_id", [1, 57, 9999, 10000, 123456789])
+def test_the_job_script_and_the_launcher_derive_the_same_port(job_id):
+    shell = subprocess.run(
+        ["bash", "-c", f"SLURM_JOB_ID={job_id}; echo {protocol.master_port_shell()}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert int(shell) == protocol.master_port(job_id)
+    assert protocol.PORT_BASE <= int(shell) < protocol.PORT_BASE + protocol.PORT_SPAN
+
+
+def test_steps_of_one_job_and_neighbouring_jobs_get_distinct_ports():
+    ports = {protocol.master_port(job, step) for job in range(100, 110) for step in range(protocol.PORTS_PER_JOB)}
+    assert len(ports) == 10 * protocol.PORTS_PER_JOB
