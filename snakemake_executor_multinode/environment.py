@@ -56,12 +56,23 @@ class ProfileSet:
     def names(self) -> set[str]:
         return set(self.profiles)
 
-    def known(self, selection: str) -> bool:
-        return all(name in self.profiles for name in split_selection(selection))
-
 
 def split_selection(selection: str | None) -> list[str]:
     return [s.strip() for s in (selection or "").split(",") if s.strip()]
+
+
+def select(profiles: ProfileSet, selection: str, where: str) -> str:
+    """The validated form of a selection like "infiniband, debug" (applied left to right): "infiniband,debug".
+
+    The one place that decides whether a selection is valid; `where` names the setting or resource for the error."""
+    names = split_selection(selection)
+    unknown = [name for name in names if name not in profiles.profiles]
+    if unknown or not names:
+        raise EnvProfileError(
+            f"{where}={selection!r}: unknown environment profile {', '.join(map(repr, unknown)) or '(empty)'}; "
+            f"defined: {', '.join(sorted(profiles.names)) or '(none)'}"
+        )
+    return ",".join(names)
 
 
 def load_profiles(path: str | Path | None = None) -> ProfileSet:

@@ -4,18 +4,33 @@
         slurm_partition=gpu_A6000 slurm_account=my_account env_profile=infiniband \\
         -- multinode torchrun train.py
 
-It runs the same validation and the same renderer as the executor (which also writes every submitted script beside
-its log), so a preview is the real thing.
+It calls the same planner as the executor (`plan.plan_job`), which also keeps every submitted script beside its
+log, so a preview is the real thing. The plugin settings are the executor's `--multinode-*` ones, without the prefix.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import typing
+from dataclasses import fields
 from pathlib import Path
 
-from . import environment, jobscript
-from .request import Defaults, RequestError, build_request
+from . import environment
+from .plan import Planner, RuleJob, Settings
+from .request import RequestError
+
+# Settings that shape the script (the others steer the executor's status loop).
+SCRIPT_SETTINGS = (
+    "account",
+    "partition",
+    "env_profiles",
+    "env_profile",
+    "signal",
+    "logdir",
+    "max_requeues",
+    "gpu_flag",
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,15 +44,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wildcards", default="", help="wildcards as name=value,name=value")
     p.add_argument("--threads", type=int, default=1, help="the rule's threads")
     p.add_argument("--attempt", type=int, default=1)
-    p.add_argument("--env-profiles", help="YAML environment profile file (as --multinode-env-profiles)")
-    p.add_argument("--account", help="default account (as --multinode-account)")
-    p.add_argument("--partition", help="default partition (as --multinode-partition)")
-    p.add_argument("--signal", default="USR2@120", help="default signal (as --multinode-signal)")
-    p.add_argument("--max-requeues", type=int, default=3)
-    p.add_argument("--logdir", default=".snakemake/multinode/logs")
     p.add_argument("--workdir", default=".", help="working directory of the job (default: here)")
+    hints = typing.get_type_hints(Settings)
+    for f in fields(Settings):
+        if f.name in SCRIPT_SETTINGS:
+            kind = hints[f.name]
+            p.add_argument(
+                f"--{f.name.replace('_', '-')}",
+                type=int if kind is int else str,
+                default=f.default,
+                choices=f.metadata.get("choices"),
+                help=f"{f.metadata['help']} (as --multinode-{f.name.replace('_', '-')})",
+            )
     p.add_argument(
-        "items", nargs="*", metavar="RESOURCE=VALUE [-- COMMAND]", help="rule resources, then -- and the shell command"
+        "items",
+        nargs="*",
+        metavar="RESOURCE=VALUE [-- COMMAND]",
+        help="rule resources, then -- and the shell command",
     )
     p.set_defaults(func=run)
 
@@ -57,35 +80,16 @@ def parse_items(items: list[str]) -> tuple[dict[str, str], str]:
 def run(args: argparse.Namespace) -> int:
     resources, command = parse_items(args.items)
     wildcards = dict(w.split("=", 1) for w in args.wildcards.split(",") if "=" in w)
+    settings = Settings(**{name: getattr(args, name) for name in SCRIPT_SETTINGS})
     try:
-        profiles = environment.load_profiles(args.env_profiles)
-        defaults = Defaults(
-            account=args.account,
-            partition=args.partition,
-            signal=args.signal,
-            env_profile=profiles.default,
-            max_requeues=args.max_requeues,
+        planner = Planner(settings, Path(args.workdir).resolve(), run_id="preview")
+        plan = planner.plan(
+            RuleJob(args.rule, resources, command, threads=args.threads, wildcards=wildcards, attempt=args.attempt)
         )
-        req = build_request(
-            args.rule,
-            resources,
-            threads=args.threads,
-            wildcards=wildcards,
-            attempt=args.attempt,
-            defaults=defaults,
-            known_profiles=profiles.names,
-        )
-        env_lines = environment.render_lines(environment.resolve(profiles, req.env_profile))
     except (RequestError, environment.EnvProfileError) as err:
         print(f"multinode preview: {err}", file=sys.stderr)
         return 2
-    workdir = Path(args.workdir).resolve()
-    ctx = jobscript.ScriptContext(
-        command=command,
-        workdir=workdir,
-        log_dir=jobscript.log_dir_for(Path(args.logdir), req),
-        state_dir=workdir / ".snakemake" / "multinode" / "state",
-        job_name=f"mn-preview-{req.rule}",
-    )
-    sys.stdout.write(jobscript.render(req, ctx, env_lines))
+    for warning in plan.request.warnings:
+        print(f"multinode preview: warning: {warning}", file=sys.stderr)
+    sys.stdout.write(plan.script)
     return 0

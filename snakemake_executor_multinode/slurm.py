@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import random
 import subprocess
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # States in which a job may still produce its outputs (a requeued job passes through several).
 ACTIVE_STATES = {
@@ -27,6 +31,23 @@ SUCCESS_STATES = {"COMPLETED"}
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
+# What SLURM's commands print while the controller (or slurmdbd) is restarting, failing over or overloaded: worth
+# waiting for. Anything else (invalid account, bad request) is a permanent refusal and fails at once.
+TRANSIENT = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "unexpected message",
+    "resource temporarily unavailable",
+    "zero bytes were transmitted",
+    "connection refused",
+    "connection timed out",
+    "communication connection failure",
+    "slurm_persist_conn_open",
+    "in standby mode",
+    "timed out after",  # our own subprocess timeout
+    "slurmdbd",  # sacct while slurmdbd is down
+)
+
 
 class SubmitError(RuntimeError):
     """sbatch refused the job; the message is sbatch's own."""
@@ -34,6 +55,30 @@ class SubmitError(RuntimeError):
 
 class QueryError(RuntimeError):
     """Neither sacct nor squeue answered: a reason to ask again later, never a job failure."""
+
+
+class SlurmUnavailable(RuntimeError):
+    """SLURM kept failing with transient errors for longer than the retry budget."""
+
+
+def is_transient(message: str) -> bool:
+    text = message.lower()
+    return any(marker in text for marker in TRANSIENT)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter for transient failures, for at most `total_seconds` per call."""
+
+    total_seconds: float = 600.0
+    first_delay: float = 1.0
+    max_delay: float = 30.0
+
+    def delays(self, rng: random.Random) -> Iterator[float]:
+        delay = self.first_delay
+        while True:
+            yield delay * rng.uniform(0.5, 1.0)  # jitter: many clients do not retry in lockstep
+            delay = min(delay * 2, self.max_delay)
 
 
 @dataclass(frozen=True)
@@ -55,11 +100,24 @@ class JobState:
 
 class SlurmClient:
     def __init__(
-        self, env: Mapping[str, str] | None = None, runner: Runner = subprocess.run, timeout: float = 30
+        self,
+        env: Mapping[str, str] | None = None,
+        runner: Runner = subprocess.run,
+        timeout: float = 30,
+        retry: RetryPolicy = RetryPolicy(),
+        notify: Callable[[str], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.env = dict(env) if env is not None else None
         self.runner = runner
         self.timeout = timeout
+        self.retry = retry
+        self.notify = notify or (lambda msg: None)  # "waiting for SLURM ..." at most once a minute
+        self.sleep = sleep
+        self.clock = clock
+        self.rng = random.Random()
+        self._last_notice = -math.inf
 
     def _run(self, cmd: Sequence[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
         try:
@@ -74,14 +132,59 @@ class SlurmClient:
             )
         except FileNotFoundError as err:
             raise QueryError(f"{cmd[0]} not found: is SLURM's client installed and on PATH?") from err
-        except subprocess.TimeoutExpired as err:
-            raise QueryError(f"{cmd[0]} timed out after {self.timeout:.0f} s") from err
+        except subprocess.TimeoutExpired:
+            # No answer in time is what a busy or restarting controller looks like: transient.
+            return subprocess.CompletedProcess(list(cmd), 1, "", f"{cmd[0]}: timed out after {self.timeout:.0f} s")
 
-    def submit(self, script: Path, cwd: Path, extra: Sequence[str] = ()) -> str:
+    def _patiently(self, what: str, attempt: Callable[[], subprocess.CompletedProcess | None]) -> Any:
+        """Call `attempt` until it returns a result that is not a transient failure, backing off in between.
+
+        `attempt` returns None when it handled the outcome itself (e.g. found the job a lost reply submitted)."""
+        start = self.clock()
+        delays = self.retry.delays(self.rng)
+        while True:
+            proc = attempt()
+            if proc is None or proc.returncode == 0 or not is_transient(proc.stderr or proc.stdout):
+                return proc
+            waited = self.clock() - start
+            message = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no answer"]
+            if waited >= self.retry.total_seconds:
+                raise SlurmUnavailable(f"{what}: SLURM did not answer for {waited:.0f} s (the limit; {message[0]})")
+            if self.clock() - self._last_notice >= 60:
+                self._last_notice = self.clock()
+                self.notify(
+                    f"waiting for SLURM ({what}): {message[0]}; retrying for up to "
+                    f"{self.retry.total_seconds - waited:.0f} s more"
+                )
+            self.sleep(next(delays))
+
+    def submit(self, script: Path, cwd: Path, extra: Sequence[str] = (), name: str | None = None) -> str:
+        """Submit and return the job id. Transient failures are retried; when `name` (the job name, unique to this
+        submission) is given, a lost reply never becomes two jobs: before each retry, a job of that name is looked
+        for and adopted."""
+        tried = False
+        found: list[str] = []
+
+        def attempt() -> subprocess.CompletedProcess | None:
+            nonlocal tried
+            if tried and name:
+                lookup = self._run(["squeue", "-h", "-t", "all", "-n", name, "-o", "%i"])
+                if lookup.returncode != 0:
+                    return lookup  # transient: ask again after the next delay, before submitting again
+                if ids := [x for x in lookup.stdout.split() if x.isdigit()]:
+                    found.append(ids[0])
+                    return None
+            tried = True
+            return self._run(["sbatch", "--parsable", *extra, str(script)], cwd=cwd)
+
         try:
-            proc = self._run(["sbatch", "--parsable", *extra, str(script)], cwd=cwd)
+            proc = self._patiently("sbatch", attempt)
+        except SlurmUnavailable as err:
+            raise SubmitError(str(err)) from err
         except QueryError as err:
             raise SubmitError(str(err)) from err
+        if proc is None:
+            return found[0]
         if proc.returncode != 0:
             message = (proc.stderr or proc.stdout).strip().replace("sbatch: error: ", "")
             if "configuration source" in message:
@@ -98,7 +201,8 @@ class SlurmClient:
     def query(self, jobids: Iterable[str]) -> dict[str, JobState]:
         """State of each job (one sacct call; squeue -t all when accounting is off or slurmdbd is down).
 
-        Jobs neither knows are left out."""
+        Jobs neither knows are left out. One attempt: the status loop asks again next cycle, so a failure here
+        (QueryError) only delays the answer and never fails a job."""
         ids = sorted(set(jobids), key=int)
         if not ids:
             return {}
@@ -115,9 +219,12 @@ class SlurmClient:
         raise QueryError(f"sacct: {sacct.stderr.strip()} / squeue: {squeue.stderr.strip()}")
 
     def cancel(self, jobids: Iterable[str]) -> None:
+        """Cancel, waiting out a controller outage (bounded by the retry policy)."""
         ids = list(jobids)
         if ids:
-            self._run(["scancel", *ids])
+            proc = self._patiently("scancel", lambda: self._run(["scancel", *ids]))
+            if proc is not None and proc.returncode != 0 and "Invalid job id" not in proc.stderr:
+                raise QueryError(f"scancel: {proc.stderr.strip()}")
 
 
 def parse_sacct(text: str) -> dict[str, JobState]:

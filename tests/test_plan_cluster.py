@@ -1,0 +1,67 @@
+"""One plan: the script the executor submits is exactly what `plan_job` and `multinode preview` render."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from snakemake_executor_multinode.plan import Planner, RuleJob, Settings, direct_command
+
+pytestmark = pytest.mark.cluster
+
+RESOURCES = {"nodes": 2, "gpus": 1, "cpus_per_task": 2, "mem_mb": 800, "runtime": 30, "env_profile": "ethernet"}
+SNAKEFILE = """
+rule train:
+    output: "out/{sample}.txt"
+    log: "logs/{sample}.log"
+    resources: nodes=2, gpus=1, cpus_per_task=2, mem_mb=800, runtime=30, env_profile="ethernet"
+    shell: "echo {wildcards.sample} > {output}"
+"""
+
+
+def test_the_kept_script_is_exactly_what_plan_job_and_preview_render_for_the_rule(slurm_cluster, tmp_path):
+    wd = tmp_path / "same"
+    wd.mkdir()
+    (wd / "Snakefile").write_text(SNAKEFILE)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "out/a.txt"],
+        cwd=wd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [kept] = (wd / ".snakemake/multinode/logs/rule_train/sample=a").glob("*.attempt1.sh")
+    script = kept.read_text()
+    [run_id] = re.findall(r"^#SBATCH --job-name=mn-(\w+)-train$", script, re.M)
+
+    command = direct_command("echo a > out/a.txt", ["out/a.txt"], ["logs/a.log"])
+    plan = Planner(Settings(), wd, run_id).plan(RuleJob("train", RESOURCES, command, wildcards={"sample": "a"}))
+    assert script == plan.script
+    assert kept == plan.script_path(kept.name.split(".")[0])
+
+    items = [f"{k}={v}" for k, v in RESOURCES.items()]
+    preview = subprocess.run(
+        [
+            "multinode",
+            "preview",
+            "--rule",
+            "train",
+            "--wildcards",
+            "sample=a",
+            "--workdir",
+            str(wd),
+            *items,
+            "--",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert preview == script.replace(f"mn-{run_id}-train", "mn-preview-train")
+    assert Path(wd / "out/a.txt").read_text() == "a\n"

@@ -1,0 +1,102 @@
+"""SLURM's commands through SlurmClient: transient failures are waited out, permanent ones fail at once, and a
+submission whose reply was lost is found by its unique name instead of being submitted twice.
+
+These use a recording fake of the commands (what they print is SLURM's own wording); the real outage is proven on
+the local cluster in test_faults_cluster.py."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from snakemake_executor_multinode.slurm import RetryPolicy, SlurmClient, SubmitError
+
+DOWN = "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)"
+
+
+class FakeSlurm:
+    """Answers each command from a script of (returncode, stdout, stderr) per command name."""
+
+    def __init__(self, **answers: list[tuple[int, str, str]]) -> None:
+        self.answers = answers
+        self.calls: list[list[str]] = []
+
+    def __call__(self, cmd, **kw) -> subprocess.CompletedProcess:
+        self.calls.append(cmd)
+        script = self.answers[cmd[0]]
+        code, out, err = script.pop(0) if len(script) > 1 else script[0]
+        return subprocess.CompletedProcess(cmd, code, out, err)
+
+    def count(self, name: str) -> int:
+        return sum(1 for c in self.calls if c[0] == name)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def client(fake: FakeSlurm, clock: Clock, notes: list[str], total: float = 600) -> SlurmClient:
+    return SlurmClient(
+        runner=fake, retry=RetryPolicy(total_seconds=total), notify=notes.append, sleep=clock.sleep, clock=clock
+    )
+
+
+def test_a_controller_outage_is_waited_out_with_growing_jittered_delays_and_one_notice_a_minute():
+    fake = FakeSlurm(sbatch=[(1, "", DOWN)] * 12 + [(0, "77\n", "")], squeue=[(1, "", DOWN)] * 11 + [(0, "", "")])
+    clock, notes = Clock(), []
+    assert client(fake, clock, notes).submit(Path("job.sh"), Path("."), name="mn-run-train-1") == "77"
+    assert clock.sleeps[0] <= 1.0 and max(clock.sleeps) <= 30.0
+    assert clock.sleeps[3] > clock.sleeps[0]  # exponential
+    assert 1 <= len(notes) <= clock.now / 60 + 1 and "Unable to contact slurm controller" in notes[0]
+
+
+def test_a_permanent_refusal_fails_at_once_with_sbatchs_message():
+    fake = FakeSlurm(
+        sbatch=[
+            (
+                1,
+                "",
+                "sbatch: error: Batch job submission failed: Invalid account or account/"
+                "partition combination specified",
+            )
+        ]
+    )
+    clock = Clock()
+    with pytest.raises(SubmitError, match="Invalid account"):
+        client(fake, clock, []).submit(Path("job.sh"), Path("."), name="n")
+    assert fake.count("sbatch") == 1 and clock.sleeps == []
+
+
+def test_a_lost_reply_is_found_by_the_submissions_name_and_never_becomes_two_jobs():
+    # sbatch reached the controller, which queued job 90, but the reply never came back.
+    fake = FakeSlurm(
+        sbatch=[(1, "", "sbatch: error: Socket timed out on send/recv operation")], squeue=[(0, "90\n", "")]
+    )
+    assert client(fake, Clock(), []).submit(Path("job.sh"), Path("."), name="mn-run-train-1") == "90"
+    assert fake.count("sbatch") == 1
+    assert ["squeue", "-h", "-t", "all", "-n", "mn-run-train-1", "-o", "%i"] in fake.calls
+
+
+def test_an_outage_longer_than_the_budget_ends_with_a_clear_error():
+    fake = FakeSlurm(sbatch=[(1, "", DOWN)], squeue=[(1, "", DOWN)])
+    clock = Clock()
+    with pytest.raises(SubmitError, match=r"SLURM did not answer for \d+ s \(the limit"):
+        client(fake, clock, [], total=120).submit(Path("job.sh"), Path("."), name="n")
+    assert 120 <= clock.now <= 120 + 30
+
+
+def test_cancel_waits_out_an_outage_too():
+    fake = FakeSlurm(scancel=[(1, "", "scancel: error: Unable to contact slurm controller")] * 3 + [(0, "", "")])
+    client(fake, Clock(), []).cancel(["5", "6"])
+    assert fake.count("scancel") == 4 and fake.calls[-1] == ["scancel", "5", "6"]
