@@ -107,11 +107,13 @@ class RuleJob:
     wildcards: Mapping[str, Any] = field(default_factory=dict)
     attempt: int = 1
     declared_nodes: int | None = None  # what the rule itself asked for, when Snakemake's --resources capped it
+    key: str = ""  # tells this submission apart from every other of the run (in the job name)
 
 
 @dataclass(frozen=True)
 class JobPlan:
     request: JobRequest
+    job_name: str  # unique to the submission: a lost sbatch reply is found by it
     environment: tuple[str, ...]
     script: str
     workdir: Path
@@ -167,15 +169,12 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
         raise RequestError(req.rule, "env_profile", req.env_profile, str(err)) from err
     log_dir = jobscript.log_dir_for(PurePath(planner.settings.logdir), req)
     state_dir = planner.workdir / STATE_DIR
+    name = jobscript.safe_component(f"mn-{planner.run_id}-{req.rule}" + (f"-{job.key}" if job.key else ""), 120)
     ctx = jobscript.ScriptContext(
-        command=job.command,
-        workdir=planner.workdir,
-        log_dir=log_dir,
-        state_dir=state_dir,
-        job_name=f"mn-{planner.run_id}-{req.rule}",
+        command=job.command, workdir=planner.workdir, log_dir=log_dir, state_dir=state_dir, job_name=name
     )
     script = jobscript.render(req, ctx, lines)
-    return JobPlan(req, tuple(lines), script, planner.workdir, log_dir, state_dir)
+    return JobPlan(req, name, tuple(lines), script, planner.workdir, log_dir, state_dir)
 
 
 def direct_command(shellcmd: str, outputs: Sequence[str], logs: Sequence[str] = ()) -> str:

@@ -1,17 +1,15 @@
 """Snakemake adapter for snakemake_executor_multinode: `snakemake --executor multinode`.
 
-Only translation lives here (Snakemake job -> JobRequest + command, outcomes -> Snakemake reports); SLURM, the job
-script, the environment and the status logic are in the core package. Importing this module stays cheap: Snakemake
-imports every installed executor plugin at every start.
+Only translation lives here (Snakemake job -> facts.JobFacts -> plan.RuleJob -> the core's plan; outcomes ->
+Snakemake reports); SLURM, the plan, the job script, the environment and the status logic are in the core package.
+Importing this module stays cheap: Snakemake imports every installed executor plugin at every start.
 """
 
-import os
-import shlex
+import typing
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import field, fields, make_dataclass
 from pathlib import Path
-from typing import Optional
 
 from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
@@ -19,91 +17,25 @@ from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 from snakemake_interface_executor_plugins.settings import CommonSettings, ExecutorSettingsBase
 
-from snakemake_executor_multinode import environment, jobscript
-from snakemake_executor_multinode.request import Defaults, JobRequest, RequestError, build_request
+from snakemake_executor_multinode import environment
+from snakemake_executor_multinode.plan import STATE_DIR, JobPlan, Planner, RuleJob, Settings, direct_command
+from snakemake_executor_multinode.request import JobRequest, RequestError
 from snakemake_executor_multinode.slurm import SlurmClient, SubmitError
 from snakemake_executor_multinode.status import Tracker
+from snakemake_executor_plugin_multinode.facts import JobFacts, job_facts
 
 
-@dataclass
-class ExecutorSettings(ExecutorSettingsBase):
-    account: Optional[str] = field(
-        default=None, metadata={"help": "SLURM account for every job without slurm_account.", "env_var": True}
-    )
-    partition: Optional[str] = field(
-        default=None, metadata={"help": "SLURM partition for every job without slurm_partition.", "env_var": True}
-    )
-    env_profiles: Optional[str] = field(
-        default=None,
-        metadata={
-            "help": "YAML file of environment profiles (CUDA, conda/venv, modules, NCCL/InfiniBand, variables); "
-            "adds to the built-in infiniband, ethernet and debug profiles.",
-            "env_var": True,
-        },
-    )
-    env_profile: Optional[str] = field(
-        default=None,
-        metadata={
-            "help": "Profile(s) for rules without env_profile, e.g. 'infiniband' or 'infiniband,debug'; "
-            "default: the file's `default:`.",
-            "env_var": True,
-        },
-    )
-    signal: str = field(
-        default="USR2@120",
-        metadata={
-            "help": "sbatch --signal for GPU or multi-node jobs without a signal resource ('none' to send none). "
-            "USR2 reaches the training workers, not torchrun's agent.",
-            "env_var": True,
-        },
-    )
-    logdir: str = field(
-        default=".snakemake/multinode/logs",
-        metadata={
-            "help": "Folder (relative to the working directory) for job scripts and logs: "
-            "rule_<rule>/<wildcards>/<jobid>.attempt<n>.log and .sh.",
-            "env_var": True,
-        },
-    )
-    max_requeues: int = field(
-        default=3,
-        metadata={
-            "help": "How often a job that checkpointed on the pre-time-limit signal is requeued by SLURM "
-            "(0: never; Snakemake's --retries then reruns it).",
-            "env_var": True,
-        },
-    )
-    gpu_flag: str = field(
-        default="gres",
-        metadata={
-            "help": "How GPUs per node are asked for: 'gres' (--gres=gpu[:type]:N) or 'gpus-per-node'.",
-            "choices": ["gres", "gpus-per-node"],
-            "env_var": True,
-        },
-    )
-    status_seconds: float = field(
-        default=0.5,
-        metadata={
-            "help": "Seconds between status cycles; a cycle reads completion markers only (no SLURM query).",
-            "env_var": True,
-        },
-    )
-    sweep_seconds: float = field(
-        default=30.0,
-        metadata={
-            "help": "Seconds between sacct/squeue sweeps that catch jobs ending without a marker "
-            "(cancelled, timed out, node lost).",
-            "env_var": True,
-        },
-    )
-    inner_snakemake: bool = field(
-        default=False,
-        metadata={
-            "help": "Always run Snakemake inside the job. By default a plain shell rule runs its formatted command "
-            "directly (one process less, seconds faster); script/run/conda/container/group jobs always "
-            "use Snakemake."
-        },
-    )
+def _executor_settings() -> type[ExecutorSettingsBase]:
+    """Snakemake's `--multinode-*` options, made from the core's one declaration of the settings (plan.Settings)."""
+    hints = typing.get_type_hints(Settings)
+    spec = [
+        (f.name, hints[f.name], field(default=f.default, metadata={**f.metadata, "env_var": True}))
+        for f in fields(Settings)
+    ]
+    return make_dataclass("ExecutorSettings", spec, bases=(ExecutorSettingsBase,))
+
+
+ExecutorSettings = _executor_settings()
 
 
 common_settings = CommonSettings(
@@ -121,72 +53,66 @@ common_settings = CommonSettings(
 
 class Executor(RemoteExecutor):
     def __post_init__(self) -> None:
-        s: ExecutorSettings = self.workflow.executor_settings or ExecutorSettings()
-        self.settings = s
+        given = self.workflow.executor_settings or ExecutorSettings()
+        self.settings = Settings(**{f.name: getattr(given, f.name) for f in fields(Settings)})
         self.run_id = uuid.uuid4().hex[:8]
         self.workdir = Path.cwd()
-        base = self.workdir / ".snakemake" / "multinode"
-        self.state_dir = base / "state"
+        try:
+            self.planner = Planner(self.settings, self.workdir, self.run_id)
+        except environment.EnvProfileError as err:
+            raise WorkflowError(f"multinode settings: {err}") from err
+        self.state_dir = self.workdir / STATE_DIR
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.client = SlurmClient()
-        self.tracker = Tracker(self.state_dir, self.client, sweep_seconds=s.sweep_seconds)
-        self.next_seconds_between_status_checks = s.status_seconds
+        self.tracker = Tracker(self.state_dir, self.client, sweep_seconds=self.settings.sweep_seconds)
         self.external_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)
         self._warned: set[str] = set()
-        try:
-            self.profiles = environment.load_profiles(s.env_profiles)
-        except environment.EnvProfileError as err:
-            raise WorkflowError(f"--multinode-env-profiles: {err}") from err
-        if s.env_profile and not self.profiles.known(s.env_profile):
-            raise WorkflowError(
-                f"--multinode-env-profile {s.env_profile!r}: unknown profile; defined: "
-                f"{', '.join(sorted(self.profiles.names))}"
-            )
-        self.defaults = Defaults(
-            account=s.account,
-            partition=s.partition,
-            signal=s.signal,
-            env_profile=s.env_profile or self.profiles.default,
-            gpu_flag=s.gpu_flag,
-            max_requeues=s.max_requeues,
-        )
         self._validate_planned_jobs()
 
-    # --- request -------------------------------------------------------------------------------
-    def request_for(self, job: JobExecutorInterface) -> JobRequest:
-        resources = {k: v for k, v in job.resources.items() if not str(k).startswith("_")}
-        declared = getattr(getattr(job, "rule", None), "resources", {}).get("nodes")
-        wildcards = getattr(job, "wildcards_dict", None) or {}
-        name = job.name if not job.is_group() else f"group_{job.name}"
+    @property  # type: ignore[override]
+    def next_seconds_between_status_checks(self) -> float:
+        # Snakemake's status thread starts (and reads this) before __post_init__ runs: derive it from the settings,
+        # never from state __post_init__ sets, or the first cycles wait Snakemake's 10 s default.
+        return (self.workflow.executor_settings or ExecutorSettings()).status_seconds
+
+    # --- plan ----------------------------------------------------------------------------------
+    def plan_for(self, job: JobExecutorInterface, facts: JobFacts | None = None, command: str | None = None) -> JobPlan:
+        """The job's plan (request, environment, script), exactly as `multinode preview`/`check` make it."""
+        f = facts if facts is not None else job_facts(job)
+        rule_job = RuleJob(
+            f.name,
+            f.resources,
+            self.command_for(job, f) if command is None else command,
+            threads=f.threads,
+            wildcards=f.wildcards,
+            attempt=f.attempt,
+            declared_nodes=f.declared_nodes,
+            key=f"{str(job.jobid)[:8]}.{f.attempt}",
+        )
         try:
-            return build_request(
-                name,
-                resources,
-                threads=job.threads,
-                wildcards=wildcards,
-                attempt=job.attempt,
-                defaults=self.defaults,
-                known_profiles=self.profiles.names,
-                declared_nodes=declared if isinstance(declared, int) else None,
-            )
+            return self.planner.plan(rule_job)
         except RequestError as err:
             raise WorkflowError(str(err)) from err
 
     def _validate_planned_jobs(self) -> None:
-        """Check every job whose resources are known now, so bad input stops the run before any submission."""
-        dag = getattr(self.workflow, "dag", None)
-        try:
-            jobs = list(dag.needrun_jobs()) if dag is not None else []
-        except Exception:  # the DAG API is not part of the executor interface: best effort only
-            return
-        for job in jobs:
+        """Plan every job whose resources are known now, so bad input stops the run before any submission."""
+        from snakemake.exceptions import RuleException  # Snakemake is loaded by now; keep the import cheap
+
+        for job in self.workflow.dag.needrun_jobs():
             try:
-                # tmpdir is always <TBD> in the main process; others are when they depend on missing input
-                if any(str(v) == "<TBD>" for k, v in job.resources.items() if k != "tmpdir"):
-                    continue
-            except Exception:
-                continue  # resources depending on inputs that do not exist yet: checked at submission
-            self._warn(self.request_for(job))
+                facts = job_facts(job)
+            except (WorkflowError, RuleException):
+                # A resource or params function that raises (InputFunctionException, a WorkflowError; one that only
+                # needs input not made yet gives <TBD> instead) or an unknown shell placeholder (RuleException):
+                # Snakemake evaluates the job again at submission and reports it there.
+                continue
+            # tmpdir is always <TBD> in the main process; others are when they depend on missing input
+            if any(str(v) == "<TBD>" for k, v in facts.resources.items() if k != "tmpdir"):
+                continue
+            # The inner Snakemake command is formatted at submission: formatting it now would already deploy
+            # wrapper and conda sources for jobs whose inputs do not exist yet.
+            inner = "snakemake (inner, formatted at submission)" if not self.runs_directly(job, facts) else None
+            self._warn(self.plan_for(job, facts, command=inner).request)
 
     def _warn(self, req: JobRequest) -> None:
         for warning in set(req.warnings) - self._warned:
@@ -194,73 +120,40 @@ class Executor(RemoteExecutor):
             self.logger.warning(warning)
 
     # --- command -------------------------------------------------------------------------------
-    def runs_directly(self, job: JobExecutorInterface) -> bool:
+    def runs_directly(self, job: JobExecutorInterface, facts: JobFacts | None = None) -> bool:
         """A plain shell rule can run its formatted command without a Snakemake process inside the job."""
-        if self.settings.inner_snakemake or job.is_group():
+        if self.settings.inner_snakemake:
             return False
-        rule = getattr(job, "rule", None)
-        if rule is None or not getattr(rule, "shellcmd", None):
-            return False
-        if getattr(job, "conda_env_spec", None) or getattr(job, "container_img_url", None):
-            return False
-        if getattr(rule, "env_modules", None) or getattr(rule, "shadow_depth", None) or getattr(job, "benchmark", None):
-            return False
-        files = list(job.input) + list(job.output) + list(job.log)
-        if any(
-            getattr(f, "is_storage", False) or getattr(f, "is_pipe", False) or getattr(f, "is_service", False)
-            for f in files
-        ):
-            return False
-        return not any(getattr(f, "flags", {}).get("touch") for f in job.output)
+        f = facts if facts is not None else job_facts(job)
+        return not f.needs_inner_snakemake
 
-    def command_for(self, job: JobExecutorInterface) -> str:
-        if not self.runs_directly(job):
+    def command_for(self, job: JobExecutorInterface, facts: JobFacts | None = None) -> str:
+        f = facts if facts is not None else job_facts(job)
+        if not self.runs_directly(job, f):
             return self.format_job_exec(job)
-        # What the Snakemake process inside the job would do first: fresh outputs, existing folders.
-        q = shlex.quote
-        outputs = [str(f) for f in job.output]
-        folders = sorted({os.path.dirname(p) for p in outputs + [str(f) for f in job.log] if os.path.dirname(p)})
-        lines = ["set -euo pipefail"]
-        if outputs:
-            lines.append("rm -rf -- " + " ".join(q(p) for p in outputs))
-        if folders:
-            lines.append("mkdir -p -- " + " ".join(q(d) for d in folders))
-        lines.append(job.shellcmd.strip())
-        return "\n".join(lines)
+        assert f.shellcmd is not None  # job_facts gives a reason to run Snakemake inside for jobs without one
+        return direct_command(f.shellcmd, f.outputs, f.logs)
 
     # --- submission ----------------------------------------------------------------------------
     def run_job(self, job: JobExecutorInterface) -> None:
-        req = self.request_for(job)
+        plan = self.plan_for(job)
+        req = plan.request
         self._warn(req)
-        log_dir = jobscript.log_dir_for(Path(self.settings.logdir), req)
-        ctx = jobscript.ScriptContext(
-            command=self.command_for(job),
-            workdir=self.workdir,
-            log_dir=log_dir,
-            state_dir=self.state_dir,
-            job_name=f"mn-{self.run_id}-{req.rule}",
-        )
-        env_lines = environment.render_lines(environment.resolve(self.profiles, req.env_profile))
-        script = jobscript.render(req, ctx, env_lines)
-        (self.workdir / log_dir).mkdir(parents=True, exist_ok=True)
-        script_path = self.workdir / log_dir / f"snakejob{job.jobid}.attempt{req.attempt}.{self.run_id}.sh"
-        script_path.write_text(script)
-        extra = self._dependencies(job)
+        # Written before sbatch (under a name of its own) so that a refused script can be read; renamed after.
+        pending = plan.workdir / plan.log_dir / f"{plan.job_name}.sh"
+        pending.parent.mkdir(parents=True, exist_ok=True)
+        pending.write_text(plan.script)
         try:
-            jobid = self.client.submit(script_path, cwd=self.workdir, extra=extra)
+            jobid = self.client.submit(pending, cwd=self.workdir, extra=self._dependencies(job), name=plan.job_name)
         except SubmitError as err:
-            raise WorkflowError(
-                f"rule {req.rule!r}: sbatch refused the job: {err} (script kept at {script_path})"
-            ) from err
-        final_script = script_path.with_name(f"{jobid}.attempt{req.attempt}.sh")
-        script_path.rename(final_script)
-        log = self.workdir / log_dir / f"{jobid}.attempt{req.attempt}.log"
+            raise WorkflowError(f"rule {req.rule!r}: sbatch refused the job: {err} (script kept at {pending})") from err
+        script = plan.script_path(jobid)
+        pending.rename(script)
+        log = plan.log_path(jobid)
         for f in job.output:
             self.external_ids[str(f)] = jobid
         self.logger.info(f"rule {req.rule}: SLURM job {jobid} ({req.nodes} node(s) x {req.gpus} GPU(s)); log {log}")
-        self.report_job_submission(
-            SubmittedJobInfo(job, external_jobid=jobid, aux={"log": log, "script": final_script})
-        )
+        self.report_job_submission(SubmittedJobInfo(job, external_jobid=jobid, aux={"log": log, "script": script}))
 
     def _dependencies(self, job: JobExecutorInterface) -> list[str]:
         if not self.workflow.remote_execution_settings.immediate_submit:

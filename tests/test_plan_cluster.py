@@ -37,10 +37,11 @@ def test_the_kept_script_is_exactly_what_plan_job_and_preview_render_for_the_rul
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [kept] = (wd / ".snakemake/multinode/logs/rule_train/sample=a").glob("*.attempt1.sh")
     script = kept.read_text()
-    [run_id] = re.findall(r"^#SBATCH --job-name=mn-(\w+)-train$", script, re.M)
+    [(run_id, key)] = re.findall(r"^#SBATCH --job-name=mn-(\w+)-train-(\S+)$", script, re.M)
 
     command = direct_command("echo a > out/a.txt", ["out/a.txt"], ["logs/a.log"])
-    plan = Planner(Settings(), wd, run_id).plan(RuleJob("train", RESOURCES, command, wildcards={"sample": "a"}))
+    job = RuleJob("train", RESOURCES, command, wildcards={"sample": "a"}, key=key)
+    plan = Planner(Settings(), wd, run_id).plan(job)
     assert script == plan.script
     assert kept == plan.script_path(kept.name.split(".")[0])
 
@@ -63,5 +64,5 @@ def test_the_kept_script_is_exactly_what_plan_job_and_preview_render_for_the_rul
         text=True,
         check=True,
     ).stdout
-    assert preview == script.replace(f"mn-{run_id}-train", "mn-preview-train")
+    assert preview == script.replace(f"mn-{run_id}-train-{key}", "mn-preview-train")
     assert Path(wd / "out/a.txt").read_text() == "a\n"
