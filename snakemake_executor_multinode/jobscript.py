@@ -65,6 +65,7 @@ def sbatch_options(req: JobRequest, ctx: ScriptContext) -> list[str]:
         ("--partition", req.partition),
         ("--account", req.account),
         ("--qos", req.qos),
+        ("--reservation", req.reservation),
         ("--time", req.runtime_min),
         ("--mem", req.mem_mb and f"{req.mem_mb}M"),
         ("--mem-per-cpu", req.mem_mb_per_cpu and f"{req.mem_mb_per_cpu}M"),

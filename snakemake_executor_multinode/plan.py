@@ -33,6 +33,16 @@ class Settings:
     partition: Optional[str] = field(
         default=None, metadata={"help": "SLURM partition for every job without slurm_partition."}
     )
+    reservation: Optional[str] = field(
+        default=None, metadata={"help": "SLURM reservation for every job without slurm_reservation."}
+    )
+    allow_unknown_resources: bool = field(
+        default=False,
+        metadata={
+            "help": "Ignore (with a warning) resource names this plugin does not know, for sites that use custom "
+            "resources for their own scheduling. By default an unknown name is an error naming close matches."
+        },
+    )
     env_profiles: Optional[str] = field(
         default=None,
         metadata={
@@ -141,8 +151,9 @@ class Planner:
         self.defaults = Defaults(
             account=settings.account,
             partition=settings.partition,
+            reservation=settings.reservation,
+            allow_unknown_resources=settings.allow_unknown_resources,
             signal=settings.signal,
-            env_profile=settings.env_profile or self.profiles.default,
             gpu_flag=settings.gpu_flag,
             max_requeues=settings.max_requeues,
         )
@@ -153,6 +164,18 @@ class Planner:
 
 def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
     """Validate and render one job; raises RequestError (rule, field, value, what is allowed) on bad input."""
+    profiles = planner.profiles
+    chosen = job.resources.get("env_profile") or planner.settings.env_profile or profiles.default
+    try:
+        selection = environment.select(profiles, str(chosen), where="env_profile") if chosen else None
+    except environment.EnvProfileError as err:
+        raise RequestError(
+            job.rule,
+            "env_profile",
+            chosen,
+            "a defined environment profile, or several comma-separated (applied left to right); defined: "
+            + ", ".join(sorted(profiles.names)),
+        ) from err
     req = build_request(
         job.rule,
         job.resources,
@@ -160,13 +183,10 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
         wildcards=job.wildcards,
         attempt=job.attempt,
         defaults=planner.defaults,
-        known_profiles=planner.profiles.names,
+        env_profile=selection,
         declared_nodes=job.declared_nodes,
     )
-    try:
-        lines = environment.render_lines(environment.resolve(planner.profiles, req.env_profile))
-    except environment.EnvProfileError as err:
-        raise RequestError(req.rule, "env_profile", req.env_profile, str(err)) from err
+    lines = environment.render_lines(environment.resolve(profiles, req.env_profile))
     log_dir = jobscript.log_dir_for(PurePath(planner.settings.logdir), req)
     state_dir = planner.workdir / STATE_DIR
     name = jobscript.safe_component(f"mn-{planner.run_id}-{req.rule}" + (f"-{job.key}" if job.key else ""), 120)

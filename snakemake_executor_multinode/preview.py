@@ -48,14 +48,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     hints = typing.get_type_hints(Settings)
     for f in fields(Settings):
         if f.name in SCRIPT_SETTINGS:
-            kind = hints[f.name]
-            p.add_argument(
-                f"--{f.name.replace('_', '-')}",
-                type=int if kind is int else str,
-                default=f.default,
-                choices=f.metadata.get("choices"),
-                help=f"{f.metadata['help']} (as --multinode-{f.name.replace('_', '-')})",
-            )
+            kind, flag = hints[f.name], f"--{f.name.replace('_', '-')}"
+            text = f"{f.metadata['help']} (as --multinode-{flag[2:]})"
+            if kind is bool:
+                p.add_argument(flag, action="store_true", help=text)
+            else:
+                kind = kind if kind in (int, float) else str  # Optional[str]
+                p.add_argument(flag, type=kind, default=f.default, choices=f.metadata.get("choices"), help=text)
     p.add_argument(
         "items",
         nargs="*",

@@ -37,7 +37,7 @@ def blog_script(tmp_path: Path) -> str:
     f = tmp_path / "env.yaml"
     f.write_text(BLOG_PROFILES)
     profiles = environment.load_profiles(f)
-    req = build_request("train", BLOG_RESOURCES, threads=1, known_profiles=profiles.names)
+    req = build_request("train", BLOG_RESOURCES, threads=1, env_profile=profiles.default)
     ctx = jobscript.ScriptContext(
         command="multinode torchrun train.py --data results/data/train.bin --out results/model/final.pt",
         workdir=PurePath("/work/project"),

@@ -1,0 +1,66 @@
+"""One plan for the executor, `multinode preview` and `multinode check`: settings declared once, profiles chosen in
+one place (environment.select), every error naming rule, field, value and what is allowed."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+import pytest
+
+from snakemake_executor_multinode import environment
+from snakemake_executor_multinode.plan import Planner, RuleJob, Settings
+from snakemake_executor_multinode.request import RequestError
+from snakemake_executor_plugin_multinode import ExecutorSettings
+
+
+def plan(resources: dict, **settings):
+    return Planner(Settings(**settings), Path("/w"), "run1").plan(RuleJob("train", resources, "true"))
+
+
+def test_the_executors_options_are_the_core_settings_declared_once():
+    ours = {f.name: (f.default, f.metadata["help"]) for f in fields(Settings)}
+    snakemakes = {f.name: (f.default, f.metadata["help"]) for f in fields(ExecutorSettings)}
+    assert snakemakes == ours
+    assert all(f.default is not MISSING and f.metadata["env_var"] for f in fields(ExecutorSettings))
+
+
+def test_profiles_compose_left_to_right_and_the_request_carries_the_validated_selection():
+    p = plan({"nodes": 2, "env_profile": " ethernet , debug "})
+    assert p.request.env_profile == "ethernet,debug"
+    assert "export NCCL_IB_DISABLE=1" in p.environment and "export NCCL_DEBUG=INFO" in p.environment
+
+
+def test_an_unknown_profile_names_rule_field_value_and_the_defined_ones():
+    with pytest.raises(RequestError) as err:
+        plan({"env_profile": "fast-ib"})
+    assert str(err.value) == (
+        "rule 'train': resource env_profile='fast-ib' is invalid: a defined environment profile, or several "
+        "comma-separated (applied left to right); defined: debug, ethernet, infiniband"
+    )
+
+
+def test_an_unknown_default_profile_setting_is_refused_before_any_job_is_planned():
+    with pytest.raises(environment.EnvProfileError, match="--multinode-env-profile='nope': unknown"):
+        Planner(Settings(env_profile="nope"), Path("/w"), "run1")
+
+
+def test_settings_reach_the_request_and_the_script():
+    p = plan({"gpus": 1}, account="acct", partition="gpu", reservation="maint", signal="USR2@300")
+    assert (p.request.account, p.request.partition, p.request.reservation) == ("acct", "gpu", "maint")
+    for line in ("#SBATCH --account=acct", "#SBATCH --reservation=maint", "#SBATCH --signal=USR2@300"):
+        assert line in p.script.splitlines()
+
+
+def test_unknown_resources_are_refused_unless_the_site_allows_them():
+    with pytest.raises(RequestError, match="did you mean gpus"):
+        plan({"gpus_per_node": 8})
+    allowed = plan({"my_site_quota": 3}, allow_unknown_resources=True)
+    assert any("my_site_quota" in w for w in allowed.request.warnings)
+
+
+def test_the_job_name_is_unique_to_the_submission_and_paths_sit_beside_each_other():
+    p = Planner(Settings(), Path("/w"), "run1").plan(RuleJob("train", {}, "true", attempt=2, key="7.2"))
+    assert p.job_name == "mn-run1-train-7.2" and f"--job-name={p.job_name}" in p.script
+    assert p.script_path("55") == Path("/w/.snakemake/multinode/logs/rule_train/_/55.attempt2.sh")
+    assert p.log_path("55") == p.script_path("55").with_suffix(".log")
