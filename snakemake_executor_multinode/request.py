@@ -9,20 +9,19 @@ Every resource key is known, mapped or refused (docs/resources.md has the table)
   cpus_per_gpu, tasks == nodes, tasks_per_node == 1) or refused with what to use instead (mpi, tasks, clusters, ...);
 - anything else is an error naming close matches, unless Defaults.allow_unknown_resources.
 
-Durations and sizes are read with Snakemake's own rules (snakemake/resources.py `Resource.parse_human_friendly`,
-which uses humanfriendly's parse_timespan/parse_size), re-implemented here because this package imports neither
-Snakemake nor humanfriendly: a value `multinode preview` accepts means what Snakemake makes of it.
+Durations and sizes are read with Snakemake's own rules (units.py); slurm_extra as sbatch reads it (sbatch_flags.py).
 """
 
 from __future__ import annotations
 
 import difflib
-import math
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .sbatch_flags import parse_sbatch_flags
+from .units import mib_to_mb, parse_mem_mb, read_runtime, runtime_hint
 
 
 class RequestError(ValueError):
@@ -122,69 +121,6 @@ def _one_task(per_node: Any = "N") -> str:
     )
 
 
-# --- sbatch's options (slurm 22.05) ----------------------------------------------------------------------------
-
-# sbatch 22.05's getopt_long table: long name -> argument ("required", "optional" or "none"). Read off the binary
-# (`sbatch --a` .. `--z` list every option through getopt's "ambiguous" message; `--NAME` / `--NAME=x` tell the
-# argument kind); tests/test_request.py compares it with the installed sbatch where there is one.
-SBATCH_LONG_OPTIONS: dict[str, str] = {
-    **dict.fromkeys(
-        "account acctg-freq array batch bb bbf begin chdir cluster cluster-constraint clusters comment constraint "
-        "container context core-spec cores-per-socket cpu-freq cpus-per-gpu cpus-per-task deadline delay-boot "
-        "dependency distribution error exclude export export-file extra-node-info gid gpu-bind gpu-freq gpus "
-        "gpus-per-node gpus-per-socket gpus-per-task gres gres-flags hint input job-name kill-on-invalid-dep licenses "
-        "mail-type mail-user mcs-label mem mem-bind mem-per-cpu mem-per-gpu mincpus network nodefile nodelist nodes "
-        "ntasks ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket ntasks-per-tres open-mode output "
-        "partition power prefer priority profile qos reservation signal sockets-per-node switches tasks-per-node "
-        "thread-spec threads-per-core time time-min tmp uid wait-all-nodes wckey wrap".split(),
-        "required",
-    ),
-    **dict.fromkeys("exclusive get-user-env nice no-kill propagate".split(), "optional"),
-    **dict.fromkeys(
-        "contiguous help hold ignore-pbs no-requeue overcommit oversubscribe parsable quiet reboot requeue "
-        "spread-job test-only usage use-min-nodes verbose version wait".split(),
-        "none",
-    ),
-}
-# sbatch 22.05's short options -> long name; a short option takes an argument iff its long one requires one
-# (-k, --no-kill[=on|off], takes none).
-SBATCH_SHORT_OPTIONS: dict[str, str] = {
-    "a": "array",
-    "A": "account",
-    "b": "begin",
-    "B": "extra-node-info",
-    "c": "cpus-per-task",
-    "C": "constraint",
-    "d": "dependency",
-    "D": "chdir",
-    "e": "error",
-    "F": "nodefile",
-    "G": "gpus",
-    "h": "help",
-    "H": "hold",
-    "i": "input",
-    "J": "job-name",
-    "k": "no-kill",
-    "L": "licenses",
-    "m": "distribution",
-    "M": "clusters",
-    "n": "ntasks",
-    "N": "nodes",
-    "o": "output",
-    "O": "overcommit",
-    "p": "partition",
-    "q": "qos",
-    "Q": "quiet",
-    "s": "oversubscribe",
-    "S": "core-spec",
-    "t": "time",
-    "v": "verbose",
-    "V": "version",
-    "w": "nodelist",
-    "W": "wait",
-    "x": "exclude",
-}
-
 _SUBMISSION = "the plugin submits with sbatch --parsable and reads the job id back"
 _TASKS = "(tasks)"  # owner of the task-count flags: the message says how to get N processes per node instead
 # Flags the job script manages itself; slurm_extra may not set them (they would silently fight ours). Value: the
@@ -265,79 +201,6 @@ MANAGED_FLAGS = {
 }
 
 
-def _resolve_long(given: str) -> str:
-    """getopt_long's rule: an exact name, else a prefix of exactly one name; an ambiguous prefix is an error."""
-    if given in SBATCH_LONG_OPTIONS:
-        return given
-    candidates = [name for name in SBATCH_LONG_OPTIONS if name.startswith(given)]
-    if len(candidates) == 1:
-        return candidates[0]
-    if candidates:
-        raise ValueError(f"--{given} is ambiguous to sbatch: " + ", ".join(f"--{c}" for c in sorted(candidates)))
-    close = difflib.get_close_matches(given, SBATCH_LONG_OPTIONS, n=3)
-    hint = f"; did you mean {' or '.join('--' + c for c in close)}?" if close else ""
-    raise ValueError(f"--{given} is not an sbatch option (sbatch 22.05){hint}")
-
-
-def parse_sbatch_flags(text: str) -> list[tuple[str, str, str | None]]:
-    """Read sbatch flags the way sbatch does (getopt_long): unique prefixes of long options, bundled short options,
-    values after '=' or in the next word. Returns (as written, long name, value or None) per option; ValueError for
-    what sbatch would refuse, for words that are not options (sbatch would take the first as the script) and for
-    control characters (a newline would end the #SBATCH line)."""
-    bad = next((c for c in text if ord(c) < 32 or ord(c) == 127), None)
-    if bad is not None:
-        raise ValueError(f"control character {bad!r}: it must be one line of sbatch flags")
-    try:
-        words = shlex.split(text)
-    except ValueError as err:
-        raise ValueError(f"must be shell-style flags ({err})") from err
-    options: list[tuple[str, str, str | None]] = []
-    i = 0
-    while i < len(words):
-        word = words[i]
-        i += 1
-        if word == "--" or word == "-" or not word.startswith("-"):
-            raise ValueError(
-                f"{word!r} is not an option: only sbatch flags may follow (sbatch reads a word as the script)"
-            )
-        if word.startswith("--"):
-            given, sep, value = word[2:].partition("=")
-            name = _resolve_long(given)
-            kind = SBATCH_LONG_OPTIONS[name]
-            if sep and kind == "none":
-                raise ValueError(f"--{name} takes no value")
-            if not sep and kind == "required":
-                if i == len(words):
-                    raise ValueError(f"--{name} needs a value")
-                value, sep = words[i], "="
-                i += 1
-            options.append((f"--{given}", name, value if sep else None))
-            continue
-        if len(word) > 2 and word[1:].partition("=")[0] in SBATCH_LONG_OPTIONS:
-            long = word[1:].partition("=")[0]
-            raise ValueError(f"sbatch reads {word} as -{word[1]} {word[2:]}; write --{long} (two dashes)")
-        j = 1
-        while j < len(word):
-            letter = word[j]
-            j += 1
-            if letter not in SBATCH_SHORT_OPTIONS:
-                raise ValueError(f"-{letter} is not an sbatch option (sbatch 22.05)")
-            name = SBATCH_SHORT_OPTIONS[letter]
-            if SBATCH_LONG_OPTIONS[name] != "required":
-                options.append((f"-{letter}", name, None))
-                continue
-            if j < len(word):
-                value = word[j:]
-            elif i < len(words):
-                value = words[i]
-                i += 1
-            else:
-                raise ValueError(f"-{letter} (--{name}) needs a value")
-            options.append((f"-{letter}", name, value))
-            break
-    return options
-
-
 def _slurm_extra(rule: str, value: Any) -> tuple[str, ...]:
     """slurm_extra -> canonical `--long[=value]` words, after refusing what sbatch would refuse and every flag the
     plugin manages."""
@@ -362,153 +225,6 @@ def _slurm_extra(rule: str, value: Any) -> tuple[str, ...]:
             raise RequestError(rule, "slurm_extra", value, f"{flag} is managed by the plugin; {why}")
         out.append(f"--{name}" if arg is None else f"--{name}={arg}")
     return tuple(out)
-
-
-# --- Snakemake's duration and size rules ------------------------------------------------------------------------
-
-# humanfriendly.time_units (what Snakemake's runtime parsing uses): unit word -> seconds
-_TIME_UNITS = {
-    **dict.fromkeys(("ns", "nanosecond", "nanoseconds"), 1e-9),
-    **dict.fromkeys(("us", "microsecond", "microseconds"), 1e-6),
-    **dict.fromkeys(("ms", "millisecond", "milliseconds"), 1e-3),
-    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
-    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
-    **dict.fromkeys(("h", "hour", "hours"), 60 * 60),
-    **dict.fromkeys(("d", "day", "days"), 60 * 60 * 24),
-    **dict.fromkeys(("w", "week", "weeks"), 60 * 60 * 24 * 7),
-    **dict.fromkeys(("y", "year", "years"), 60 * 60 * 24 * 7 * 52),
-}
-# humanfriendly.disk_size_units: (decimal symbol, decimal name, binary symbol, binary name, power)
-_SIZE_UNITS = [
-    ("kb", "kilobyte", "kib", "kibibyte", 1),
-    ("mb", "megabyte", "mib", "mebibyte", 2),
-    ("gb", "gigabyte", "gib", "gibibyte", 3),
-    ("tb", "terabyte", "tib", "tebibyte", 4),
-    ("pb", "petabyte", "pib", "pebibyte", 5),
-    ("eb", "exabyte", "eib", "exbibyte", 6),
-    ("zb", "zettabyte", "zib", "zebibyte", 7),
-    ("yb", "yottabyte", "yib", "yobibyte", 8),
-]
-_NUMBER = re.compile(r"(\d+(?:\.\d+)?)")
-# SLURM's own time forms, which Snakemake refuses: only to say what to write instead
-_SLURM_TIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
-
-
-def _tokenize(text: str) -> list[int | float | str]:
-    """humanfriendly.text.tokenize: numbers and the words between them."""
-    tokens: list[int | float | str] = []
-    for token in _NUMBER.split(text):
-        token = token.strip()
-        if re.match(r"\d+\.\d+", token):
-            tokens.append(float(token))
-        elif token.isdigit():
-            tokens.append(int(token))
-        elif token:
-            tokens.append(token)
-    return tokens
-
-
-def _timespan_seconds(text: str) -> float:
-    """humanfriendly.parse_timespan: a number (seconds) or one number and one unit."""
-    tokens = _tokenize(text)
-    if tokens and not isinstance(tokens[0], str):
-        if len(tokens) == 1:
-            return float(tokens[0])
-        if len(tokens) == 2 and isinstance(tokens[1], str) and tokens[1].lower() in _TIME_UNITS:
-            return float(tokens[0]) * _TIME_UNITS[tokens[1].lower()]
-    raise ValueError(text)
-
-
-def _size_bytes(text: str) -> int:
-    """humanfriendly.parse_size (decimal, as Snakemake calls it): a number (bytes) or one number and one unit."""
-    tokens = _tokenize(text)
-    if tokens and not isinstance(tokens[0], str):
-        number = tokens[0]
-        unit = tokens[1].lower() if len(tokens) == 2 and isinstance(tokens[1], str) else ""
-        if len(tokens) == 1 or unit.startswith("b"):
-            return int(number)
-        if unit:
-            unit = unit.rstrip("s")
-            for dec_symbol, dec_name, bin_symbol, bin_name, power in _SIZE_UNITS:
-                if unit in (bin_symbol, bin_name):
-                    return int(number * 1024**power)
-                if unit in (dec_symbol, dec_name) or unit.startswith(dec_symbol[0]):
-                    return int(number * 1000**power)
-    raise ValueError(text)
-
-
-def _runtime(value: Any) -> tuple[int, str | None]:
-    """Minutes, as Snakemake 9.27 reads a runtime (Resource.parse_human_friendly), and a note when a string without
-    a unit was read as seconds."""
-    if isinstance(value, bool):
-        raise ValueError(value)
-    note = None
-    if isinstance(value, int | float):
-        minutes = round(value)  # Snakemake rounds floats (to even)
-    else:
-        text = str(value).strip("'\"")
-        if text.isdecimal():
-            minutes = int(text)
-        else:
-            seconds = _timespan_seconds(text)
-            minutes = max(int(round(seconds) / 60), 1)
-            if len(_tokenize(text)) == 1:
-                note = f"runtime {value!r} has no unit and is not a whole number: Snakemake reads it as seconds"
-    if minutes < 1:
-        raise ValueError(value)
-    return minutes, note
-
-
-def parse_runtime(value: Any) -> int:
-    """Minutes from a runtime resource, exactly as Snakemake reads it: an int/float (minutes, floats rounded), a
-    string of digits (minutes), or humanfriendly's timespan: one number and one unit ('2h', '1.5d', '2 days',
-    '90min', '45s': whole minutes rounded down, at least 1). A positive result or ValueError. Snakemake refuses
-    SLURM's '1-12:00:00' and compound '1h30m', and so does this."""
-    return _runtime(value)[0]
-
-
-def parse_mem_mb(value: Any) -> int:
-    """MB from a mem resource, exactly as Snakemake reads it: a number (MB), a string of digits (MB), or a size with a
-    unit ('8GB', '8 GiB', '500M': decimal unless the unit says 'iB'), rounded up to whole MB, at least 1."""
-    if isinstance(value, bool):
-        raise ValueError(value)
-    if isinstance(value, int | float):
-        mb = round(value)
-    else:
-        text = str(value).strip("'\"")
-        mb = int(text) if text.isdecimal() else max(math.ceil(_size_bytes(text) / 1e6), 1)
-    if mb < 1:
-        raise ValueError(value)
-    return mb
-
-
-def mib_to_mb(mib: int) -> int:
-    """Snakemake's mem_mib -> mem_mb (snakemake.common.mib_to_mb)."""
-    return int(math.floor(mib / 0.95367431640625))
-
-
-def _runtime_hint(value: Any) -> str:
-    text = str(value).strip().strip("'\"")
-    minutes = None
-    if m := _SLURM_TIME.match(text):
-        a, b, c = (int(x) if x is not None else None for x in m.group("a", "b", "c"))
-        if m.group("d"):
-            minutes = int(m.group("d")) * 1440 + a * 60 + (b or 0) + ((c or 0) + 59) // 60
-        elif c is not None:
-            minutes = a * 60 + b + (c + 59) // 60
-        elif b is not None:
-            minutes = a + (b + 59) // 60
-        what = "SLURM's time form"
-    else:
-        parts = re.findall(r"(\d+(?:\.\d+)?)\s*([A-Za-z]+)", text)
-        if len(parts) > 1 and re.fullmatch(r"(?:\s*\d+(?:\.\d+)?\s*[A-Za-z]+)+\s*", text):
-            if all(u.lower() in _TIME_UNITS for _, u in parts):
-                minutes = math.ceil(sum(float(n) * _TIME_UNITS[u.lower()] for n, u in parts) / 60)
-        what = "more than one unit"
-    if not minutes:
-        return ""
-    hours = f" or '{minutes // 60}h'" if minutes % 60 == 0 else ""
-    return f"; {text!r} is {what}, which Snakemake refuses: write {minutes}{hours}"
 
 
 # --- validation helpers ------------------------------------------------------------------------------------------
@@ -813,14 +529,14 @@ def build_request(
     runtime_min = None
     if runtime not in (None, ""):
         try:
-            runtime_min, note = _runtime(runtime)
+            runtime_min, note = read_runtime(runtime)
         except ValueError as err:
             raise RequestError(
                 rule,
                 "runtime",
                 runtime,
                 "minutes (int) or a duration as Snakemake reads it: one number and one unit, e.g. '90', '2h', "
-                f"'1.5d', '2 days', '30min'{_runtime_hint(runtime)}",
+                f"'1.5d', '2 days', '30min'{runtime_hint(runtime)}",
             ) from err
         if note:
             warnings.append(f"rule {rule!r}: {note} -> {runtime_min} min")

@@ -15,17 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from snakemake_executor_multinode.request import (
-    KNOWN_RESOURCES,
-    SBATCH_LONG_OPTIONS,
-    SBATCH_SHORT_OPTIONS,
-    Defaults,
-    RequestError,
-    build_request,
-    parse_mem_mb,
-    parse_runtime,
-    parse_sbatch_flags,
-)
+from snakemake_executor_multinode.request import KNOWN_RESOURCES, Defaults, RequestError, build_request
+from snakemake_executor_multinode.sbatch_flags import SBATCH_LONG_OPTIONS, SBATCH_SHORT_OPTIONS, parse_sbatch_flags
+from snakemake_executor_multinode.units import parse_mem_mb, parse_runtime
 
 OFFICIAL_PROFILE = Path(__file__).parent / "official_profile" / "config.yaml"
 
