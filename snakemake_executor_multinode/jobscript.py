@@ -105,6 +105,7 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "exit_marker": protocol.marker_shell(protocol.EXIT_MARKER),
         "preempt_marker": protocol.marker_shell(protocol.PREEMPT_MARKER),
         "failed_node_marker": protocol.marker_shell(protocol.FAILED_NODE_MARKER),
+        "requeue_marker": protocol.marker_shell(protocol.REQUEUE_MARKER),
         "exit_preempted": str(protocol.EXIT_PREEMPTED),
         "nodes": str(req.nodes),
         "gpus": str(req.gpus),

@@ -7,6 +7,7 @@ once here (`Settings`); the Snakemake adapter builds its `--multinode-*` options
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 from collections.abc import Mapping, Sequence
@@ -96,6 +97,20 @@ class Settings:
             "(cancelled, timed out, node lost)."
         },
     )
+    no_reattach: bool = field(
+        default=False,
+        metadata={
+            "help": "Never adopt a job that an earlier (killed) run submitted for the same outputs; by default a "
+            "rerun reattaches to it while it runs, or takes its result when it succeeded."
+        },
+    )
+    slurm_retry_seconds: float = field(
+        default=600.0,
+        metadata={
+            "help": "How long sbatch/squeue/sacct/scancel failures that SLURM reports as transient (controller "
+            "restarting, timeouts) are retried, with backoff, before the run gives up."
+        },
+    )
     inner_snakemake: bool = field(
         default=False,
         metadata={
@@ -129,6 +144,11 @@ class JobPlan:
     workdir: Path
     log_dir: PurePath  # relative to workdir
     state_dir: Path
+
+    @property
+    def fingerprint(self) -> str:
+        """The script without what differs between runs of the same job (its name): equal means same job."""
+        return hashlib.sha256(self.script.replace(self.job_name, "").encode()).hexdigest()[:16]
 
     def log_path(self, jobid: str) -> Path:
         return self.workdir / self.log_dir / f"{jobid}.attempt{self.request.attempt}.log"

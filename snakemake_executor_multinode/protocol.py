@@ -14,10 +14,11 @@ from pathlib import Path
 EXIT_PREEMPTED = 85
 
 # Markers the job script writes into the state folder (on the shared filesystem), named <jobid><suffix>.
-EXIT_MARKER = ".exit"  # the job script's exit code, written last (atomically, by rename)
+EXIT_MARKER = ".exit"  # "<exit code> <restart>" of the run that wrote it, written last (atomically, by rename)
 FAILED_NODE_MARKER = ".failed-node"  # the node whose launch failed first (written by the launcher)
 PREEMPT_MARKER = ".preempted"  # the training checkpointed on the signal (its step, written by rank 0)
-MARKERS = (EXIT_MARKER, FAILED_NODE_MARKER, PREEMPT_MARKER)
+REQUEUE_MARKER = ".requeued"  # "<next restart> <why>": the job requeued itself after a checkpoint
+MARKERS = (EXIT_MARKER, FAILED_NODE_MARKER, PREEMPT_MARKER, REQUEUE_MARKER)
 
 # Variables the job script exports for the launcher and the training.
 STATE_DIR_VAR = "MULTINODE_STATE_DIR"

@@ -218,6 +218,13 @@ class SlurmClient:
             return {}  # finished longer ago than MinJobAge and no accounting: nothing knows it any more
         raise QueryError(f"sacct: {sacct.stderr.strip()} / squeue: {squeue.stderr.strip()}")
 
+    def find_by_names(self, names: Iterable[str]) -> list[str]:
+        """Ids of the jobs with these (unique) names: a submission whose sbatch reply never came."""
+        proc = self._patiently(
+            "squeue", lambda: self._run(["squeue", "-h", "-t", "all", "-n", ",".join(names), "-o", "%i"])
+        )
+        return [x for x in proc.stdout.split() if x.isdigit()] if proc is not None and proc.returncode == 0 else []
+
     def cancel(self, jobids: Iterable[str]) -> None:
         """Cancel, waiting out a controller outage (bounded by the retry policy)."""
         ids = list(jobids)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .protocol import EXIT_MARKER, EXIT_PREEMPTED, FAILED_NODE_MARKER, MARKERS, marker
+from .protocol import EXIT_MARKER, EXIT_PREEMPTED, FAILED_NODE_MARKER, MARKERS, REQUEUE_MARKER, marker
 from .slurm import JobState, QueryError, SlurmClient
 
 
@@ -24,6 +24,7 @@ class Outcome:
     exit_code: int | None = None
     state: JobState | None = None
     failed_node: str | None = None
+    note: str | None = None  # news of a job still running, e.g. "requeued (...), restart 2"
 
     def describe(self) -> str:
         parts = []
@@ -58,22 +59,37 @@ class Tracker:
         self.clock = clock
         self._last_sweep = clock()
         self.query_failures = 0
+        self._stale: dict[str, str] = {}  # job -> exit marker text of a run SLURM requeued since
+        self._noted: dict[str, str] = {}  # job -> requeue marker text already reported
 
     def marker(self, jobid: str) -> Path:
         return marker(self.state_dir, jobid, EXIT_MARKER)
 
-    def _from_marker(self, jobid: str) -> Outcome | None:
+    def _read(self, jobid: str, suffix: str) -> str | None:
         try:
-            text = self.marker(jobid).read_text().strip()
+            return marker(self.state_dir, jobid, suffix).read_text().strip()
         except FileNotFoundError:
             return None
-        code = int(text) if text.lstrip("-").isdigit() else 1
-        node = marker(self.state_dir, jobid, FAILED_NODE_MARKER)
-        failed_node = node.read_text().strip() if node.exists() else None
-        return Outcome(jobid, True, code == 0, code, failed_node=failed_node)
+
+    def _from_marker(self, jobid: str) -> Outcome | None:
+        text = self._read(jobid, EXIT_MARKER)
+        if text is None or self._stale.get(jobid) == text:
+            return None  # none yet, or the marker of a run that SLURM has requeued since
+        word = text.split()[0] if text else ""
+        code = int(word) if word.lstrip("-").isdigit() else 1
+        return Outcome(jobid, True, code == 0, code, failed_node=self._read(jobid, FAILED_NODE_MARKER))
+
+    def _requeue_note(self, jobid: str) -> str | None:
+        """The job's own requeue (after a pre-time-limit checkpoint), once per restart."""
+        text = self._read(jobid, REQUEUE_MARKER)
+        if text is None or self._noted.get(jobid) == text:
+            return None
+        self._noted[jobid] = text
+        restart, _, why = text.partition(" ")
+        return f"requeued ({why}), restart {restart}"
 
     def poll(self, jobids: Iterable[str], force_sweep: bool = False) -> dict[str, Outcome]:
-        """Outcome of every job given; `finished=False` for those still pending or running."""
+        """Outcome of every job given; `finished=False` for those still pending or running (or requeued)."""
         ids = list(jobids)
         outcomes = {j: o for j in ids if (o := self._from_marker(j)) is not None}
         failed = [j for j, o in outcomes.items() if not o.success]
@@ -81,9 +97,11 @@ class Tracker:
         due = force_sweep or self.clock() - self._last_sweep >= self.sweep_seconds
         ask = failed + (unknown if due else [])
         states: dict[str, JobState] = {}
+        answered = False
         if ask:
             try:
                 states = self.client.query(ask)
+                answered = True
                 self.query_failures = 0
                 if due:
                     self._last_sweep = self.clock()
@@ -91,13 +109,27 @@ class Tracker:
                 # Asked again next cycle; a query failure never fails a job.
                 self.query_failures += 1
         for jobid in failed:
-            outcomes[jobid] = Outcome(
-                jobid, True, False, outcomes[jobid].exit_code, states.get(jobid), outcomes[jobid].failed_node
-            )
+            ended = outcomes[jobid]
+            state = states.get(jobid)
+            if not answered or (state is not None and state.active):
+                # A failed run of a job SLURM still holds: requeued (preempted, `scontrol requeue`, node failure)
+                # and running again, or not yet known. Not a failure: its next run writes a marker of its own.
+                note = None
+                if answered and state is not None:
+                    text = self._read(jobid, EXIT_MARKER) or ""
+                    self._stale[jobid] = text
+                    restart = int(text.split()[1]) + 1 if len(text.split()) > 1 and text.split()[1].isdigit() else 1
+                    note = (
+                        f"requeued (the run ended with exit {ended.exit_code}; SLURM state {state.state}), "
+                        f"restart {restart}"
+                    )
+                outcomes[jobid] = Outcome(jobid, False, state=state, note=note)
+                continue
+            outcomes[jobid] = Outcome(jobid, True, False, ended.exit_code, state, ended.failed_node)
         for jobid in unknown:
             state = states.get(jobid)
             if state is None or state.active:
-                outcomes[jobid] = Outcome(jobid, False, state=state)
+                outcomes[jobid] = Outcome(jobid, False, state=state, note=self._requeue_note(jobid))
             elif (late := self._from_marker(jobid)) is not None:  # ended between the stat and the query
                 outcomes[jobid] = Outcome(jobid, True, late.success, late.exit_code, state, late.failed_node)
             else:
@@ -105,5 +137,7 @@ class Tracker:
         return outcomes
 
     def forget(self, jobid: str) -> None:
+        self._stale.pop(jobid, None)
+        self._noted.pop(jobid, None)
         for suffix in MARKERS:
             marker(self.state_dir, jobid, suffix).unlink(missing_ok=True)

@@ -5,10 +5,12 @@ Snakemake reports); SLURM, the plan, the job script, the environment and the sta
 Importing this module stays cheap: Snakemake imports every installed executor plugin at every start.
 """
 
+import os
+import time
 import typing
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import field, fields, make_dataclass
+from dataclasses import field, fields, make_dataclass, replace
 from pathlib import Path
 
 from snakemake_interface_common.exceptions import WorkflowError
@@ -19,8 +21,9 @@ from snakemake_interface_executor_plugins.settings import CommonSettings, Execut
 
 from snakemake_executor_multinode import environment
 from snakemake_executor_multinode.plan import STATE_DIR, JobPlan, Planner, RuleJob, Settings, direct_command
+from snakemake_executor_multinode.registry import Registry, Submission
 from snakemake_executor_multinode.request import JobRequest, RequestError
-from snakemake_executor_multinode.slurm import SlurmClient, SubmitError
+from snakemake_executor_multinode.slurm import RetryPolicy, SlurmClient, SubmitError
 from snakemake_executor_multinode.status import Tracker
 from snakemake_executor_plugin_multinode.facts import JobFacts, job_facts
 
@@ -62,8 +65,11 @@ class Executor(RemoteExecutor):
         except environment.EnvProfileError as err:
             raise WorkflowError(f"multinode settings: {err}") from err
         self.state_dir = self.workdir / STATE_DIR
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.client = SlurmClient()
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.registry = Registry(self.workdir, self.run_id)
+        self.client = SlurmClient(
+            retry=RetryPolicy(total_seconds=self.settings.slurm_retry_seconds), notify=self.logger.warning
+        )
         self.tracker = Tracker(self.state_dir, self.client, sweep_seconds=self.settings.sweep_seconds)
         self.external_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)
         self._warned: set[str] = set()
@@ -139,21 +145,79 @@ class Executor(RemoteExecutor):
         plan = self.plan_for(job)
         req = plan.request
         self._warn(req)
-        # Written before sbatch (under a name of its own) so that a refused script can be read; renamed after.
-        pending = plan.workdir / plan.log_dir / f"{plan.job_name}.sh"
-        pending.parent.mkdir(parents=True, exist_ok=True)
-        pending.write_text(plan.script)
+        outputs = tuple(str(f) for f in job.output)
+        if (adopted := self._reattach(plan, outputs)) is not None:
+            self._submitted(job, plan, adopted)
+            return
+        # Written before sbatch (under a name of its own, owner-only: profiles may hold tokens) so that a refused
+        # script can be read; renamed after. Recorded before sbatch too: Ctrl-C during sbatch still finds the job.
+        folder = plan.workdir / plan.log_dir
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        pending = folder / f"{plan.job_name}.sh"
+        _write_private(pending, plan.script)
+        sub = self.registry.record(
+            Submission(
+                self.run_id,
+                req.rule,
+                dict(req.wildcards),
+                outputs,
+                plan.job_name,
+                req.attempt,
+                str(pending),
+                fingerprint=plan.fingerprint,
+            )
+        )
         try:
             jobid = self.client.submit(pending, cwd=self.workdir, extra=self._dependencies(job), name=plan.job_name)
         except SubmitError as err:
             raise WorkflowError(f"rule {req.rule!r}: sbatch refused the job: {err} (script kept at {pending})") from err
-        script = plan.script_path(jobid)
-        pending.rename(script)
-        log = plan.log_path(jobid)
+        pending.rename(plan.script_path(jobid))
+        self._submitted(
+            job, plan, self.registry.submitted(sub, jobid, str(plan.log_path(jobid)), str(plan.script_path(jobid)))
+        )
+
+    def _submitted(self, job: JobExecutorInterface, plan: JobPlan, sub: Submission) -> None:
+        assert sub.jobid is not None
+        req = plan.request
         for f in job.output:
-            self.external_ids[str(f)] = jobid
-        self.logger.info(f"rule {req.rule}: SLURM job {jobid} ({req.nodes} node(s) x {req.gpus} GPU(s)); log {log}")
-        self.report_job_submission(SubmittedJobInfo(job, external_jobid=jobid, aux={"log": log, "script": script}))
+            self.external_ids[str(f)] = sub.jobid
+        if sub.adopted_from is None:
+            self.logger.info(
+                f"rule {req.rule}: SLURM job {sub.jobid} ({req.nodes} node(s) x {req.gpus} GPU(s)); log {sub.log}"
+            )
+        aux = {"log": Path(sub.log), "script": Path(sub.script)}
+        self.report_job_submission(SubmittedJobInfo(job, external_jobid=sub.jobid, aux=aux))
+
+    def _reattach(self, plan: JobPlan, outputs: tuple[str, ...]) -> Submission | None:
+        """A job an earlier, killed run submitted for the same outputs with the same script: adopt it while it is
+        pending or running, or when its marker says it succeeded; otherwise submit anew."""
+        if self.settings.no_reattach or not outputs:
+            return None
+        earlier = self.registry.latest_for(outputs)
+        if earlier is None or earlier.jobid is None:
+            return None
+        outcome = self.tracker.poll([earlier.jobid], force_sweep=True)[earlier.jobid]
+        alive = not outcome.finished and outcome.state is not None  # SLURM holds it: pending, running, requeued
+        if not alive and not (outcome.finished and outcome.success):
+            return None
+        if earlier.fingerprint != plan.fingerprint:
+            if not outcome.finished:
+                self.logger.warning(
+                    f"rule {plan.request.rule}: SLURM job {earlier.jobid} of an earlier run writes the same outputs "
+                    f"with another job script and is still {outcome.state.state if outcome.state else 'queued'}; "
+                    f"submitting anew (scancel {earlier.jobid} if it should stop)"
+                )
+            return None
+        age = _duration(time.time() - earlier.submitted_at)
+        what = (
+            "finished while Snakemake was away"
+            if outcome.finished
+            else (f"{outcome.state.state.lower() if outcome.state else 'queued'}, submitted {age} ago")
+        )
+        self.logger.info(
+            f"rule {plan.request.rule}: reattached to SLURM job {earlier.jobid} ({what}); log {earlier.log}"
+        )
+        return self.registry.record(replace(earlier, run_id=self.run_id, adopted_from=earlier.run_id))
 
     def _dependencies(self, job: JobExecutorInterface) -> list[str]:
         if not self.workflow.remote_execution_settings.immediate_submit:
@@ -174,6 +238,8 @@ class Executor(RemoteExecutor):
             outcomes = self.tracker.poll([j.external_jobid for j in active_jobs])
         for info in active_jobs:
             outcome = outcomes[info.external_jobid]
+            if outcome.note:
+                self.logger.info(f"SLURM job {info.external_jobid} ({info.job.name}): {outcome.note}")
             if not outcome.finished:
                 yield info
                 continue
@@ -189,7 +255,28 @@ class Executor(RemoteExecutor):
                 )
 
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
-        ids = [j.external_jobid for j in active_jobs]
+        """Ctrl-C, or Snakemake ending on an error: cancel exactly this run's jobs. The registry also knows a job
+        whose sbatch was still in flight (found by its unique name) and jobs Snakemake no longer tracks."""
+        ids = {j.external_jobid for j in active_jobs}
+        names = []
+        for sub in self.registry.mine():
+            if sub.jobid is not None:
+                ids.add(sub.jobid)
+            else:
+                names.append(sub.job_name)
+        ids |= set(self.client.find_by_names(names)) if names else set()
         if ids:
-            self.logger.info(f"cancelling SLURM jobs {' '.join(ids)}")
-            self.client.cancel(ids)
+            ordered = sorted(ids, key=int)
+            self.logger.info(f"cancelling SLURM jobs {' '.join(ordered)}")
+            self.client.cancel(ordered)
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{int(seconds % 60):02d}s"

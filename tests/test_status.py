@@ -89,3 +89,43 @@ def test_sacct_parsing_takes_the_first_word_and_the_last_row():
     text = "12|REQUEUED|0:0|None|node1\n12|CANCELLED by 0|0:15|None|node1\n13|COMPLETED|0:0|None|node2\n"
     states = parse_sacct(text)
     assert states["12"].state == "CANCELLED" and states["13"].succeeded
+
+
+def test_a_requeued_job_is_not_a_failure_and_its_last_run_reports_once(tmp_path):
+    # `scontrol requeue` or preemption: the run ends with 143 (SIGTERM), SLURM holds the job and runs it again.
+    client, clock = FakeClient({"9": JobState("9", "REQUEUED", "0:0", "None", "node1")}), Clock()
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=clock)
+    (tmp_path / "9.exit").write_text("143 0\n")
+    first = tracker.poll(["9"])["9"]
+    assert not first.finished and first.note == (
+        "requeued (the run ended with exit 143; SLURM state REQUEUED), restart 1"
+    )
+    client.states["9"] = JobState("9", "RUNNING", "0:0", "None", "node2")
+    again = tracker.poll(["9"])["9"]
+    assert not again.finished and again.note is None  # the old run's marker is not read twice
+    (tmp_path / "9.exit").write_text("0 1\n")  # the rerun's own marker
+    last = tracker.poll(["9"])["9"]
+    assert last.finished and last.success
+
+
+def test_a_failed_run_whose_job_slurm_no_longer_holds_is_a_failure(tmp_path):
+    client = FakeClient({"4": JobState("4", "CANCELLED", "0:15", "None", "node1")})
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=Clock())
+    (tmp_path / "4.exit").write_text("143 0\n")
+    out = tracker.poll(["4"])["4"]
+    assert out.finished and not out.success and "SLURM state CANCELLED" in out.describe()
+
+
+def test_a_failed_marker_waits_while_slurm_cannot_be_asked(tmp_path):
+    tracker = Tracker(tmp_path, FakeClient(fail=True), sweep_seconds=30, clock=Clock())
+    (tmp_path / "5.exit").write_text("1 0\n")
+    assert not tracker.poll(["5"])["5"].finished  # never a failure read from an unanswered query
+
+
+def test_the_jobs_own_requeue_after_a_checkpoint_is_reported_once_per_restart(tmp_path):
+    tracker = Tracker(tmp_path, FakeClient(), sweep_seconds=30, clock=Clock())
+    (tmp_path / "3.requeued").write_text("1 checkpointed before the time limit\n")
+    assert tracker.poll(["3"])["3"].note == "requeued (checkpointed before the time limit), restart 1"
+    assert tracker.poll(["3"])["3"].note is None
+    (tmp_path / "3.requeued").write_text("2 checkpointed before the time limit\n")
+    assert tracker.poll(["3"])["3"].note.endswith("restart 2")

@@ -35,7 +35,8 @@ multinode_finish() {
     [ "$MULTINODE_REQUEUED" = 1 ] && return
     echo "[multinode] exit $rc, $(date -Is)"
     local marker="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit"
-    printf '%s\n' "$rc" >"$marker.tmp" && mv -f "$marker.tmp" "$marker"  # atomic: never read half-written
+    # atomic (never read half-written); the restart tells a requeued job's earlier runs from its last
+    printf '%s %s\n' "$rc" "${SLURM_RESTART_COUNT:-0}" >"$marker.tmp" && mv -f "$marker.tmp" "$marker"
 }
 trap multinode_finish EXIT
 trap 'exit 143' TERM
@@ -97,6 +98,7 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
     if [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ]; then  # at most 3 requeue(s)
         MULTINODE_REQUEUED=1
         rm -f "$MULTINODE_PREEMPT_FILE"
+        printf '%s checkpointed before the time limit\n' "$((${SLURM_RESTART_COUNT:-0} + 1))" >"$MULTINODE_STATE_DIR/$SLURM_JOB_ID.requeued"
         if scontrol requeue "$SLURM_JOB_ID"; then
             echo "[multinode] requeued; the next run resumes from the checkpoint"
             sleep 600 & wait  # slurmctld ends this run
