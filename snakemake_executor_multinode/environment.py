@@ -8,13 +8,14 @@ then plain variables. Every value is shell-quoted.
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .quoting import shell_quote
 
 DEFAULT_VARS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -118,7 +119,17 @@ def _merge(into: ProfileSet, text: str, source: str) -> None:
             raise EnvProfileError(f"{into.sources[name]}.extends: profile {parent!r} is not defined")
 
 
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    return isinstance(value, str) and "\x00" in value
+
+
 def _check_profile(body: dict[str, Any], where: str) -> None:
+    if _holds_nul(body):
+        raise EnvProfileError(f"{where}: a value holds a NUL character, which no shell variable can carry")
     unknown = set(body) - PROFILE_KEYS
     if unknown:
         raise EnvProfileError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(PROFILE_KEYS)}")
@@ -184,7 +195,7 @@ def _value(v: Any) -> str:
 
 def render_lines(profile: dict[str, Any]) -> list[str]:
     """Shell lines, in order, for a flattened profile."""
-    q = shlex.quote
+    q = shell_quote
     lines: list[str] = []
     if profile.get("modules"):
         lines.append("# modules")

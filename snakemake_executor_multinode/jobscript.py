@@ -15,10 +15,12 @@ from importlib import resources
 from pathlib import PurePath
 
 from . import protocol
+from .quoting import shell_quote
 from .request import JobRequest
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=+\-]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,12 @@ def safe_component(text: str, limit: int = 80) -> str:
         return text or "_"
     digest = hashlib.sha1(text.encode()).hexdigest()[:8]
     return f"{cleaned[: limit - 9]}-{digest}"
+
+
+def inert(text: str) -> str:
+    """Free text for a comment line: control characters (a newline would end the comment and start a command)
+    written as escapes."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
 def log_dir_for(base: PurePath, req: JobRequest) -> PurePath:
@@ -94,12 +102,12 @@ def _sbatch_lines(opts: list[str]) -> str:
 def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
     q = shlex.quote
     values = {
-        "title": ctx.title or f"Snakemake rule {req.rule} {req.wildcards_str}".strip(),
+        "title": inert(ctx.title or f"Snakemake rule {req.rule} {req.wildcards_str}".strip()),
         "sbatch": _sbatch_lines(sbatch_options(req, ctx)),
         "log_stem": f'{q(str(ctx.log_dir))}/"$SLURM_JOB_ID".attempt{req.attempt}',
         "rule_q": q(req.rule),
         "attempt": str(req.attempt),
-        "state_dir": q(str(ctx.state_dir)),
+        "state_dir": shell_quote(str(ctx.state_dir)),
         "environment": "\n".join(environment) if environment else "# (no environment profile)",
         "master_port": str(req.master_port) if req.master_port else protocol.master_port_shell(),
         "exit_marker": protocol.marker_shell(protocol.EXIT_MARKER),
@@ -112,7 +120,7 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "cpus_per_task": str(req.cpus_per_task),
         "omp_threads": str(req.omp_threads),
         "threads": str(req.threads),
-        "workdir": q(str(ctx.workdir)),
+        "workdir": shell_quote(str(ctx.workdir)),
         "command": f"bash -c {q(ctx.command)}",
         "max_requeues": str(req.max_requeues),
     }

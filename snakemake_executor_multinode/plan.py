@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,11 @@ from .request import Defaults, JobRequest, RequestError, build_request
 
 # Bookkeeping lives under the working directory (the shared filesystem the jobs see), not in the log folder.
 STATE_DIR = PurePath(".snakemake/multinode/state")
+_LOGDIR = re.compile(r"^[A-Za-z0-9_.+\-][A-Za-z0-9_./+\-]*$")
+
+
+class SettingsError(ValueError):
+    """A plugin setting that cannot be used; the message names the setting, the value and what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,11 @@ class Planner:
         self.settings = settings
         self.workdir = workdir
         self.run_id = run_id
+        if not _LOGDIR.match(settings.logdir):
+            # it becomes sbatch's --output on an #SBATCH line, which has no quoting of its own
+            raise SettingsError(
+                f"--multinode-logdir={settings.logdir!r}: a relative folder of letters, digits and _ . / + - only"
+            )
         self.profiles = environment.load_profiles(settings.env_profiles)  # EnvProfileError names file and key
         if settings.env_profile is not None:
             environment.select(self.profiles, settings.env_profile, where="--multinode-env-profile")

@@ -17,7 +17,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from . import environment
-from .plan import Planner, RuleJob, Settings
+from .plan import Planner, RuleJob, Settings, SettingsError
 from .request import RequestError
 
 # Settings that shape the script (the others steer the executor's status loop).
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         plan = planner.plan(
             RuleJob(args.rule, resources, command, threads=args.threads, wildcards=wildcards, attempt=args.attempt)
         )
-    except (RequestError, environment.EnvProfileError) as err:
+    except (RequestError, SettingsError, environment.EnvProfileError) as err:
         print(f"multinode preview: {err}", file=sys.stderr)
         return 2
     for warning in plan.request.warnings:

@@ -20,7 +20,15 @@ from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 from snakemake_interface_executor_plugins.settings import CommonSettings, ExecutorSettingsBase
 
 from snakemake_executor_multinode import environment
-from snakemake_executor_multinode.plan import STATE_DIR, JobPlan, Planner, RuleJob, Settings, direct_command
+from snakemake_executor_multinode.plan import (
+    STATE_DIR,
+    JobPlan,
+    Planner,
+    RuleJob,
+    Settings,
+    SettingsError,
+    direct_command,
+)
 from snakemake_executor_multinode.registry import Registry, Submission
 from snakemake_executor_multinode.request import JobRequest, RequestError
 from snakemake_executor_multinode.slurm import RetryPolicy, SlurmClient, SubmitError
@@ -62,10 +70,14 @@ class Executor(RemoteExecutor):
         self.workdir = Path.cwd()
         try:
             self.planner = Planner(self.settings, self.workdir, self.run_id)
-        except environment.EnvProfileError as err:
+        except (environment.EnvProfileError, SettingsError) as err:
             raise WorkflowError(f"multinode settings: {err}") from err
+        # Owner-only: job scripts carry profile values (tokens), logs carry what the training prints.
+        for private in (self.workdir / STATE_DIR.parent, self.workdir / self.settings.logdir):
+            private.mkdir(parents=True, exist_ok=True)
+            private.chmod(0o700)
         self.state_dir = self.workdir / STATE_DIR
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.state_dir.mkdir(exist_ok=True, mode=0o700)
         self.registry = Registry(self.workdir, self.run_id)
         self.client = SlurmClient(
             retry=RetryPolicy(total_seconds=self.settings.slurm_retry_seconds), notify=self.logger.warning
