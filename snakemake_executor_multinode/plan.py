@@ -12,7 +12,7 @@ import os
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any, Optional
 
@@ -21,6 +21,7 @@ from .request import Defaults, JobRequest, RequestError, build_request
 
 # Bookkeeping lives under the working directory (the shared filesystem the jobs see), not in the log folder.
 STATE_DIR = PurePath(".snakemake/multinode/state")
+_NODE = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a node name as the launcher reports it
 _LOGDIR = re.compile(r"^[A-Za-z0-9_.+\-][A-Za-z0-9_./+\-]*$")
 
 
@@ -139,6 +140,7 @@ class RuleJob:
     attempt: int = 1
     declared_nodes: int | None = None  # what the rule itself asked for, when Snakemake's --resources capped it
     key: str = ""  # tells this submission apart from every other of the run (in the job name)
+    avoid_nodes: tuple[str, ...] = ()  # nodes an earlier attempt of this job failed on: excluded for this one
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,8 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
         env_profile=selection,
         declared_nodes=job.declared_nodes,
     )
+    if avoid := [n for n in job.avoid_nodes if _NODE.match(n)]:
+        req = replace(req, exclude=",".join(filter(None, [req.exclude, *avoid])))
     lines = environment.render_lines(environment.resolve(profiles, req.env_profile))
     log_dir = jobscript.log_dir_for(PurePath(planner.settings.logdir), req)
     state_dir = planner.workdir / STATE_DIR

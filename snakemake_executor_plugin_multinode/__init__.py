@@ -84,6 +84,7 @@ class Executor(RemoteExecutor):
         )
         self.tracker = Tracker(self.state_dir, self.client, sweep_seconds=self.settings.sweep_seconds)
         self.external_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)
+        self.failed_nodes: dict[tuple[str, ...], tuple[str, ...]] = {}  # job outputs -> nodes its attempts failed on
         self._warned: set[str] = set()
         self._validate_planned_jobs()
 
@@ -106,6 +107,7 @@ class Executor(RemoteExecutor):
             attempt=f.attempt,
             declared_nodes=f.declared_nodes,
             key=f"{str(job.jobid)[:8]}.{f.attempt}",
+            avoid_nodes=self.failed_nodes.get(f.outputs, ()) if f.attempt > 1 else (),
         )
         try:
             return self.planner.plan(rule_job)
@@ -259,6 +261,9 @@ class Executor(RemoteExecutor):
             if outcome.success:
                 self.report_job_success(info)
             else:
+                if outcome.failed_node:  # --retries: the next attempt avoids the node this one failed on
+                    key = tuple(str(f) for f in info.job.output)
+                    self.failed_nodes[key] = (*self.failed_nodes.get(key, ()), outcome.failed_node)
                 log = info.aux.get("log")
                 self.report_job_error(
                     info,

@@ -64,3 +64,12 @@ def test_the_job_name_is_unique_to_the_submission_and_paths_sit_beside_each_othe
     assert p.job_name == "mn-run1-train-7.2" and f"--job-name={p.job_name}" in p.script
     assert p.script_path("55") == Path("/w/.snakemake/multinode/logs/rule_train/_/55.attempt2.sh")
     assert p.log_path("55") == p.script_path("55").with_suffix(".log")
+
+
+def test_a_retry_avoids_the_nodes_earlier_attempts_failed_on_as_well_as_the_rules_own_exclude():
+    planner = Planner(Settings(), Path("/w"), "r")
+    p = planner.plan(
+        RuleJob("train", {"nodes": 2, "exclude": "node7"}, "true", attempt=2, avoid_nodes=("node2", "bad;name"))
+    )
+    assert p.request.exclude == "node7,node2"  # a name the launcher could not have written is dropped
+    assert "#SBATCH --exclude=node7,node2" in p.script.splitlines()
