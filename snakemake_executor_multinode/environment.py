@@ -175,7 +175,7 @@ def resolve(profiles: ProfileSet, selection: str | None) -> dict[str, Any]:
     return merged
 
 
-def _chain(profiles: ProfileSet, name: str) -> list[dict[str, Any]]:
+def _chain(profiles: ProfileSet, name: str | None) -> list[dict[str, Any]]:
     chain, seen = [], set()
     while name is not None:
         if name in seen:

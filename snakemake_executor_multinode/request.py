@@ -401,8 +401,8 @@ def _gpus(rule: str, r: Mapping[str, Any], nodes: int, warnings: list[str]) -> t
             "give one of them",
         )
     if len(set(types.values())) > 1:
-        (first, t_first), *rest = types.items()
-        second = next(k for k, v in rest if v != t_first)
+        (first, t_first), *other_types = types.items()
+        second = next(k for k, v in other_types if v != t_first)
         raise RequestError(rule, second, r[second], f"disagrees with {first}={r[first]!r}: give the GPU type once")
     if "gpu_model" in types and not per_node:
         raise RequestError(

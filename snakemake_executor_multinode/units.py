@@ -135,11 +135,12 @@ def runtime_hint(value: Any) -> str:
     text = str(value).strip().strip("'\"")
     minutes = None
     if m := _SLURM_TIME.match(text):
-        a, b, c = (int(x) if x is not None else None for x in m.group("a", "b", "c"))
+        a = int(m.group("a"))
+        b, c = (int(x) if x is not None else None for x in m.group("b", "c"))
         if m.group("d"):
             minutes = int(m.group("d")) * 1440 + a * 60 + (b or 0) + ((c or 0) + 59) // 60
         elif c is not None:
-            minutes = a * 60 + b + (c + 59) // 60
+            minutes = a * 60 + (b or 0) + (c + 59) // 60  # c matches only after b
         elif b is not None:
             minutes = a + (b + 59) // 60
         what = "SLURM's time form"
