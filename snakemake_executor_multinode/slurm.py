@@ -198,6 +198,42 @@ class SlurmClient:
             raise SubmitError(f"sbatch printed no job id: {proc.stdout!r}")
         return jobid
 
+    def test_only(self, script: Path, cwd: Path) -> str:
+        """`sbatch --test-only`: would SLURM take this script as it stands? Queues nothing. Returns SLURM's answer
+        ("Job N to start at ... in partition P"); a refusal raises SubmitError with the message a real submission
+        would get. Transient failures are retried as for `submit`."""
+        try:
+            proc = self._patiently("sbatch --test-only", lambda: self._run(["sbatch", "--test-only", str(script)], cwd))
+        except (SlurmUnavailable, QueryError) as err:
+            raise SubmitError(str(err)) from err
+        text = (proc.stderr + proc.stdout).strip()  # sbatch answers on stderr, success or not
+        if proc.returncode != 0:
+            raise SubmitError(text.replace("sbatch: error: ", "") or f"sbatch --test-only exited {proc.returncode}")
+        return text.removeprefix("sbatch: ")
+
+    def show(self, kind: str) -> list[str]:
+        """`scontrol -o show <kind>` (partition, node): one line per entity; [] when scontrol does not answer.
+        One attempt: only messages are made from it."""
+        try:
+            proc = self._run(["scontrol", "-o", "show", kind])
+        except QueryError:
+            return []
+        return proc.stdout.splitlines() if proc.returncode == 0 else []
+
+    def associations(self, user: str) -> list[tuple[str, str]] | None:
+        """(account, partition) of each of the user's associations in SLURM's accounting (partition "" for all);
+        None when there is no accounting or it does not answer (one attempt: a run does not wait for slurmdbd)."""
+        try:
+            proc = self._run(
+                ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=account,partition"]
+            )
+        except QueryError:
+            return None
+        if proc.returncode != 0:
+            return None
+        rows = [line.split("|") for line in proc.stdout.splitlines() if line.strip()]
+        return [(row[0], row[1] if len(row) > 1 else "") for row in rows]
+
     def query(self, jobids: Iterable[str]) -> dict[str, JobState]:
         """State of each job (one sacct call; squeue -t all when accounting is off or slurmdbd is down).
 
@@ -209,14 +245,55 @@ class SlurmClient:
         sacct = self._run(
             ["sacct", "-X", "-P", "-n", "-j", ",".join(ids), "-o", "JobIDRaw,State,ExitCode,Reason,NodeList"]
         )
-        if sacct.returncode == 0:
-            return parse_sacct(sacct.stdout)
-        squeue = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%r|%N"])
+        states = parse_sacct(sacct.stdout) if sacct.returncode == 0 else {}
+        missing = [j for j in ids if j not in states]
+        if not missing:
+            return states
+        # Accounting is off, down, or has not heard of a new job yet (slurmdbd lags slurmctld): ask slurmctld.
+        squeue = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(missing), "-o", "%i|%T|%r|%N"])
         if squeue.returncode == 0:
-            return parse_squeue(squeue.stdout)
+            return states | parse_squeue(squeue.stdout)
+        if sacct.returncode == 0:
+            return states
         if "Invalid job id" in squeue.stderr:
             return {}  # finished longer ago than MinJobAge and no accounting: nothing knows it any more
         raise QueryError(f"sacct: {sacct.stderr.strip()} / squeue: {squeue.stderr.strip()}")
+
+    def accounting(
+        self, jobids: Iterable[str], fields: Sequence[str], steps: bool = False, patient: bool = False
+    ) -> list[dict[str, str]]:
+        """sacct's records of these jobs in one call: one {field: text} per line, in sacct's order. Every run of a
+        requeued job is a line of its own (--duplicates: the earlier runs say REQUEUED); `steps` adds the job steps
+        after their run's line. One attempt unless `patient` (then transient failures are retried, as for sbatch);
+        QueryError when accounting does not answer (off, or slurmdbd down)."""
+        ids = sorted(set(jobids), key=int)
+        if not ids:
+            return []
+        cmd = ["sacct", "--duplicates", "-P", "-n", *([] if steps else ["-X"]), "-j", ",".join(ids)]
+        cmd += ["-o", ",".join(fields)]
+        try:
+            proc = self._patiently("sacct", lambda: self._run(cmd)) if patient else self._run(cmd)
+        except SlurmUnavailable as err:
+            raise QueryError(str(err)) from err
+        if proc.returncode != 0:
+            raise QueryError(f"sacct: {(proc.stderr or proc.stdout).strip()}")
+        return [dict(zip(fields, line.split("|"), strict=False)) for line in proc.stdout.splitlines() if line.strip()]
+
+    def queue(self, jobids: Iterable[str], fields: Sequence[str]) -> list[dict[str, str]]:
+        """squeue's view of these jobs in one call (-t all: finished ones too, until MinJobAge): one {field: text}
+        per job, `fields` being squeue --Format names. slurmctld's word is current, where sacct's lags behind it
+        by as long as slurmdbd takes. One attempt; QueryError when slurmctld does not answer."""
+        ids = sorted(set(jobids), key=int)
+        if not ids:
+            return []
+        # "Field:|": no padding, "|" after each value, so that values are split exactly (-o has no restart count)
+        spec = ",".join(f"{name}:|" for name in fields)
+        proc = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", spec])
+        if proc.returncode != 0:
+            if "Invalid job id" in proc.stderr:
+                return []  # none of them is known any more
+            raise QueryError(f"squeue: {proc.stderr.strip()}")
+        return [dict(zip(fields, line.split("|"), strict=False)) for line in proc.stdout.splitlines() if line.strip()]
 
     def find_by_names(self, names: Iterable[str]) -> list[str]:
         """Ids of the jobs with these (unique) names: a submission whose sbatch reply never came."""

@@ -15,6 +15,8 @@ from pathlib import Path
 from .protocol import EXIT_MARKER, EXIT_PREEMPTED, FAILED_NODE_MARKER, MARKERS, REQUEUE_MARKER, marker
 from .slurm import JobState, QueryError, SlurmClient
 
+UNKNOWN_SWEEPS = 3  # sweeps in a row in which SLURM does not know a job before it counts as lost
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -42,6 +44,8 @@ class Outcome:
                 parts.append("(checkpointed before the time limit and not requeued: a rerun resumes)")
         if self.failed_node:
             parts.append(f"failing node {self.failed_node}")
+        if self.finished and self.note:
+            parts.append(self.note)
         return ", ".join(parts) or "unknown"
 
 
@@ -61,6 +65,7 @@ class Tracker:
         self.query_failures = 0
         self._stale: dict[str, str] = {}  # job -> exit marker text of a run SLURM requeued since
         self._noted: dict[str, str] = {}  # job -> requeue marker text already reported
+        self._unknown: dict[str, int] = {}  # job -> sweeps in a row in which SLURM did not know it
 
     def marker(self, jobid: str) -> Path:
         return marker(self.state_dir, jobid, EXIT_MARKER)
@@ -128,6 +133,17 @@ class Tracker:
             outcomes[jobid] = Outcome(jobid, True, False, ended.exit_code, state, ended.failed_node)
         for jobid in unknown:
             state = states.get(jobid)
+            if answered and due and state is None:
+                # Neither sacct nor squeue knows it: lost when slurmctld lost its newest state, or purged. A few
+                # sweeps of that (never one: a job is briefly unknown to sacct) and it is a failure, not a hang.
+                self._unknown[jobid] = self._unknown.get(jobid, 0) + 1
+                if self._unknown[jobid] >= UNKNOWN_SWEEPS and self._from_marker(jobid) is None:
+                    outcomes[jobid] = Outcome(
+                        jobid, True, False, note=f"SLURM has no record of the job ({UNKNOWN_SWEEPS} sweeps)"
+                    )
+                    continue
+            elif state is not None:
+                self._unknown.pop(jobid, None)
             if state is None or state.active:
                 outcomes[jobid] = Outcome(jobid, False, state=state, note=self._requeue_note(jobid))
             elif (late := self._from_marker(jobid)) is not None:  # ended between the stat and the query
@@ -139,5 +155,6 @@ class Tracker:
     def forget(self, jobid: str) -> None:
         self._stale.pop(jobid, None)
         self._noted.pop(jobid, None)
+        self._unknown.pop(jobid, None)
         for suffix in MARKERS:
             marker(self.state_dir, jobid, suffix).unlink(missing_ok=True)

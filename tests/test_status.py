@@ -129,3 +129,23 @@ def test_the_jobs_own_requeue_after_a_checkpoint_is_reported_once_per_restart(tm
     assert tracker.poll(["3"])["3"].note is None
     (tmp_path / "3.requeued").write_text("2 checkpointed before the time limit\n")
     assert tracker.poll(["3"])["3"].note.endswith("restart 2")
+
+
+def test_a_job_slurm_has_no_record_of_fails_after_a_few_sweeps_instead_of_hanging(tmp_path):
+    # slurmctld killed within a second of a submission loses the job from its saved state; sacct never heard of it.
+    client, clock = FakeClient(), Clock()
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=clock)
+    for _ in range(2):
+        clock.now += 30
+        assert not tracker.poll(["12"])["12"].finished  # briefly unknown is normal (slurmdbd lags)
+    clock.now += 30
+    out = tracker.poll(["12"])["12"]
+    assert out.finished and not out.success and "SLURM has no record of the job" in out.describe()
+
+
+def test_an_unanswered_query_never_counts_towards_a_lost_job(tmp_path):
+    client, clock = FakeClient(fail=True), Clock()
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=clock)
+    for _ in range(5):
+        clock.now += 30
+        assert not tracker.poll(["12"])["12"].finished

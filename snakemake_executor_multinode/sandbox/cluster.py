@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from . import processes as ps
 from .spec import DEFAULT_DIR, ClusterError, ClusterSpec, render_configs
@@ -59,15 +60,21 @@ def ensure_packages(spec: ClusterSpec) -> None:
 
 
 @contextmanager
-def locked(spec: ClusterSpec) -> Iterator[None]:
-    """One up/down at a time per cluster folder."""
+def locked(spec: ClusterSpec, wait: float = 300) -> Iterator[None]:
+    """One up/down at a time per cluster folder: a second command waits for the first (then finds its result)."""
     spec.dir.mkdir(parents=True, exist_ok=True)
     with open(spec.dir / ".lock", "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as err:
-            raise ClusterError(f"another `multinode cluster` command is working on {spec.dir}") from err
+        if not ps.wait_for(lambda: _try_lock(fh), wait, 0.2):
+            raise ClusterError(f"another `multinode cluster` command has been working on {spec.dir} for {wait:.0f} s")
         yield
+
+
+def _try_lock(fh: IO[str]) -> bool:
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
 
 
 def slurm_env(spec: ClusterSpec) -> dict[str, str]:
@@ -140,7 +147,7 @@ def up(spec: ClusterSpec) -> None:
                     f"({previous.nodes} nodes x {previous.gpus} GPUs, accounting "
                     f"{'on' if previous.accounting else 'off'}): run `multinode cluster down` first"
                 )
-            if len(nodes_in(spec, "idle,alloc,mix")) >= spec.nodes:
+            if len(nodes_in(spec, "idle,alloc,mix,comp")) >= spec.nodes:  # busy nodes are up too
                 say(f"already up: {spec.nodes} nodes ({spec.dir}); nothing to do")
                 return
         ensure_packages(spec)
