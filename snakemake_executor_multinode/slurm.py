@@ -88,6 +88,7 @@ class JobState:
     exit_code: str = ""
     reason: str = ""
     nodes: str = ""
+    restarts: int | None = None  # slurmctld's restart count (squeue); None where the answer came from sacct
 
     @property
     def active(self) -> bool:
@@ -294,6 +295,24 @@ class SlurmClient:
                 return []  # none of them is known any more
             raise QueryError(f"squeue: {proc.stderr.strip()}")
         return [dict(zip(fields, line.split("|"), strict=False)) for line in proc.stdout.splitlines() if line.strip()]
+
+    def live(self, jobids: Iterable[str]) -> dict[str, JobState]:
+        """slurmctld's current view of these jobs, with their restart counts (one squeue; sacct lags behind it).
+        Jobs it no longer knows (older than MinJobAge) are left out; QueryError when it does not answer."""
+        fields = ("JobID", "State", "Reason", "NodeList", "RestartCnt")
+        states = {}
+        for row in self.queue(jobids, fields):
+            jobid, restarts = row.get("JobID", "").strip(), row.get("RestartCnt", "").strip()
+            if jobid.isdigit():
+                states[jobid] = JobState(
+                    jobid,
+                    row.get("State", "").strip(),
+                    "",
+                    row.get("Reason", "").strip(),
+                    row.get("NodeList", "").strip(),
+                    int(restarts) if restarts.isdigit() else None,
+                )
+        return states
 
     def find_by_names(self, names: Iterable[str]) -> list[str]:
         """Ids of the jobs with these (unique) names: a submission whose sbatch reply never came."""

@@ -15,6 +15,8 @@ from pathlib import Path
 from .protocol import EXIT_MARKER, EXIT_PREEMPTED, FAILED_NODE_MARKER, MARKERS, REQUEUE_MARKER, marker
 from .slurm import JobState, QueryError, SlurmClient
 
+# States of a job that SLURM has put back into the queue after a run ended.
+REQUEUED_STATES = {"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PENDING"}
 UNKNOWN_SWEEPS = 3  # sweeps in a row in which SLURM does not know a job before it counts as lost
 
 
@@ -93,6 +95,31 @@ class Tracker:
         restart, _, why = text.partition(" ")
         return f"requeued ({why}), restart {restart}"
 
+    def _judge_failed_run(self, jobid: str, ended: Outcome, state: JobState | None, answered: bool) -> Outcome:
+        """A run ended with an error. Did the job end (a failure), or does SLURM run it again (preemption,
+        `scontrol requeue`, a node failure with requeue)? slurmctld decides, by the restart count: sacct lags."""
+        text = self._read(jobid, EXIT_MARKER) or ""
+        words = text.split()
+        restart = int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
+        try:
+            live = self.client.live([jobid]).get(jobid)
+        except QueryError:
+            live = None
+        if live is not None:
+            if (live.restarts or 0) > restart or live.state in REQUEUED_STATES:
+                self._stale[jobid] = text
+                note = (
+                    f"requeued (the run ended with exit {ended.exit_code}; SLURM state {live.state}), "
+                    f"restart {restart + 1}"
+                )
+                return Outcome(jobid, False, state=live, note=note)
+            if live.active:  # the run's end is not final in slurmctld yet (COMPLETING): ask again next cycle
+                return Outcome(jobid, False, state=live)
+            return Outcome(jobid, True, False, ended.exit_code, state or live, ended.failed_node)
+        if not answered or (state is not None and state.active):
+            return Outcome(jobid, False, state=state)  # neither source is sure yet: never a failure on a guess
+        return Outcome(jobid, True, False, ended.exit_code, state, ended.failed_node)
+
     def poll(self, jobids: Iterable[str], force_sweep: bool = False) -> dict[str, Outcome]:
         """Outcome of every job given; `finished=False` for those still pending or running (or requeued)."""
         ids = list(jobids)
@@ -114,23 +141,7 @@ class Tracker:
                 # Asked again next cycle; a query failure never fails a job.
                 self.query_failures += 1
         for jobid in failed:
-            ended = outcomes[jobid]
-            state = states.get(jobid)
-            if not answered or (state is not None and state.active):
-                # A failed run of a job SLURM still holds: requeued (preempted, `scontrol requeue`, node failure)
-                # and running again, or not yet known. Not a failure: its next run writes a marker of its own.
-                note = None
-                if answered and state is not None:
-                    text = self._read(jobid, EXIT_MARKER) or ""
-                    self._stale[jobid] = text
-                    restart = int(text.split()[1]) + 1 if len(text.split()) > 1 and text.split()[1].isdigit() else 1
-                    note = (
-                        f"requeued (the run ended with exit {ended.exit_code}; SLURM state {state.state}), "
-                        f"restart {restart}"
-                    )
-                outcomes[jobid] = Outcome(jobid, False, state=state, note=note)
-                continue
-            outcomes[jobid] = Outcome(jobid, True, False, ended.exit_code, state, ended.failed_node)
+            outcomes[jobid] = self._judge_failed_run(jobid, outcomes[jobid], states.get(jobid), answered)
         for jobid in unknown:
             state = states.get(jobid)
             if answered and due and state is None:

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -37,9 +43,96 @@ def job_logs(workdir: Path, rule: str) -> list[Path]:
     return sorted((workdir / ".snakemake" / "multinode" / "logs" / f"rule_{rule}").rglob("*.log"))
 
 
-def submitted_jobs(cl) -> set[str]:
-    out = cl.run("squeue", "-h", "-t", "all", "-o", "%i").stdout
-    return set(out.split())
+def jobs_from(cl, workdir: Path) -> set[str]:
+    """Ids of the jobs SLURM knows (MinJobAge: finished ones too) that were submitted from `workdir`: other
+    engineers' jobs on the shared test cluster do not count."""
+    out = slurm(cl, "squeue", "-h", "-t", "all", "-o", "%i %Z")
+    return {line.split()[0] for line in out.splitlines() if line.split()[1:] == [str(workdir.resolve())]}
+
+
+def slurm(cl, *cmd: str) -> str:
+    """Run a SLURM command, asking again while it fails: the shared test cluster's slurmctld may be restarting
+    (other tests inject faults). A command that keeps failing fails the test with its error."""
+    last: list[subprocess.CompletedProcess] = []
+
+    def ok() -> bool:
+        last[:] = [cl.run(*cmd, check=False)]
+        return last[0].returncode == 0
+
+    try:
+        wait_for(ok, f"successful {' '.join(cmd)}", 120)
+    except AssertionError as err:
+        raise AssertionError(f"{err}: {last[0].stderr.strip()}") from None
+    return last[0].stdout
+
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T], what: str, timeout: float, proc: subprocess.Popen | None = None) -> T:
+    """Poll until `check()` gives something true and return it. The timeout only stops a hang: no verdict
+    depends on it."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"snakemake ended (exit {proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout:.0f} s")
+        time.sleep(0.2)
+    return found
+
+
+@contextmanager
+def background_snakemake(workdir: Path, *args: str) -> Iterator[subprocess.Popen]:
+    """Snakemake running in the background, its output in workdir/snakemake.out. If the test leaves early,
+    Ctrl-C makes it cancel its jobs, so nothing keeps running on the shared cluster."""
+    with (workdir / "snakemake.out").open("w") as out:
+        cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--latency-wait", "5"]
+        proc = subprocess.Popen([*cmd, *args], cwd=workdir, stdout=out, stderr=subprocess.STDOUT, text=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def snakemake_output(workdir: Path) -> str:
+    return (workdir / "snakemake.out").read_text()
+
+
+def log_times(log: Path) -> tuple[datetime, datetime]:
+    """When the job script started and when it ended, as it printed them (`date -Is`)."""
+    text = log.read_text()
+    start = re.search(r"^\[multinode\] job \d+, rule .*, restart \d+, (\S+)$", text, re.M)
+    end = re.search(r"^\[multinode\] exit \d+, (\S+)$", text, re.M)
+    assert start and end, text
+    return datetime.fromisoformat(start[1]), datetime.fromisoformat(end[1])
+
+
+def sacct_fields(cl, jobid: str, workdir: Path, *fields: str) -> dict[str, str]:
+    """The job's latest accounting record. Only records of jobs submitted from `workdir` count: a job id can
+    name two jobs in sacct when a restarted slurmctld hands it out again, and others share the test cluster."""
+    out = slurm(cl, "sacct", "-D", "-X", "-n", "-P", "-j", jobid, "-o", ",".join(("WorkDir", *fields)))
+    records = [line.split("|") for line in out.splitlines()]
+    mine = [dict(zip(fields, r[1:], strict=True)) for r in records if r[0] == str(workdir.resolve())]
+    return mine[-1] if mine else {}
+
+
+def finished_in_sacct(cl, jobid: str, workdir: Path, *fields: str) -> dict[str, str]:
+    """The job's sacct record once it shows the job ended with every field filled in (slurmdbd records a job's
+    end and its submit line a moment after the job ends)."""
+
+    def done() -> dict[str, str]:
+        rec = sacct_fields(cl, jobid, workdir, "State", "End", *fields)
+        ended = rec and rec["State"] not in ("PENDING", "RUNNING", "REQUEUED")
+        return rec if ended and all(v not in ("", "Unknown") for v in rec.values()) else {}
+
+    return wait_for(done, f"complete sacct record of the finished job {jobid}", 120)
 
 
 def test_gpu_rule_becomes_one_two_node_job_with_one_torchrun_per_node(slurm_cluster, tmp_path):
@@ -64,21 +157,34 @@ def test_gpu_rule_becomes_one_two_node_job_with_one_torchrun_per_node(slurm_clus
         assert line in log
 
 
+def assert_chain_result(wd: Path) -> None:
+    """tests/workflows/chain's train job saw 2 nodes, 2 GPUs per node and 2 of the node's GPUs (which 2 depends on
+    the other jobs sharing the test cluster's nodes)."""
+    nodes, gpus, visible = (wd / "results" / "evaluated.txt").read_text().split()
+    devices = visible.split(",")
+    assert (nodes, gpus) == ("2", "2") and len(set(devices)) == 2 and all(d.isdigit() for d in devices), visible
+
+
 def test_three_rule_chain_runs_cpu_and_multinode_jobs_in_order(slurm_cluster, tmp_path):
     wd = copy_workflow("chain", tmp_path)
-    started = time.monotonic()
-    snakemake(wd)
-    elapsed = time.monotonic() - started
+    # Markers, not SLURM queries, report completion: with the sacct/squeue sweep put off for an hour, the run can
+    # only finish (within the hang guard) if every job's end is noticed from its marker.
+    snakemake(wd, "--multinode-sweep-seconds", "3600")
     assert (wd / "results" / "data.txt").read_text().startswith("data-from-node")
-    assert (wd / "results" / "evaluated.txt").read_text().split() == ["2", "2", "0,1"]
+    assert_chain_result(wd)
     # each job's script sits beside its log: what ran can be read back
+    logs = {}
     for rule in ("preprocess", "train", "evaluate"):
-        logs = job_logs(wd, rule)
-        assert len(logs) == 1 and logs[0].with_suffix(".sh").exists()
-    # markers, not status polls, report completion: a run of 3 short jobs takes seconds, not minutes
-    assert elapsed < 60
+        found = job_logs(wd, rule)
+        assert len(found) == 1 and found[0].with_suffix(".sh").exists()
+        logs[rule] = found[0]
+    # in order: each job started after the one before it had ended (each job script prints both times; the next
+    # job is submitted only after the marker that is written after the end time is printed)
+    (_, pre_end), (train_start, train_end), (eval_start, _) = (log_times(logs[r]) for r in logs)
+    assert pre_end <= train_start and train_end <= eval_start
     # and a second run has nothing to do
-    assert "Nothing to be done" in snakemake(wd).stdout + snakemake(wd).stderr
+    again = snakemake(wd)
+    assert "Nothing to be done" in again.stdout + again.stderr
 
 
 def test_whole_pipeline_submitted_at_once_is_chained_by_afterok(slurm_cluster, tmp_path):
@@ -89,14 +195,17 @@ def test_whole_pipeline_submitted_at_once_is_chained_by_afterok(slurm_cluster, t
         for rule in ("preprocess", "train", "evaluate")
     }
     ids = {rule: path.name.split(".")[0] for rule, path in scripts.items()}
-    deps = slurm_cluster.run("squeue", "-h", "-t", "all", "-j", ids["evaluate"], "-o", "%E").stdout
-    assert ids["train"] in deps or deps.strip() in ("", "(null)")  # gone once satisfied
-    deadline = time.monotonic() + 90
-    while not (wd / "results" / "evaluated.txt").exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert (wd / "results" / "evaluated.txt").read_text().split() == ["2", "2", "0,1"]
-    start = {r: slurm_cluster.run("sacct", "-X", "-n", "-P", "-j", ids[r], "-o", "Start").stdout.strip() for r in ids}
-    assert start["preprocess"] <= start["train"] <= start["evaluate"]
+    # what each job was submitted with (sacct keeps it; squeue's dependency field empties once it is satisfied)
+    rec = {r: finished_in_sacct(slurm_cluster, ids[r], wd, "Submit", "Eligible", "Start", "SubmitLine") for r in ids}
+    assert "--dependency" not in rec["preprocess"]["SubmitLine"]
+    assert f"--dependency=afterok:{ids['preprocess']} " in rec["train"]["SubmitLine"]
+    assert f"--dependency=afterok:{ids['train']} " in rec["evaluate"]["SubmitLine"]
+    assert {r["State"] for r in rec.values()} == {"COMPLETED"}
+    # SLURM held each job until the one before it had ended (slurmctld's own records, ISO times compare as text)
+    assert rec["preprocess"]["End"] <= rec["train"]["Eligible"] <= rec["train"]["Start"]
+    assert rec["train"]["End"] <= rec["evaluate"]["Eligible"] <= rec["evaluate"]["Start"]
+    wait_for(lambda: (wd / "results" / "evaluated.txt").exists(), "results/evaluated.txt", 60)
+    assert_chain_result(wd)
 
 
 def test_wildcards_with_shell_metacharacters_neither_break_the_job_nor_run_anything(slurm_cluster, tmp_path):
@@ -127,47 +236,126 @@ def test_failing_job_reports_slurm_state_exit_code_and_log(slurm_cluster, tmp_pa
 def test_failing_node_stops_the_others_and_is_named(slurm_cluster, tmp_path):
     wd = tmp_path / "nodefail"
     wd.mkdir()
+    # node2's rank fails once node1's rank is asleep; node1's rank would sleep longer than the run may take
     (wd / "fail.py").write_text(
-        "import os, sys, time\nif os.environ['GROUP_RANK'] == '1':\n    sys.exit(3)\ntime.sleep(300)\n"
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "if os.environ['GROUP_RANK'] == '1':\n"
+        "    while not Path('survivor.pid').exists():\n"
+        "        time.sleep(0.2)\n"
+        "    sys.exit(3)\n"
+        "Path('survivor.tmp').write_text(str(os.getpid()))\n"
+        "os.replace('survivor.tmp', 'survivor.pid')\n"
+        "time.sleep(900)\n"
+        "Path('survivor.slept').write_text('the sleep completed')\n"
     )
     (wd / "Snakefile").write_text(
         'rule train:\n    output: "out.txt"\n    resources: nodes=2, gpus=1\n'
         '    shell: "multinode torchrun fail.py && touch {output}"\n'
     )
-    started = time.monotonic()
-    proc = snakemake(wd, check=False)
+    proc = snakemake(wd, check=False)  # its 300 s hang guard is far below the survivor's sleep
     assert proc.returncode != 0
-    assert time.monotonic() - started < 90  # not the 300 s the surviving rank would sleep
     text = proc.stdout + proc.stderr
     assert "failing node node2" in text
-    assert "node node2 (node_rank 1) failed" in job_logs(wd, "train")[0].read_text()
+    log = job_logs(wd, "train")[0]
+    assert "node node2 (node_rank 1) failed" in log.read_text()
+    job = log.name.split(".")[0]
+    assert finished_in_sacct(slurm_cluster, job, wd)["State"] == "FAILED"
+    # the surviving rank was stopped: its process is gone and its sleep never completed
+    pid = int((wd / "survivor.pid").read_text())
+
+    def survivor_gone() -> bool:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:
+            return True
+        return stat.rsplit(")", 1)[1].split()[0] == "Z" or b"fail.py" not in cmdline  # reaped soon, or reused
+
+    wait_for(survivor_gone, f"end of the surviving rank (pid {pid})", 60)
+    assert not (wd / "survivor.slept").exists()
 
 
-def test_pre_time_limit_signal_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path):
-    wd = copy_workflow("preempt", tmp_path)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1"],
-        cwd=wd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        # both ranks' handlers are installed: send what --signal=USR2@120 sends, to every step process
-        deadline = time.monotonic() + 90
-        while len(list((wd / "results").glob("ckpt.ready*"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.3)
-        job = next((wd / ".snakemake/multinode/logs/rule_train").rglob("*.sh")).name.split(".")[0]
-        slurm_cluster.run("scancel", "--signal=USR2", job)
-        out, _ = proc.communicate(timeout=180)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, out
-    assert (wd / "results" / "done.txt").read_text().strip() == "resumed from step-42 restart=1"
-    logs = [p.name for p in job_logs(wd, "train")]
-    assert logs == [f"{job}.attempt1.log", f"{job}.attempt1.restart1.log"]  # one log per run
-    first = (job_logs(wd, "train")[0]).read_text()
-    assert "checkpointed after SIGUSR2" in first and "requeued" in first
+def ranks_waiting(wd: Path) -> bool:
+    """Both workers of tests/workflows/timelimit have their USR2 handler installed and wait for the signal."""
+    return all((wd / "results" / "ckpt" / f"ready{rank}").exists() for rank in (0, 1))
+
+
+def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes(slurm_cluster, tmp_path):
+    """SLURM's own pre-time-limit signal (sbatch --signal=USR2@60, sent by slurmctld's periodic time-limit check),
+    to a worker that does no computing and ends only once the signal has come: without the signal the job would
+    run into its time limit (TIMEOUT) and the run would fail. Nothing here depends on how fast anything runs."""
+    wd = copy_workflow("timelimit", tmp_path)
+    logdir = wd / ".snakemake/multinode/logs/rule_train"
+    with background_snakemake(wd) as proc:
+        script = wait_for(lambda: next(logdir.rglob("*.attempt1.sh"), None), "submitted job script", 120, proc)
+        job = script.name.split(".")[0]
+        assert jobs_from(slurm_cluster, wd) == {job}
+        assert "#SBATCH --signal=USR2@60" in script.read_text().splitlines()
+        # The rule's runtime (10 min) keeps the signal away while torchrun starts, however long that takes. Once
+        # both workers wait for it, the running job gets a short limit, 90-150 s from now: slurmctld's check (every
+        # 30 s; it signals once the time left is within the 60 s lead plus one check) sends USR2 within ~90 s,
+        # with more than 60 s left to checkpoint and requeue.
+        wait_for(lambda: ranks_waiting(wd), "both workers waiting for SIGUSR2", 300, proc)
+        start = datetime.fromisoformat(slurm(slurm_cluster, "squeue", "-h", "-j", job, "-o", "%S").strip())
+        limit = math.ceil(((datetime.now() - start).total_seconds() + 90) / 60)
+        slurm(slurm_cluster, "scontrol", "update", f"JobId={job}", f"TimeLimit={limit}")
+        first = script.with_suffix(".log")
+        wait_for(lambda: "[multinode] requeued" in first.read_text(), "requeue after the signal", 300, proc)
+        # the rerun needs no signal: give it back a long limit, so its start-up may take as long as it takes
+        slurm_cluster.run("scontrol", "update", f"JobId={job}", "TimeLimit=10", check=False)
+        proc.wait(timeout=600)
+    assert proc.returncode == 0, snakemake_output(wd)
+    assert [p.name for p in job_logs(wd, "train")] == [f"{job}.attempt1.log", f"{job}.attempt1.restart1.log"]
+    first_text = first.read_text()
+    for rank in (0, 1):
+        assert f"worker rank {rank}: got SIGUSR2 at restart 0, checkpointed" in first_text
+    assert "[multinode] checkpointed after SIGUSR2 (checkpoint)" in first_text
+    assert "[multinode] requeued; the next run resumes from the checkpoint" in first_text
+    rerun = script.with_name(f"{job}.attempt1.restart1.log").read_text()
+    assert "restart 1," in rerun and "[multinode] exit 0," in rerun
+    for rank in (0, 1):
+        assert (
+            f"worker rank {rank}: resumed from checkpoint results/ckpt/rank{rank}.json (SIGUSR2 at restart 0)" in rerun
+        )
+    done = json.loads((wd / "results" / "done.json").read_text())
+    assert done == {
+        "restart": 1,
+        "checkpoints": {f"rank{r}": {"signal": "SIGUSR2", "restart": 0, "rank": r} for r in (0, 1)},
+    }
+    assert finished_in_sacct(slurm_cluster, job, wd)["State"] == "COMPLETED"
+
+
+def test_checkpoint_without_requeue_is_resumed_by_snakemake_retries(slurm_cluster, tmp_path):
+    """max-requeues 0: the checkpointed job ends with exit 85 and Snakemake's --retries resumes it as attempt 2
+    (a new job). The signal comes from scancel --signal=USR2, as SLURM's --signal sends it: to every step process."""
+    wd = copy_workflow("timelimit", tmp_path)
+    logdir = wd / ".snakemake/multinode/logs/rule_train"
+    with background_snakemake(wd, "--multinode-max-requeues", "0", "--retries", "1") as proc:
+        script = wait_for(lambda: next(logdir.rglob("*.attempt1.sh"), None), "submitted job script", 120, proc)
+        job = script.name.split(".")[0]
+        wait_for(lambda: ranks_waiting(wd), "both workers waiting for SIGUSR2", 300, proc)
+        slurm(slurm_cluster, "scancel", "--signal=USR2", job)
+        proc.wait(timeout=600)
+    assert proc.returncode == 0, snakemake_output(wd)
+    logs = {p.name.split(".", 1)[1]: p for p in job_logs(wd, "train")}  # one log per job: attempt 2 is a new job
+    assert sorted(logs) == ["attempt1.log", "attempt2.log"] and logs["attempt1.log"].name == f"{job}.attempt1.log"
+    retry = logs["attempt2.log"].name.split(".")[0]
+    assert retry != job
+    assert f"SLURM job {job} failed" in snakemake_output(wd) and "job script exit 85" in snakemake_output(wd)
+    first = logs["attempt1.log"].read_text()
+    assert "[multinode] checkpointed after SIGUSR2 (checkpoint)" in first
+    assert "[multinode] not requeued" in first and "[multinode] exit 85," in first
+    assert "requeued;" not in first
+    second = logs["attempt2.log"].read_text()
+    for rank in (0, 1):
+        assert (
+            f"worker rank {rank}: resumed from checkpoint results/ckpt/rank{rank}.json (SIGUSR2 at restart 0)" in second
+        )
+    done = json.loads((wd / "results" / "done.json").read_text())
+    assert done["restart"] == 0 and set(done["checkpoints"]) == {"rank0", "rank1"}
+    assert finished_in_sacct(slurm_cluster, job, wd, "ExitCode")["ExitCode"] == "85:0"
+    assert finished_in_sacct(slurm_cluster, retry, wd)["State"] == "COMPLETED"
 
 
 def test_ctrl_c_cancels_every_submitted_job(slurm_cluster, tmp_path):
@@ -206,14 +394,20 @@ def test_ctrl_c_cancels_every_submitted_job(slurm_cluster, tmp_path):
     assert states == ["CANCELLED", "CANCELLED"]
 
 
-def test_more_nodes_than_the_partition_has_is_sbatch_error_surfaced(slurm_cluster, tmp_path):
+def test_more_nodes_than_the_partition_has_is_refused_by_slurm_before_any_submission(slurm_cluster, tmp_path):
     wd = tmp_path / "toobig"
     wd.mkdir()
-    (wd / "Snakefile").write_text('rule big:\n    output: "x"\n    resources: nodes=5\n    shell: "touch {output}"\n')
+    (wd / "Snakefile").write_text(
+        'rule all:\n    input: "x"\n'
+        'rule first:\n    output: "w"\n    shell: "touch {output}"\n'
+        'rule big:\n    input: "w"\n    output: "x"\n    resources: nodes=5\n    shell: "touch {output}"\n'
+    )
     proc = snakemake(wd, check=False)
     assert proc.returncode != 0
-    assert "rule 'big': sbatch refused the job" in proc.stderr + proc.stdout
-    assert "Node count specification invalid" in proc.stderr + proc.stdout
+    text = proc.stderr + proc.stdout
+    assert "rule 'big': resource nodes=5 is invalid: partition 'gpu' has 3 nodes" in text
+    assert "Node count specification invalid" in text  # SLURM's own words, asked with sbatch --test-only
+    assert jobs_from(slurm_cluster, wd) == set() and not (wd / "w").exists()  # not even the upstream job ran
 
 
 def test_bad_resources_stop_the_run_before_anything_is_submitted(slurm_cluster, tmp_path):
@@ -225,11 +419,10 @@ def test_bad_resources_stop_the_run_before_anything_is_submitted(slurm_cluster, 
         'rule b:\n    input: "a.txt"\n    output: "b.txt"\n    resources: nodes=2, gpus=4, cpus_per_task=2\n'
         '    shell: "touch {output}"\n'
     )
-    before = submitted_jobs(slurm_cluster)
     proc = snakemake(wd, check=False)
     assert proc.returncode != 0
     assert "rule 'b': resource cpus_per_task=2 is invalid: must be at least gpus=4" in proc.stderr + proc.stdout
-    assert submitted_jobs(slurm_cluster) == before
+    assert jobs_from(slurm_cluster, wd) == set()
     assert not (wd / "a.txt").exists()
 
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import yaml
@@ -27,18 +34,109 @@ def pipeline_copy(tmp_path: Path, **train) -> Path:
     return wd
 
 
+SNAKEMAKE = [
+    sys.executable,
+    "-m",
+    "snakemake",
+    "-s",
+    "workflows/Snakefile",
+    "--workflow-profile",
+    "workflows/profiles/local",
+]
+
+
 def snakemake(wd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        "workflows/Snakefile",
-        "--workflow-profile",
-        "workflows/profiles/local",
-        *args,
-    ]
-    return subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*SNAKEMAKE, *args], cwd=wd, capture_output=True, text=True, timeout=timeout)
+
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T], what: str, timeout: float, proc: subprocess.Popen) -> T:
+    """Poll until `check()` gives something true and return it; the timeout only stops a hang."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert proc.poll() is None, f"snakemake ended (exit {proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(0.05)
+    return found
+
+
+def slurm(cl, *cmd: str) -> None:
+    """Run a SLURM command, asking again while it fails: the shared test cluster's slurmctld may be restarting."""
+    deadline = time.monotonic() + 120
+    while (done := cl.run(*cmd, check=False)).returncode != 0:
+        assert time.monotonic() < deadline, f"{' '.join(cmd)}: {done.stderr.strip()}"
+        time.sleep(0.5)
+
+
+def logged_steps(metrics: Path) -> list[int]:
+    """Steps of the complete lines of a metrics file that training is appending to."""
+    try:
+        text = metrics.read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line)["step"] for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
+def rank_pids(jobid: str, workdir: Path) -> dict[int, int]:
+    """{RANK: pid} of the training processes of one SLURM job, found by their environment and working directory
+    (another cluster on this machine may run a job of the same id), never by name."""
+    found: dict[int, int] = {}
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit():
+            continue
+        try:
+            env = (proc_dir / "environ").read_bytes().split(b"\0")
+            cwd = os.readlink(proc_dir / "cwd")
+        except OSError:  # gone, or a kernel thread
+            continue
+        rank = next((e[len(b"RANK=") :] for e in env if e.startswith(b"RANK=")), None)
+        if f"SLURM_JOB_ID={jobid}".encode() in env and rank is not None and cwd == str(workdir.resolve()):
+            assert int(rank) not in found, f"two processes of job {jobid} with RANK={int(rank)}"
+            found[int(rank)] = int(proc_dir.name)
+    return found
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+USR2 = 1 << (signal.SIGUSR2 - 1)  # its bit in /proc/<pid>/status signal masks
+
+
+def usr2_to_frozen_ranks(cl, job: str, workdir: Path, proc: subprocess.Popen) -> int:
+    """Once training has logged step 5: stop both ranks (SIGSTOP), send the job's steps SIGUSR2 as --signal does,
+    wait until both ranks hold it pending, let them continue. Returns the last step logged while they were
+    stopped: no rank can be past the step after it (every step ends in collectives of all ranks), so the
+    checkpoint lands within two steps of it, however fast the machine trains."""
+
+    def metrics() -> list[list[int]]:
+        return [logged_steps(m) for m in (workdir / "results" / "checkpoints").glob("*/metrics.jsonl")]
+
+    def pending() -> bool:
+        return all(int(proc_status(p)["ShdPnd"], 16) & USR2 for p in frozen)
+
+    wait_for(lambda: any(max(s, default=0) >= 5 for s in metrics()), "metrics line of step 5", 300, proc)
+    ranks = rank_pids(job, workdir)
+    assert sorted(ranks) == [0, 1], ranks
+    frozen: list[int] = []
+    try:
+        for pid in ranks.values():
+            assert int(proc_status(pid)["SigCgt"], 16) & USR2, f"rank pid {pid} does not catch SIGUSR2"
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+        wait_for(lambda: all(proc_status(p)["State"].startswith("T") for p in frozen), "ranks stopped", 60, proc)
+        ((*_, frozen_step),) = metrics()
+        slurm(cl, "scancel", "--signal=USR2", job)
+        # A stopped process keeps a caught signal pending; it is delivered when the process continues.
+        wait_for(pending, "SIGUSR2 pending in both stopped ranks", 120, proc)
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    return frozen_step
 
 
 def test_example_pipeline_trains_on_two_nodes_and_evaluates(slurm_cluster, tmp_path):
@@ -68,25 +166,46 @@ def test_example_pipeline_trains_on_two_nodes_and_evaluates(slurm_cluster, tmp_p
     assert "rule preprocess:" not in planned and "rule merge:" not in planned
 
 
-def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes(slurm_cluster, tmp_path):
-    # A 2-minute limit with USR2 60 s before it: slurmctld checks every 30 s and signals once the remaining time
-    # falls within the warning plus one check, so the signal lands 30-60 s into each run (~15 s of it start-up).
-    # 1400 steps (~35 ms each with 2 ranks on 2 cores) outlast one run: it checkpoints, is requeued, resumes.
+def test_usr2_during_training_checkpoints_requeues_and_the_rerun_resumes_at_that_step(slurm_cluster, tmp_path):
+    """ColossalAI training under the executor: SIGUSR2 (what --signal=USR2@T sends) while it trains makes it
+    checkpoint at a step boundary and the job requeue itself; the rerun resumes at exactly that step. The ranks are
+    frozen while the signal is sent, so however fast the machine trains, the signal arrives mid-training."""
+    steps = 100
     wd = pipeline_copy(
-        tmp_path, steps=1400, ckpt_every=0, log_every=100, n_layer=2, d_model=64, seq_len=64, micro_batch=8
+        tmp_path, steps=steps, ckpt_every=0, log_every=1, n_layer=2, d_model=64, seq_len=64, micro_batch=4
     )
     cfg_path = wd / "workflows" / "config.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
-    cfg["train_resources"].update(nodes=2, gpus=1, cpus_per_task=1, runtime=2)
+    cfg["train_resources"].update(nodes=2, gpus=1, cpus_per_task=1, runtime=60)  # no time-limit signal in the test
     cfg_path.write_text(yaml.safe_dump(cfg))
-    proc = snakemake(wd, "--multinode-signal", "USR2@60", "--retries", "2", timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    logs = sorted((wd / ".snakemake/multinode/logs/rule_train").rglob("*.log"))
-    names = [p.name for p in logs]
-    assert any(".restart1." in n or ".attempt2." in n for n in names), names  # one log per run
-    text = "\n".join(p.read_text() for p in logs)
-    assert "checkpointed after SIGUSR2" in text
-    assert "resum" in text.lower()
-    metrics = [json.loads(line) for line in (wd / "results/model/metrics.jsonl").read_text().splitlines()]
-    steps = [m["step"] for m in metrics]
-    assert steps == sorted(set(steps)) and steps[-1] == 1400  # no step lost or repeated across runs
+    logdir = wd / ".snakemake/multinode/logs/rule_train"
+    with (tmp_path / "snakemake.out").open("w") as out:
+        proc = subprocess.Popen(
+            [*SNAKEMAKE, "results/model/final.pt"], cwd=wd, stdout=out, stderr=subprocess.STDOUT, text=True
+        )
+    try:
+        script = wait_for(lambda: next(logdir.rglob("*.attempt1.sh"), None), "the train job", 300, proc)
+        job = script.name.split(".")[0]
+        frozen_step = usr2_to_frozen_ranks(slurm_cluster, job, wd, proc)
+        assert 5 <= frozen_step <= steps - 3, frozen_step
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # Snakemake cancels its jobs
+            proc.wait(timeout=60)
+    assert proc.returncode == 0, (tmp_path / "snakemake.out").read_text()[-5000:]
+    logs = sorted(logdir.rglob("*.log"))
+    assert [p.name for p in logs] == [f"{job}.attempt1.log", f"{job}.attempt1.restart1.log"]  # one log per run
+    first, rerun = (p.read_text() for p in logs)
+    checkpointed = re.search(r"^SIGUSR2: checkpointed step (\d+), exiting for requeue$", first, re.M)
+    assert checkpointed, first
+    n = int(checkpointed[1])
+    assert frozen_step <= n <= frozen_step + 2  # at the step boundary after the signal
+    assert f"[multinode] checkpointed after SIGUSR2 ({n})" in first and "[multinode] requeued;" in first
+    resumed = re.search(r"^resumed from (\S+) at step (\d+)$", rerun, re.M)
+    assert resumed and int(resumed[2]) == n, rerun
+    assert Path(resumed[1]).name == f"step_{n:08d}"
+    assert f"steps {n}->{steps}" in rerun and f"done: step {steps}" in rerun
+    metrics_lines = [json.loads(line) for line in (wd / "results/model/metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics_lines] == list(range(1, steps + 1))  # no step lost or repeated
+    assert (wd / "results" / "model" / "final.pt").stat().st_size > 0

@@ -9,10 +9,18 @@ from snakemake_executor_multinode.status import Tracker
 
 
 class FakeClient:
-    def __init__(self, states=None, fail=False):
+    """sacct's answers (`states`) and slurmctld's current view with restart counts (`live`)."""
+
+    def __init__(self, states=None, fail=False, live=None):
         self.states = states or {}
+        self.live_states = live or {}
         self.fail = fail
         self.queries: list[list[str]] = []
+
+    def live(self, ids):
+        if self.fail:
+            raise QueryError("slurmctld down")
+        return {i: self.live_states[i] for i in ids if i in self.live_states}
 
     def query(self, ids):
         self.queries.append(sorted(ids))
@@ -93,12 +101,13 @@ def test_sacct_parsing_takes_the_first_word_and_the_last_row():
 
 def test_a_requeued_job_is_not_a_failure_and_its_last_run_reports_once(tmp_path):
     # `scontrol requeue` or preemption: the run ends with 143 (SIGTERM), SLURM holds the job and runs it again.
-    client, clock = FakeClient({"9": JobState("9", "REQUEUED", "0:0", "None", "node1")}), Clock()
+    client, clock = FakeClient({"9": JobState("9", "RUNNING", "0:0", "None", "node1")}), Clock()
+    client.live_states["9"] = JobState("9", "PENDING", "", "BeginTime", "", restarts=1)
     tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=clock)
     (tmp_path / "9.exit").write_text("143 0\n")
     first = tracker.poll(["9"])["9"]
     assert not first.finished and first.note == (
-        "requeued (the run ended with exit 143; SLURM state REQUEUED), restart 1"
+        "requeued (the run ended with exit 143; SLURM state PENDING), restart 1"
     )
     client.states["9"] = JobState("9", "RUNNING", "0:0", "None", "node2")
     again = tracker.poll(["9"])["9"]
@@ -106,6 +115,20 @@ def test_a_requeued_job_is_not_a_failure_and_its_last_run_reports_once(tmp_path)
     (tmp_path / "9.exit").write_text("0 1\n")  # the rerun's own marker
     last = tracker.poll(["9"])["9"]
     assert last.finished and last.success
+
+
+def test_a_failed_run_still_completing_in_slurmctld_is_neither_a_requeue_nor_yet_a_failure(tmp_path):
+    # The job script wrote "1 0"; slurmctld still says COMPLETING for this run (restart 0) and sacct RUNNING.
+    client = FakeClient({"6": JobState("6", "RUNNING", "0:0", "None", "node1")})
+    client.live_states["6"] = JobState("6", "COMPLETING", "", "None", "node1", restarts=0)
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=Clock())
+    (tmp_path / "6.exit").write_text("1 0\n")
+    waiting = tracker.poll(["6"])["6"]
+    assert not waiting.finished and waiting.note is None
+    client.live_states["6"] = JobState("6", "FAILED", "", "NonZeroExitCode", "node1", restarts=0)
+    client.states["6"] = JobState("6", "FAILED", "1:0", "None", "node1")
+    ended = tracker.poll(["6"])["6"]
+    assert ended.finished and not ended.success and "job script exit 1" in ended.describe()
 
 
 def test_a_failed_run_whose_job_slurm_no_longer_holds_is_a_failure(tmp_path):
