@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import __version__
+
 
 def _cluster_parser(sub: argparse._SubParsersAction) -> None:
     from .sandbox.spec import DEFAULT_DIR
@@ -65,13 +67,25 @@ def main(argv: list[str] | None = None) -> int:
         from .launch import main as torchrun_main
 
         return torchrun_main(argv[1:])
+    # check, and preview of a rule of the real Snakefile, take Snakemake's own arguments and need Snakemake: the adapter
+    from .preview import uses_snakefile
+
+    if argv[:1] == ["check"] or (argv[:1] == ["preview"] and uses_snakefile(argv[1:])):
+        from snakemake_executor_plugin_multinode.check import main as check_main
+
+        return check_main(argv)
     parser = argparse.ArgumentParser(prog="multinode", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _cluster_parser(sub)
     sub.add_parser("torchrun", help="start one torchrun per node of the SLURM allocation (see --help)")
+    sub.add_parser("check", help="plan a workflow's jobs and ask SLURM about them; submits nothing (see --help)")
     from .preview import add_parser as add_preview
 
     add_preview(sub)
+    from .runcli import add_parsers as add_run_commands  # status, cancel, report
+
+    add_run_commands(sub)
     args = parser.parse_args(argv)
     if args.command != "cluster":
         return args.func(args)

@@ -105,6 +105,9 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "title": inert(ctx.title or f"Snakemake rule {req.rule} {req.wildcards_str}".strip()),
         "sbatch": _sbatch_lines(sbatch_options(req, ctx)),
         "log_stem": f'{q(str(ctx.log_dir))}/"$SLURM_JOB_ID".attempt{req.attempt}',
+        # absolute: the training may change folders before it writes there
+        "metrics_file": f'{shell_quote(str(ctx.workdir / ctx.log_dir))}/"$SLURM_JOB_ID".attempt{req.attempt}'
+        + protocol.METRICS_SUFFIX,
         "rule_q": q(req.rule),
         "attempt": str(req.attempt),
         "state_dir": shell_quote(str(ctx.state_dir)),

@@ -126,6 +126,21 @@ class Settings:
             "use Snakemake."
         },
     )
+    efficiency_report: bool = field(
+        default=False,
+        metadata={
+            "help": "At the end of the run, write an efficiency report from sacct (time, CPU, memory used against "
+            "requested, GPU-hours; suggestions for rules that waste more than half) to "
+            ".snakemake/multinode/reports/<run>.{csv,md} and print its summary."
+        },
+    )
+    progress_seconds: float = field(
+        default=60.0,
+        metadata={
+            "help": "At most one progress line (step, loss, tokens/s, ETA) per running training job every this many "
+            "seconds, read from the job's metrics file ($MULTINODE_METRICS_FILE; no SLURM query). 0: none."
+        },
+    )
 
 
 @dataclass(frozen=True)

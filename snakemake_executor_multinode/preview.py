@@ -6,6 +6,11 @@
 
 It calls the same planner as the executor (`plan.plan_job`), which also keeps every submitted script beside its
 log, so a preview is the real thing. The plugin settings are the executor's `--multinode-*` ones, without the prefix.
+
+    multinode preview --rule train [--wildcards NAME=VALUE,...] [SNAKEMAKE ARGS: -s Snakefile, targets, --config ...]
+
+prints the script of that rule's job from the real Snakefile, as `snakemake --executor multinode` would submit it
+(this form is chosen when no RESOURCE=VALUE item and no `--` is given).
 """
 
 from __future__ import annotations
@@ -62,6 +67,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="rule resources, then -- and the shell command",
     )
     p.set_defaults(func=run)
+
+
+def uses_snakefile(argv: list[str]) -> bool:
+    """`multinode preview --rule NAME [SNAKEMAKE ARGS]` (a job of the real Snakefile, rendered by the adapter) rather
+    than RESOURCE=VALUE items and `-- COMMAND`: an option only Snakemake knows, or --rule with neither (targets)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_parser(parser.add_subparsers(dest="command"))
+    if "--" in argv or any(arg in ("-h", "--help") for arg in argv):
+        return False
+    known, unknown = parser.parse_known_args(["preview", *argv])
+    if any(arg.startswith("-") for arg in unknown):
+        return True
+    return known.rule != "rule" and not any("=" in item for item in known.items)
 
 
 def parse_items(items: list[str]) -> tuple[dict[str, str], str]:

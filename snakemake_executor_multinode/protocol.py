@@ -19,6 +19,9 @@ FAILED_NODE_MARKER = ".failed-node"  # the node whose launch failed first (writt
 PREEMPT_MARKER = ".preempted"  # the training checkpointed on the signal (its step, written by rank 0)
 REQUEUE_MARKER = ".requeued"  # "<next restart> <why>": the job requeued itself after a checkpoint
 MARKERS = (EXIT_MARKER, FAILED_NODE_MARKER, PREEMPT_MARKER, REQUEUE_MARKER)
+# The metrics file is named after the job's log, not its id alone: the log folder keeps it for `multinode status`
+# after the run (the state folder's markers are removed once Snakemake has seen the job end).
+METRICS_SUFFIX = ".metrics.jsonl"
 
 # Variables the job script exports for the launcher and the training.
 STATE_DIR_VAR = "MULTINODE_STATE_DIR"
@@ -29,6 +32,9 @@ GPUS_PER_NODE_VAR = "MULTINODE_GPUS_PER_NODE"
 CPUS_PER_TASK_VAR = "MULTINODE_CPUS_PER_TASK"
 OMP_THREADS_VAR = "MULTINODE_OMP_NUM_THREADS"  # CPUs per GPU process, for rules that start their own workers
 REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run handed over to its requeued rerun
+# Training: write your metrics JSON lines here, or make this path a link to your own metrics file. It lies beside
+# the job's log (so it outlives the run), and `multinode status` and the progress lines read its last line.
+METRICS_FILE_VAR = "MULTINODE_METRICS_FILE"
 VARIABLES = (
     STATE_DIR_VAR,
     PREEMPT_FILE_VAR,
@@ -38,6 +44,7 @@ VARIABLES = (
     CPUS_PER_TASK_VAR,
     OMP_THREADS_VAR,
     REQUEUED_VAR,
+    METRICS_FILE_VAR,
 )
 
 # Rendezvous port: derived from the job id, so two jobs sharing a head node pick different ports without talking to
@@ -63,3 +70,8 @@ def marker(state_dir: Path, job_id: str, suffix: str) -> Path:
 def marker_shell(suffix: str) -> str:
     """A marker's path in the job script, where the state folder is $MULTINODE_STATE_DIR."""
     return f'"${STATE_DIR_VAR}/$SLURM_JOB_ID{suffix}"'
+
+
+def metrics_file(log: Path) -> Path:
+    """The metrics file of the job whose first log is `log`: <jobid>.attempt<n>.log -> ....metrics.jsonl beside it."""
+    return log.with_name(log.name.removesuffix(".log") + METRICS_SUFFIX)

@@ -9,8 +9,8 @@ import os
 import time
 import typing
 import uuid
-from collections.abc import AsyncGenerator
-from dataclasses import field, fields, make_dataclass, replace
+from collections.abc import AsyncGenerator, Iterator
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 from pathlib import Path
 
 from snakemake_interface_common.exceptions import WorkflowError
@@ -19,7 +19,8 @@ from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 from snakemake_interface_executor_plugins.settings import CommonSettings, ExecutorSettingsBase
 
-from snakemake_executor_multinode import environment
+from snakemake_executor_multinode import environment, preflight
+from snakemake_executor_multinode import report as efficiency
 from snakemake_executor_multinode.plan import (
     STATE_DIR,
     JobPlan,
@@ -29,6 +30,7 @@ from snakemake_executor_multinode.plan import (
     SettingsError,
     direct_command,
 )
+from snakemake_executor_multinode.progress import ProgressLines
 from snakemake_executor_multinode.registry import Registry, Submission
 from snakemake_executor_multinode.request import JobRequest, RequestError
 from snakemake_executor_multinode.slurm import RetryPolicy, SlurmClient, SubmitError
@@ -62,6 +64,28 @@ common_settings = CommonSettings(
 )
 
 
+class InputError(WorkflowError):
+    """Bad input found before anything is submitted. Its message names rule, field, value and what is allowed;
+    Snakemake prints it without a Python stack (which would only show the adapter's frames)."""
+
+    @property  # type: ignore[override]
+    def __traceback__(self) -> None:  # what Snakemake reads to print the stack; Python's own handling is untouched
+        return None
+
+    @__traceback__.setter
+    def __traceback__(self, value: object) -> None:
+        pass
+
+
+@dataclass
+class KnownJobs:
+    """The jobs of a run that go to SLURM, as far as they can be planned before the first submission."""
+
+    planned: list[tuple[JobExecutorInterface, preflight.Planned]] = field(default_factory=list)
+    later: list[tuple[str, str]] = field(default_factory=list)  # (rule, why it is planned only at submission)
+    errors: list[str] = field(default_factory=list)  # plan errors, when collected rather than raised
+
+
 class Executor(RemoteExecutor):
     def __post_init__(self) -> None:
         given = self.workflow.executor_settings or ExecutorSettings()
@@ -83,6 +107,7 @@ class Executor(RemoteExecutor):
             retry=RetryPolicy(total_seconds=self.settings.slurm_retry_seconds), notify=self.logger.warning
         )
         self.tracker = Tracker(self.state_dir, self.client, sweep_seconds=self.settings.sweep_seconds)
+        self.progress = ProgressLines(self.settings.progress_seconds)  # training progress: a file read, no SLURM
         self.external_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)
         self.failed_nodes: dict[tuple[str, ...], tuple[str, ...]] = {}  # job outputs -> nodes its attempts failed on
         self._warned: set[str] = set()
@@ -115,24 +140,64 @@ class Executor(RemoteExecutor):
             raise WorkflowError(str(err)) from err
 
     def _validate_planned_jobs(self) -> None:
-        """Plan every job whose resources are known now, so bad input stops the run before any submission."""
+        """Plan every job whose resources are known now and ask SLURM about all of them at once (the preflight: one
+        `sbatch --test-only` per resource shape, the account), so bad input stops the run before the first sbatch."""
+        known = self.plan_known_jobs()
+        for _, planned in known.planned:
+            self._warn(planned.plan.request)
+        if not known.planned:
+            return
+        report = preflight.check([planned for _, planned in known.planned], self.client)
+        for warning in report.warnings:
+            if warning not in self._warned:
+                self._warned.add(warning)
+                self.logger.warning(warning)
+        if report.unreachable:
+            self.logger.warning(f"SLURM could not be asked about the jobs before submitting: {report.unreachable}")
+        if report.errors:
+            raise InputError("\n".join(report.errors))
+
+    def slurm_jobs(self) -> Iterator[JobExecutorInterface]:
+        """The jobs of this run that go to SLURM: needrun, not local, a group once as the group job."""
+        dag, seen = self.workflow.dag, set()
+        for level in dag.toposorted(jobs=set(dag.needrun_jobs())):  # upstream first: messages read in run order
+            for job in sorted(level, key=lambda j: j.rule.name):
+                unit = dag.get_job_group(job) or job
+                if not job.is_local and unit not in seen:
+                    seen.add(unit)
+                    yield unit
+
+    def plan_known_jobs(self, stop_at_error: bool = True) -> KnownJobs:
+        """Plan each job that goes to SLURM whose resources are known now; a plan error stops (InputError) at once,
+        or, with `stop_at_error` False (`multinode check`), is collected with the others."""
         from snakemake.exceptions import RuleException  # Snakemake is loaded by now; keep the import cheap
 
-        for job in self.workflow.dag.needrun_jobs():
+        known = KnownJobs()
+        for job in self.slurm_jobs():
             try:
                 facts = job_facts(job)
-            except (WorkflowError, RuleException):
+            except (WorkflowError, RuleException) as err:
                 # A resource or params function that raises (InputFunctionException, a WorkflowError; one that only
                 # needs input not made yet gives <TBD> instead) or an unknown shell placeholder (RuleException):
                 # Snakemake evaluates the job again at submission and reports it there.
+                known.later.append((f"group_{job.name}" if job.is_group() else job.name, str(err).strip()))
                 continue
             # tmpdir is always <TBD> in the main process; others are when they depend on missing input
             if any(str(v) == "<TBD>" for k, v in facts.resources.items() if k != "tmpdir"):
+                known.later.append((facts.name, "its resources depend on input that the run makes"))
                 continue
             # The inner Snakemake command is formatted at submission: formatting it now would already deploy
             # wrapper and conda sources for jobs whose inputs do not exist yet.
             inner = "snakemake (inner, formatted at submission)" if not self.runs_directly(job, facts) else None
-            self._warn(self.plan_for(job, facts, command=inner).request)
+            try:
+                plan = self.plan_for(job, facts, command=inner)
+            except WorkflowError as err:
+                if stop_at_error:
+                    raise InputError(str(err)) from None
+                known.errors.append(str(err))
+                continue
+            known.planned.append((job, preflight.Planned(plan, frozenset(facts.resources))))
+        return known
 
     def _warn(self, req: JobRequest) -> None:
         for warning in set(req.warnings) - self._warned:
@@ -255,6 +320,8 @@ class Executor(RemoteExecutor):
             if outcome.note:
                 self.logger.info(f"SLURM job {info.external_jobid} ({info.job.name}): {outcome.note}")
             if not outcome.finished:
+                if line := self.progress.line(info.external_jobid, info.job.name, info.aux.get("log")):
+                    self.logger.info(line)
                 yield info
                 continue
             self.tracker.forget(info.external_jobid)
@@ -270,6 +337,13 @@ class Executor(RemoteExecutor):
                     msg=f"SLURM job {info.external_jobid} failed: {outcome.describe()}; log: {log} ",
                     aux_logs=[str(log)] if log else [],
                 )
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.settings.efficiency_report:  # after the last job: its sacct record is (nearly) final
+            queued = self.workflow.remote_execution_settings.immediate_submit
+            for line in efficiency.end_of_run(self.workdir, self.run_id, self.client, queued=queued):
+                self.logger.info(line)
 
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
         """Ctrl-C, or Snakemake ending on an error: cancel exactly this run's jobs. The registry also knows a job

@@ -14,6 +14,7 @@ echo "[multinode] job $SLURM_JOB_ID, rule {{rule_q}}, attempt {{attempt}}, resta
 MULTINODE_STATE_DIR={{state_dir}}
 export MULTINODE_PREEMPT_FILE={{preempt_marker}}
 export MULTINODE_FAILED_NODE_FILE={{failed_node_marker}}
+export MULTINODE_METRICS_FILE={{metrics_file}}  # training progress: `multinode status` reads its last line
 MULTINODE_REQUEUED=0
 multinode_finish() {
     local rc=$?

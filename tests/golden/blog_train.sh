@@ -29,6 +29,7 @@ echo "[multinode] job $SLURM_JOB_ID, rule train, attempt 1, restart ${SLURM_REST
 MULTINODE_STATE_DIR=/work/project/.snakemake/multinode/state
 export MULTINODE_PREEMPT_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.preempted"
 export MULTINODE_FAILED_NODE_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.failed-node"
+export MULTINODE_METRICS_FILE=/work/project/.snakemake/multinode/logs/rule_train/_/"$SLURM_JOB_ID".attempt1.metrics.jsonl  # training progress: `multinode status` reads its last line
 MULTINODE_REQUEUED=0
 multinode_finish() {
     local rc=$?

@@ -39,8 +39,10 @@ writes the step number to $MULTINODE_PREEMPT_FILE (when set), and every rank lea
 Final model (--out, rank 0): torch.save({"model_config", "state_dict" (unsharded, LlamaForCausalLM names),
 "train_config", "step"}), loadable on CPU in one process by lm.load_final_model.
 
-Metrics (--metrics, rank 0, JSON lines): step, loss (mean over ranks and the steps since the last line),
-lr, tokens, tokens_per_s, mfu (6*N*tokens/s over the GPUs' bf16 peak; null when unknown), elapsed, step_ms.
+Metrics (--metrics, rank 0, JSON lines): step, steps (the total), loss (mean over ranks and the steps since the
+last line), lr, tokens, tokens_per_s, mfu (6*N*tokens/s over the GPUs' bf16 peak; null when unknown), elapsed,
+step_ms, time (Unix seconds). Under the multinode executor, $MULTINODE_METRICS_FILE (beside the job's log) is made
+a link to that file: `multinode status` and Snakemake's progress lines read it there.
 """
 
 from __future__ import annotations
@@ -273,6 +275,22 @@ def prepare_metrics(path: str, resumed_step: int) -> None:
     os.replace(tmp, p)
 
 
+def link_metrics_file(path: str) -> None:
+    """Make $MULTINODE_METRICS_FILE a link to the metrics file: the executor's status and progress lines read the
+    job's metrics there without knowing where this training keeps them (beside its checkpoints, for resumes)."""
+    target = os.environ.get("MULTINODE_METRICS_FILE")
+    if not target:
+        return
+    link = Path(target)
+    tmp = link.with_name(link.name + ".tmp")
+    try:
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(Path(path).resolve())
+        os.replace(tmp, link)  # atomic: a requeued run replaces its earlier run's link
+    except OSError as e:  # progress display only: never a reason to stop the training
+        print(f"train.py: could not link {target}: {e}", file=sys.stderr, flush=True)
+
+
 def write_preempt_file(step: int) -> None:
     target = os.environ.get("MULTINODE_PREEMPT_FILE")
     if not target:
@@ -333,6 +351,7 @@ class Logger:
         tps = self.tokens / max(self.train_s, 1e-9)
         rec = {
             "step": state.step,
+            "steps": run.cfg["steps"],
             "loss": round(loss, 6),
             "lr": lr,
             "tokens": state.tokens,
@@ -340,6 +359,7 @@ class Logger:
             "mfu": mfu(run, tps),
             "elapsed": round(state.elapsed, 3),
             "step_ms": round(1000 * step_s, 2),
+            "time": round(time.time(), 3),  # wall clock: progress ETAs count checkpoints and logging too
         }
         if run.rank == 0:
             with open(run.args.metrics, "a") as f:
@@ -363,6 +383,7 @@ def train(run: Run, preempt: Preemption) -> int:
         log0(run.rank, f"resumed from {latest} at step {state.step}")
     if run.rank == 0:
         prepare_metrics(run.args.metrics, state.step)
+        link_metrics_file(run.args.metrics)
     dist.barrier()
     end = cfg["stop_after"] or cfg["steps"]
     tokens_per_step = run.dp_size * cfg["micro_batch"] * cfg["grad_accum"] * cfg["seq_len"]

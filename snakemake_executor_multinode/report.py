@@ -1,0 +1,516 @@
+"""The efficiency report: what a run's jobs asked SLURM for against what they used, per job, per rule and per run.
+
+All figures come from one `sacct --duplicates -j id,id,...` with the job steps (every run of a requeued job counts):
+  time       the longest run's Elapsed against the time limit
+  CPU        TotalCPU / (Elapsed x AllocCPUS), summed over the runs (TotalCPU of a job line covers its steps)
+  memory     peak RSS against the memory per node: the batch step's MaxRSS plus the largest other step's, an upper
+             bound for the head node (one task per node: a step's MaxRSS is a node's). Sampled every
+             JobAcctGatherFrequency seconds: a job shorter than that has none, and a short spike may be missed.
+  GPU-hours  gres/gpu of AllocTRES (all nodes) x Elapsed, summed per rule and per run
+A rule whose completed jobs used less than half of what they asked for gets a suggestion of what to request.
+Written to .snakemake/multinode/reports/<run>.{csv,md}; `multinode report --run ID` writes it again at any time.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+
+from .registry import Submission
+from .runview import clock, minutes_to_seconds, run_table, tres_map
+from .slurm import ACTIVE_STATES, QueryError, SlurmClient, is_transient
+
+REPORTS_DIR = PurePath(".snakemake/multinode/reports")
+FIELDS = (
+    "JobIDRaw",
+    "State",
+    "ElapsedRaw",
+    "TimelimitRaw",
+    "TotalCPU",
+    "AllocCPUS",
+    "NNodes",
+    "MaxRSS",
+    "AllocTRES",
+    "ReqTRES",
+)
+WASTE = 0.5  # a rule that used less than this share of a request gets a suggestion
+HEADROOM = 1.5  # suggested = what the longest / largest job used x this
+SETTLE_SECONDS = 30.0  # at the end of a run: how long to wait for slurmdbd to record the last jobs' end
+_SIZE = re.compile(r"^([0-9.]+)([KMGTP]?)$")
+
+
+# --- sacct's text -----------------------------------------------------------------------------------------------
+def size_mb(text: str) -> float | None:
+    """sacct sizes (MaxRSS 221392K, TRES mem=4G, 500M; binary units) in MiB; None when empty or 0."""
+    match = _SIZE.match(text.strip())
+    if not match:
+        return None
+    number, unit = float(match[1]), match[2]
+    if number <= 0:
+        return None  # nothing sampled: no figure, not a job that used no memory
+    return number * 1024 ** ("KMGTP".index(unit) - 1) if unit else number / 1024 / 1024  # no unit: bytes
+
+
+def cpu_seconds(text: str) -> float:
+    """TotalCPU: [D-][HH:]MM:SS[.mmm] -> seconds (0 when empty)."""
+    text = text.strip()
+    if not text:
+        return 0.0
+    days = 0
+    if "-" in text:
+        day, _, text = text.partition("-")
+        days = int(day)
+    seconds = 0.0
+    for part in text.split(":"):
+        seconds = seconds * 60 + float(part)
+    return days * 86400 + seconds
+
+
+def _int(text: str) -> int:
+    return int(text) if text.strip().isdigit() else 0
+
+
+@dataclass
+class RunRecord:
+    """One run of a job (a requeued job has one per run), with what its steps used."""
+
+    jobid: str
+    state: str
+    elapsed_s: int
+    limit_s: int | None
+    total_cpu_s: float
+    alloc_cpus: int
+    nodes: int
+    mem_mb: float | None  # memory of the allocation, all nodes
+    gpus: int  # GPUs of the allocation, all nodes
+    batch_rss_mb: float | None = None
+    step_rss_mb: float | None = None  # the largest MaxRSS of the other steps
+
+    @property
+    def peak_rss_mb(self) -> float | None:
+        known = [v for v in (self.batch_rss_mb, self.step_rss_mb) if v is not None]
+        return sum(known) if known else None
+
+
+def parse_accounting(rows: Iterable[dict[str, str]]) -> dict[str, list[RunRecord]]:
+    """sacct --duplicates lines (a job's line, then its steps' lines; a requeued job's runs oldest first) -> runs."""
+    runs: dict[str, list[RunRecord]] = {}
+    current: RunRecord | None = None
+    for row in rows:
+        jobid, _, step = row.get("JobIDRaw", "").partition(".")
+        if not jobid.isdigit():
+            continue
+        if not step:
+            tres = tres_map(row.get("AllocTRES", "")) or tres_map(row.get("ReqTRES", ""))
+            current = RunRecord(
+                jobid=jobid,
+                state=(row.get("State", "").split() or ["UNKNOWN"])[0],  # "CANCELLED by 0" -> CANCELLED
+                elapsed_s=_int(row.get("ElapsedRaw", "")),
+                limit_s=minutes_to_seconds(row.get("TimelimitRaw", "")),
+                total_cpu_s=cpu_seconds(row.get("TotalCPU", "")),
+                alloc_cpus=_int(row.get("AllocCPUS", "")),
+                nodes=_int(row.get("NNodes", "")) or 1,
+                mem_mb=size_mb(tres.get("mem", "")),
+                gpus=_int(tres.get("gres/gpu", "")),
+            )
+            runs.setdefault(jobid, []).append(current)
+            continue
+        if current is None or current.jobid != jobid:
+            continue  # a step whose job line sacct did not print
+        rss = size_mb(row.get("MaxRSS", ""))
+        if rss is None:
+            continue
+        if step == "batch":
+            current.batch_rss_mb = max(rss, current.batch_rss_mb or 0.0)
+        elif step != "extern":  # the extern step holds no work of the job
+            current.step_rss_mb = max(rss, current.step_rss_mb or 0.0)
+    return runs
+
+
+# --- figures ----------------------------------------------------------------------------------------------------
+def _ratio(used: float | None, asked: float | None) -> float | None:
+    return used / asked if used is not None and asked else None
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    rule: str
+    wildcards: str
+    jobid: str
+    state: str  # of its last run
+    runs: int
+    nodes: int
+    gpus_per_node: int
+    cpus_per_node: int
+    elapsed_s: int  # all runs
+    longest_run_s: int
+    limit_s: int | None  # per run; None: no limit
+    cpu_s: float
+    cpu_alloc_s: float  # Elapsed x AllocCPUS, all runs
+    mem_req_mb: float | None  # per node
+    peak_rss_mb: float | None
+    gpu_hours: float
+
+    @property
+    def time_used(self) -> float | None:
+        return _ratio(self.longest_run_s, self.limit_s)
+
+    @property
+    def cpu_efficiency(self) -> float | None:
+        return _ratio(self.cpu_s, self.cpu_alloc_s)
+
+    @property
+    def mem_used(self) -> float | None:
+        return _ratio(self.peak_rss_mb, self.mem_req_mb)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+
+def job_usage(sub: Submission, runs: Sequence[RunRecord]) -> JobUsage:
+    last = runs[-1]
+    mems = [r.peak_rss_mb for r in runs if r.peak_rss_mb is not None]
+    return JobUsage(
+        rule=sub.rule,
+        wildcards=",".join(f"{k}={v}" for k, v in sub.wildcards.items()),
+        jobid=last.jobid,
+        state=last.state,
+        runs=len(runs),
+        nodes=last.nodes,
+        gpus_per_node=last.gpus // last.nodes,
+        cpus_per_node=last.alloc_cpus // last.nodes,
+        elapsed_s=sum(r.elapsed_s for r in runs),
+        longest_run_s=max(r.elapsed_s for r in runs),
+        limit_s=last.limit_s,
+        cpu_s=sum(r.total_cpu_s for r in runs),
+        cpu_alloc_s=float(sum(r.elapsed_s * r.alloc_cpus for r in runs)),
+        mem_req_mb=last.mem_mb / last.nodes if last.mem_mb is not None else None,
+        peak_rss_mb=max(mems) if mems else None,
+        gpu_hours=sum(r.gpus * r.elapsed_s for r in runs) / 3600,
+    )
+
+
+@dataclass(frozen=True)
+class RuleUsage:
+    rule: str
+    jobs: int
+    completed: int
+    nodes: int
+    gpus_per_node: int
+    cpus_per_node: int
+    longest_run_s: int
+    limit_s: int | None
+    cpu_s: float
+    cpu_alloc_s: float
+    mem_req_mb: float | None
+    peak_rss_mb: float | None
+    gpu_hours: float
+    suggestion: dict[str, int] = field(default_factory=dict)  # resource -> value to request instead
+
+    @property
+    def time_used(self) -> float | None:
+        return _ratio(self.longest_run_s, self.limit_s)
+
+    @property
+    def cpu_efficiency(self) -> float | None:
+        return _ratio(self.cpu_s, self.cpu_alloc_s)
+
+    @property
+    def mem_used(self) -> float | None:
+        return _ratio(self.peak_rss_mb, self.mem_req_mb)
+
+    def suggestion_text(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.suggestion.items())
+
+
+def suggest(jobs: Sequence[JobUsage]) -> dict[str, int]:
+    """Values to request instead, for what the rule's completed jobs used less than half of (failed or cancelled
+    jobs say nothing about what a job needs). With HEADROOM over the largest use, never more than was asked."""
+    done = [j for j in jobs if j.state == "COMPLETED"]
+    if not done:
+        return {}
+    out: dict[str, int] = {}
+    limits = [j.limit_s for j in done]
+    longest = max(j.longest_run_s for j in done)
+    if all(limits) and longest < WASTE * min(x for x in limits if x):
+        minutes = max(5, 5 * math.ceil(longest * HEADROOM / 60 / 5))  # whole 5 minutes, at least 5
+        if minutes * 60 < min(x for x in limits if x):
+            out["runtime"] = minutes
+    asked = [j.mem_req_mb for j in done if j.mem_req_mb]
+    peaks = [j.peak_rss_mb for j in done if j.peak_rss_mb is not None]
+    if asked and len(peaks) == len(done) and max(peaks) < WASTE * min(asked):
+        mem = max(1024, 1024 * math.ceil(max(peaks) * HEADROOM / 1024))  # whole GiB
+        if mem < min(asked):
+            out["mem_mb"] = mem
+    cpu_s, alloc_s = sum(j.cpu_s for j in done), sum(j.cpu_alloc_s for j in done)
+    if alloc_s and cpu_s / alloc_s < WASTE:
+        node_s = sum(j.elapsed_s * j.nodes for j in done)
+        used = cpu_s / node_s if node_s else 0.0  # CPUs busy per node, on average
+        cpus = max(1, max(j.gpus_per_node for j in done), math.ceil(used * HEADROOM))  # a CPU per GPU at least
+        if cpus < min(j.cpus_per_node for j in done):
+            out["cpus_per_task"] = cpus
+    return out
+
+
+def per_rule(jobs: Sequence[JobUsage]) -> list[RuleUsage]:
+    by_rule: dict[str, list[JobUsage]] = {}
+    for job in jobs:
+        by_rule.setdefault(job.rule, []).append(job)
+    rules = []
+    for rule, group in by_rule.items():
+        limits = [j.limit_s for j in group if j.limit_s]
+        mems = [j.mem_req_mb for j in group if j.mem_req_mb]
+        peaks = [j.peak_rss_mb for j in group if j.peak_rss_mb is not None]
+        rules.append(
+            RuleUsage(
+                rule=rule,
+                jobs=len(group),
+                completed=sum(j.state == "COMPLETED" for j in group),
+                nodes=max(j.nodes for j in group),
+                gpus_per_node=max(j.gpus_per_node for j in group),
+                cpus_per_node=max(j.cpus_per_node for j in group),
+                longest_run_s=max(j.longest_run_s for j in group),
+                limit_s=max(limits) if limits else None,
+                cpu_s=sum(j.cpu_s for j in group),
+                cpu_alloc_s=sum(j.cpu_alloc_s for j in group),
+                mem_req_mb=max(mems) if mems else None,
+                peak_rss_mb=max(peaks) if peaks else None,
+                gpu_hours=sum(j.gpu_hours for j in group),
+                suggestion=suggest(group),
+            )
+        )
+    return rules
+
+
+# --- the report -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Report:
+    run_id: str
+    jobs: list[JobUsage]
+    rules: list[RuleUsage]
+    unknown: list[str]  # job ids accounting does not know (yet)
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(r.gpu_hours for r in self.rules)
+
+    @property
+    def active(self) -> list[JobUsage]:
+        return [j for j in self.jobs if j.active]
+
+
+def collect(
+    run_id: str,
+    subs: Sequence[Submission],
+    client: SlurmClient,
+    settle_seconds: float = 0.0,
+    patient: bool = True,
+    sleep: Callable[[float], None] = time.sleep,
+    clock_: Callable[[], float] = time.monotonic,
+) -> Report:
+    """The run's report from one sacct query. With `settle_seconds` (end of a run: the last job ended a moment
+    ago, and slurmdbd records that end a moment later) the query is repeated, once a second, while a job still
+    shows as active or sacct does not answer. `patient`: transient failures are retried (SlurmClient's policy).
+    Raises QueryError when accounting does not answer."""
+    by_id: dict[str, Submission] = {}
+    for sub in sorted(subs, key=lambda s: s.submitted_at):
+        if sub.jobid is not None:
+            by_id.setdefault(sub.jobid, sub)  # an adopted job is one job, however many runs name it
+    deadline = clock_() + settle_seconds
+    while True:
+        try:
+            runs = parse_accounting(client.accounting(by_id, FIELDS, steps=True, patient=patient))
+        except QueryError as err:
+            if clock_() >= deadline or not is_transient(str(err)):
+                raise  # accounting off is no reason to wait
+            sleep(1.0)
+            continue
+        unsettled = any(r[-1].state in ACTIVE_STATES for r in runs.values()) or len(runs) < len(by_id)
+        if not unsettled or clock_() >= deadline:
+            break
+        sleep(1.0)
+    jobs = [job_usage(by_id[j], runs[j]) for j in by_id if j in runs]
+    return Report(run_id, jobs, per_rule(jobs), [j for j in by_id if j not in runs])
+
+
+def _pct(value: float | None) -> str:
+    return f"{100 * value:.0f}%" if value is not None else "-"
+
+
+def _mb(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1024:.1f} GiB" if value >= 1024 else f"{value:.0f} MiB"
+
+
+def _hours(value: float) -> str:
+    return f"{value:.2f}" if value >= 10 else f"{value:.3f}"  # a short test job still shows its GPU-seconds
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+CSV_COLUMNS = (
+    "scope",
+    "rule",
+    "wildcards",
+    "jobid",
+    "state",
+    "jobs",
+    "runs",
+    "nodes",
+    "gpus_per_node",
+    "cpus_per_node",
+    "elapsed_s",
+    "limit_s",
+    "time_used",
+    "cpu_s",
+    "cpu_efficiency",
+    "mem_req_mb",
+    "peak_rss_mb",
+    "mem_used",
+    "gpu_hours",
+    "suggestion",
+)
+
+
+def to_csv(report: Report) -> str:
+    """One line per job, one per rule, one for the run (`scope`); ratios as fractions, empty when unknown."""
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")
+    out.writerow(CSV_COLUMNS)
+    for j in report.jobs:
+        out.writerow(
+            ["job", j.rule, j.wildcards, j.jobid, j.state, 1, j.runs, j.nodes, j.gpus_per_node, j.cpus_per_node]
+            + [j.elapsed_s, j.limit_s or "", _num(j.time_used), f"{j.cpu_s:.1f}", _num(j.cpu_efficiency)]
+            + [_num(j.mem_req_mb, 0), _num(j.peak_rss_mb, 0), _num(j.mem_used), f"{j.gpu_hours:.6f}", ""]
+        )
+    for r in report.rules:
+        out.writerow(
+            ["rule", r.rule, "", "", "", r.jobs, "", r.nodes, r.gpus_per_node, r.cpus_per_node]
+            + [r.longest_run_s, r.limit_s or "", _num(r.time_used), f"{r.cpu_s:.1f}", _num(r.cpu_efficiency)]
+            + [_num(r.mem_req_mb, 0), _num(r.peak_rss_mb, 0), _num(r.mem_used), f"{r.gpu_hours:.6f}"]
+            + [r.suggestion_text()]
+        )
+    cpu_s, alloc_s = sum(r.cpu_s for r in report.rules), sum(r.cpu_alloc_s for r in report.rules)
+    out.writerow(
+        ["run", "", "", "", "", len(report.jobs), "", "", "", "", "", "", "", f"{cpu_s:.1f}"]
+        + [_num(_ratio(cpu_s, alloc_s)), "", "", "", f"{report.gpu_hours:.6f}", ""]
+    )
+    return buf.getvalue()
+
+
+def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return [line(header), "|" + "---|" * len(header), *(line(r) for r in rows)]
+
+
+def to_markdown(report: Report) -> str:
+    lines = [f"# Efficiency of run {report.run_id}", ""]
+    lines += [
+        f"{len(report.jobs)} job(s), {_hours(report.gpu_hours)} GPU-hours allocated. Time: the longest run against the "
+        "time limit. CPU: TotalCPU / (Elapsed x AllocCPUS). Memory: peak RSS per node (sampled) against the request.",
+        "",
+        "## Per rule",
+        "",
+    ]
+    lines += _md_table(
+        ("rule", "jobs", "nodes x GPUs", "time used", "CPU efficiency", "memory used", "GPU-hours", "request instead"),
+        (
+            (
+                r.rule,
+                f"{r.jobs} ({r.completed} completed)",
+                f"{r.nodes}x{r.gpus_per_node}",
+                f"{clock(r.longest_run_s)} of {clock(r.limit_s) if r.limit_s else 'no limit'} ({_pct(r.time_used)})",
+                f"{_pct(r.cpu_efficiency)} of {r.cpus_per_node} CPU(s)/node",
+                f"{_mb(r.peak_rss_mb)} of {_mb(r.mem_req_mb)} ({_pct(r.mem_used)})",
+                _hours(r.gpu_hours),
+                r.suggestion_text() or "-",
+            )
+            for r in report.rules
+        ),
+    )
+    lines += ["", "## Per job", ""]
+    lines += _md_table(
+        ("rule", "wildcards", "job", "state", "runs", "elapsed / limit", "CPU eff.", "peak / memory", "GPU-hours"),
+        (
+            (
+                j.rule,
+                j.wildcards or "-",
+                j.jobid,
+                j.state,
+                str(j.runs),
+                f"{clock(j.elapsed_s)} / {clock(j.limit_s) if j.limit_s else 'none'}",
+                _pct(j.cpu_efficiency),
+                f"{_mb(j.peak_rss_mb)} / {_mb(j.mem_req_mb)}",
+                _hours(j.gpu_hours),
+            )
+            for j in report.jobs
+        ),
+    )
+    notes = []
+    if report.active:
+        notes.append(f"{len(report.active)} job(s) had not ended: their figures are partial (report again later).")
+    if report.unknown:
+        notes.append(f"Not in SLURM's accounting (yet): {', '.join(report.unknown)}.")
+    if any(j.peak_rss_mb is None for j in report.jobs):
+        notes.append("Memory '-': the job ended before SLURM sampled it (JobAcctGatherFrequency).")
+    return "\n".join(lines + ([""] + [f"- {n}" for n in notes] if notes else []) + [""])
+
+
+def write(report: Report, workdir: Path) -> tuple[Path, Path]:
+    folder = workdir / REPORTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = (folder / f"{report.run_id}.csv", folder / f"{report.run_id}.md")
+    for path, text in zip(paths, (to_csv(report), to_markdown(report)), strict=True):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return paths
+
+
+def summary_lines(report: Report, markdown: Path) -> list[str]:
+    """The few lines Snakemake prints at the end of a run."""
+    lines = [
+        f"efficiency of run {report.run_id}: {len(report.jobs)} job(s), {_hours(report.gpu_hours)} GPU-hours; "
+        f"report: {markdown}"
+    ]
+    for r in report.rules:
+        limit = clock(r.limit_s) if r.limit_s else "no limit"
+        line = (
+            f"  {r.rule}: {r.jobs} job(s), {r.nodes}x{r.gpus_per_node}, longest {clock(r.longest_run_s)} of {limit}, "
+            f"CPU {_pct(r.cpu_efficiency)} of {r.cpus_per_node}/node, memory {_mb(r.peak_rss_mb)} of "
+            f"{_mb(r.mem_req_mb)}, {_hours(r.gpu_hours)} GPU-h"
+        )
+        lines.append(line + (f"; request instead: {r.suggestion_text()}" if r.suggestion else ""))
+    if report.active:
+        lines.append(f"  {len(report.active)} job(s) still running: `multinode report --run {report.run_id}` later")
+    return lines
+
+
+def end_of_run(workdir: Path, run_id: str, client: SlurmClient, queued: bool = False) -> list[str]:
+    """The report at the end of a Snakemake run (the adapter's shutdown): written, and its summary returned as
+    lines to print. Never raises: a report is no reason to fail a run."""
+    subs = run_table(workdir).get(run_id, [])
+    if not subs:
+        return []
+    later = f"`multinode report --run {run_id}`"
+    if queued:
+        return [f"efficiency report: the jobs are queued (--immediate-submit); run {later} once they have ended"]
+    try:
+        # not patient: the run's end waits SETTLE_SECONDS for accounting at most, not the retry budget
+        report = collect(run_id, subs, client, settle_seconds=SETTLE_SECONDS, patient=False)
+        _, markdown = write(report, workdir)
+    except (QueryError, OSError) as err:
+        return [f"efficiency report: not written ({err}); run {later} later"]
+    return summary_lines(report, markdown)

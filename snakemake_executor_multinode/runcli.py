@@ -1,0 +1,142 @@
+"""`multinode status | cancel | report`: look at a run (or stop it) from its registry, without Snakemake.
+
+A run is one Snakemake start with `--executor multinode`; its submissions are under
+.snakemake/multinode/runs/<run>/ of the working directory. `--run latest` (the default) is the run that started
+submitting last; a unique prefix of a run id is enough.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import report, runview
+from .slurm import ACTIVE_STATES, QueryError, RetryPolicy, SlurmClient
+
+# An interactive command waits out a restarting controller for a minute, not the executor's ten.
+RETRY = RetryPolicy(total_seconds=60)
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    def common(p: argparse.ArgumentParser, run_help: str) -> None:
+        p.add_argument("--run", default="latest", help=run_help)
+        p.add_argument(
+            "-d", "--directory", type=Path, default=Path.cwd(), help="Snakemake's working directory (default: here)"
+        )
+
+    status = sub.add_parser("status", help="a run's jobs: state, nodes x GPUs, elapsed/limit, restarts, progress, log")
+    common(status, "latest (default), or a run id (or a unique prefix)")
+    status.add_argument("--all", action="store_true", help="every run of this folder, oldest first")
+    status.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    status.add_argument("--interval", type=float, default=10.0, help="seconds between refreshes (default 10)")
+    status.set_defaults(func=status_command)
+    cancel = sub.add_parser("cancel", help="cancel a run's jobs that are still queued or running, and only those")
+    common(cancel, "latest (default), or a run id (or a unique prefix)")
+    cancel.set_defaults(func=cancel_command)
+    rep = sub.add_parser("report", help="a run's efficiency report (written to .snakemake/multinode/reports/)")
+    common(rep, "latest (default), or a run id (or a unique prefix)")
+    rep.set_defaults(func=report_command)
+
+
+def _client() -> SlurmClient:
+    return SlurmClient(retry=RETRY, notify=lambda msg: print(msg, file=sys.stderr))
+
+
+def _unanswered(command: str, err: Exception) -> str:
+    text = f"multinode {command}: SLURM did not answer: {err}"
+    if "configuration source" in text:
+        text += (
+            '\n(no SLURM configuration: set SLURM_CONF, or for the local sandbox run `eval "$(multinode cluster env)"`)'
+        )
+    return text
+
+
+def status_text(workdir: Path, which: str, every_run: bool, client: SlurmClient) -> str:
+    """The table(s), from one SLURM query for every job shown."""
+    table = runview.run_table(workdir)
+    chosen = list(table) if every_run else [runview.resolve_run(table, which)]
+    if every_run and not chosen:
+        raise runview.RunNotFound("no run has submitted a job from this folder")
+    subs = [s for run in chosen for s in table[run]]
+    views = runview.slurm_views(client, [s.jobid for s in subs if s.jobid])
+    blocks = []
+    for run in chosen:
+        rows = runview.rows_for(table[run], views, workdir)
+        blocks.append(runview.render(run, rows, workdir, started=runview.run_started(table[run])))
+    return "\n\n".join(blocks)
+
+
+def status_command(args: argparse.Namespace) -> int:
+    workdir = args.directory.resolve()
+    client = _client()
+    try:
+        if not args.watch:
+            print(status_text(workdir, args.run, args.all, client))
+            return 0
+
+        def show() -> str:
+            try:
+                return status_text(workdir, args.run, args.all, client)
+            except QueryError as err:  # asked again at the next refresh
+                return f"SLURM did not answer: {err}"
+
+        runview.watch(show, args.interval, lambda text: print(text, flush=True), sys.stdout.isatty())
+    except runview.RunNotFound as err:
+        print(f"multinode status: {err}", file=sys.stderr)
+        return 1
+    except QueryError as err:
+        print(_unanswered("status", err), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def cancel_command(args: argparse.Namespace) -> int:
+    workdir = args.directory.resolve()
+    client = _client()
+    try:
+        table = runview.run_table(workdir)
+        run = runview.resolve_run(table, args.run)
+    except runview.RunNotFound as err:
+        print(f"multinode cancel: {err}", file=sys.stderr)
+        return 1
+    subs = table[run]
+    ids = {s.jobid for s in subs if s.jobid}
+    # A submission whose sbatch reply never came is found by its name, which is unique to it.
+    if names := [s.job_name for s in subs if s.jobid is None]:
+        ids |= set(client.find_by_names(names))
+    try:
+        views = runview.slurm_views(client, ids)
+        active = sorted((j for j in ids if j in views and views[j].state in ACTIVE_STATES), key=int)
+    except QueryError:
+        active = sorted(ids, key=int)  # not known which still run: scancel of an ended job does no harm
+    if not active:
+        print(f"run {run}: no job queued or running ({len(ids)} job(s) ended)")
+        return 0
+    try:
+        client.cancel(active)
+    except QueryError as err:
+        print(_unanswered("cancel", err), file=sys.stderr)
+        return 1
+    print(f"run {run}: cancelled SLURM job(s) {' '.join(active)}")
+    return 0
+
+
+def report_command(args: argparse.Namespace) -> int:
+    workdir = args.directory.resolve()
+    try:
+        table = runview.run_table(workdir)
+        run = runview.resolve_run(table, args.run)
+        result = report.collect(run, table[run], _client())
+    except runview.RunNotFound as err:
+        print(f"multinode report: {err}", file=sys.stderr)
+        return 1
+    except QueryError as err:
+        print(_unanswered("report", err) + "\n(the report needs sacct: SLURM's accounting)", file=sys.stderr)
+        return 1
+    csv_path, md_path = report.write(result, workdir)
+    print(report.to_markdown(result), end="")
+    print(f"\nwritten: {md_path} and {csv_path}")
+    return 0

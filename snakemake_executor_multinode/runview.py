@@ -1,0 +1,335 @@
+"""`multinode status`: one run's jobs as a table, from the registry and ONE batched SLURM query.
+
+The registry (registry.py) says which jobs a run submitted (rule, wildcards, attempt, log); SLURM says where they
+are, in one batched query for all of them, never one per job:
+  - `squeue -t all -j id,id,... -O ...` for every job slurmctld still holds (queued, running, and ended less than
+    MinJobAge ago): state, pending reason, RestartCnt (so no `scontrol show job` per job), elapsed, time limit,
+    nodes, GPUs per node. slurmctld first, because slurmdbd lags it: sacct was seen to call a job PENDING whose
+    training had already written three metrics lines.
+  - `sacct --duplicates -X -j ...` only for the jobs slurmctld no longer knows (ended longer ago): every run of a
+    requeued job is a line of its own, so its restarts are counted there.
+Neither knows a job that ended long ago on a cluster without accounting; its exit marker may still say how it ended,
+and its restarts are counted from the restart logs the job script writes. Progress is the last line of each job's
+metrics file (progress.py), read from the shared filesystem.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import progress
+from .plan import STATE_DIR
+from .protocol import EXIT_MARKER, marker
+from .registry import RUNS_DIR, Submission, runs
+from .slurm import ACTIVE_STATES, QueryError, SlurmClient
+
+SACCT_FIELDS = ("JobIDRaw", "State", "Reason", "ElapsedRaw", "TimelimitRaw", "NNodes", "AllocTRES", "ReqTRES")
+SQUEUE_FIELDS = ("JobID", "State", "Reason", "RestartCnt", "TimeUsed", "TimeLimit", "NumNodes", "tres-per-node")
+NO_REASON = {"", "None", "(null)"}
+
+
+class RunNotFound(LookupError):
+    """No run of that id (or no run at all) in the registry."""
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One submission of the run, as the table shows it."""
+
+    rule: str
+    wildcards: str  # "shard=1,part=a"; "" without wildcards
+    attempt: int
+    jobid: str | None  # None: sbatch never answered (refused, or still in flight)
+    state: str
+    reason: str = ""  # why it is pending (or why it ended), when SLURM says
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    elapsed_s: int | None = None
+    limit_s: int | None = None  # None: no limit (UNLIMITED) or not known
+    restarts: int = 0
+    progress: str = ""
+    log: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+
+@dataclass(frozen=True)
+class SlurmView:
+    """What SLURM says of one job: the fields the table needs, whichever command answered."""
+
+    state: str
+    reason: str
+    nodes: int | None
+    gpus_per_node: int | None
+    elapsed_s: int | None
+    limit_s: int | None
+    restarts: int
+
+
+# --- the registry's runs ----------------------------------------------------------------------------------------
+def run_started(subs: Sequence[Submission]) -> float:
+    return min(s.submitted_at for s in subs)
+
+
+def run_table(workdir: Path) -> dict[str, list[Submission]]:
+    """Every run that submitted something, oldest first. (Each Snakemake start makes a run folder, also when it has
+    nothing to do; those without a submission are no run to look at.)"""
+    by_run: dict[str, list[Submission]] = {}
+    for sub in runs(workdir / RUNS_DIR):
+        by_run.setdefault(sub.run_id, []).append(sub)
+    return dict(sorted(by_run.items(), key=lambda item: run_started(item[1])))
+
+
+def resolve_run(table: dict[str, list[Submission]], which: str) -> str:
+    """`latest` (the run that started submitting last), a run id, or a unique prefix of one."""
+    if not table:
+        raise RunNotFound("no run has submitted a job from this folder (.snakemake/multinode/runs is empty)")
+    if which == "latest":
+        return list(table)[-1]
+    matches = [run for run in table if run.startswith(which)]
+    if len(matches) != 1:
+        known = ", ".join(list(table)[-10:])
+        what = "no run" if not matches else "several runs"
+        raise RunNotFound(f"{what} with id {which!r}; runs (newest last): {known}")
+    return matches[0]
+
+
+# --- SLURM ------------------------------------------------------------------------------------------------------
+def slurm_views(client: SlurmClient, jobids: Iterable[str]) -> dict[str, SlurmView]:
+    """Every job's view: one squeue for all, then one sacct for those slurmctld no longer knows (none while a run
+    is under way). A job neither knows is left out. QueryError when neither answers."""
+    ids = sorted({j for j in jobids if j and j.isdigit()}, key=int)
+    if not ids:
+        return {}
+    views: dict[str, SlurmView] = {}
+    ctld_error: QueryError | None = None
+    try:
+        views = {row["JobID"]: from_squeue(row) for row in client.queue(ids, SQUEUE_FIELDS) if row.get("JobID")}
+    except QueryError as err:
+        ctld_error = err  # slurmctld restarting: accounting may still answer for every job
+    if missing := [j for j in ids if j not in views]:
+        try:
+            views |= from_sacct(client.accounting(missing, SACCT_FIELDS))
+        except QueryError as err:
+            if ctld_error is not None:
+                raise QueryError(f"{ctld_error} / {err}") from err
+            # no accounting: the jobs slurmctld forgot are unknown
+    return views
+
+
+def from_sacct(rows: Iterable[dict[str, str]]) -> dict[str, SlurmView]:
+    runs_of: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        if row.get("JobIDRaw", "").isdigit():
+            runs_of.setdefault(row["JobIDRaw"], []).append(row)
+    views = {}
+    for jobid, records in runs_of.items():
+        last = records[-1]  # sacct lists a requeued job's runs oldest first; the earlier ones say REQUEUED
+        nodes = _int(last.get("NNodes", ""))
+        tres = tres_map(last.get("AllocTRES", "")) or tres_map(last.get("ReqTRES", ""))
+        views[jobid] = SlurmView(
+            state=_state(last.get("State", "")),
+            reason=last.get("Reason", ""),
+            nodes=nodes,
+            gpus_per_node=_per_node(tres.get("gres/gpu"), nodes),
+            elapsed_s=_int(last.get("ElapsedRaw", "")),
+            limit_s=minutes_to_seconds(last.get("TimelimitRaw", "")),
+            restarts=len(records) - 1,
+        )
+    return views
+
+
+def from_squeue(row: dict[str, str]) -> SlurmView:
+    return SlurmView(
+        state=_state(row.get("State", "")),
+        reason=row.get("Reason", ""),
+        nodes=_int(row.get("NumNodes", "")),
+        gpus_per_node=gres_gpus(row.get("tres-per-node", "")),
+        elapsed_s=clock_to_seconds(row.get("TimeUsed", "")),
+        limit_s=clock_to_seconds(row.get("TimeLimit", "")),
+        restarts=_int(row.get("RestartCnt", "")) or 0,
+    )
+
+
+def _state(text: str) -> str:
+    return text.split()[0] if text.strip() else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
+
+
+def _int(text: str) -> int | None:
+    return int(text) if text.strip().isdigit() else None
+
+
+def _per_node(total: str | None, nodes: int | None) -> int | None:
+    if total is None or not total.isdigit():
+        return 0 if total is None else None
+    return int(total) // nodes if nodes else int(total)
+
+
+def tres_map(text: str) -> dict[str, str]:
+    """`billing=4,cpu=4,gres/gpu=4,mem=4G,node=2` -> {"cpu": "4", "gres/gpu": "4", ...}; typed GPUs
+    (gres/gpu:a100=4) are counted in the plain gres/gpu entry too."""
+    pairs = (item.partition("=") for item in text.split(",") if "=" in item)
+    return {key: value for key, _, value in pairs}
+
+
+def gres_gpus(text: str) -> int | None:
+    """GPUs per node from squeue's tres-per-node: `gres:gpu:8`, `gres:gpu:a100:4`, `gpu:8`; N/A: none."""
+    if not text or text in ("N/A", "(null)"):
+        return 0
+    for item in text.split(","):
+        parts = item.replace("/", ":").split(":")
+        if "gpu" in parts and parts[-1].isdigit():
+            return int(parts[-1])
+    return 0
+
+
+def minutes_to_seconds(text: str) -> int | None:
+    """sacct's TimelimitRaw: minutes, or UNLIMITED / Partition_Limit (None: no figure to compare with)."""
+    return int(text) * 60 if text.strip().isdigit() else None
+
+
+def clock_to_seconds(text: str) -> int | None:
+    """SLURM's [D-]HH:MM:SS, MM:SS or M:SS (squeue's TimeUsed, TimeLimit); None for UNLIMITED, NOT_SET."""
+    text = text.strip()
+    days = 0
+    if "-" in text:
+        day, _, text = text.partition("-")
+        if not day.isdigit():
+            return None
+        days = int(day)
+    parts = text.split(":")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        return None
+    seconds = 0
+    for p in parts:
+        seconds = seconds * 60 + int(p)
+    return days * 86400 + seconds
+
+
+# --- rows -------------------------------------------------------------------------------------------------------
+def restart_logs(log: str) -> list[Path]:
+    """The logs of a requeued job's later runs (<jobid>.attempt<n>.restart<k>.log), oldest first."""
+    if not log:
+        return []
+    first = Path(log)
+    found = first.parent.glob(first.name.removesuffix(".log") + ".restart*.log")
+    return sorted(found, key=lambda p: int(p.name.rsplit(".restart", 1)[1].removesuffix(".log") or 0))
+
+
+def _exit_marker(workdir: Path, jobid: str) -> str | None:
+    try:
+        return marker(workdir / STATE_DIR, jobid, EXIT_MARKER).read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: Path) -> list[JobRow]:
+    rows = []
+    for sub in sorted(subs, key=lambda s: s.submitted_at):
+        view = views.get(sub.jobid or "")
+        later_logs = restart_logs(sub.log)
+        found = progress.for_log(sub.log)
+        if sub.jobid is None:
+            state, reason = "UNSUBMITTED", "no job id: sbatch refused it or never answered"
+        elif view is None:
+            # SLURM forgot it (no accounting, finished before MinJobAge); the exit marker may still say how it ended
+            code = _exit_marker(workdir, sub.jobid)
+            state, reason = ("ENDED", f"exit {code}") if code is not None else ("UNKNOWN", "SLURM no longer knows it")
+        else:
+            state = view.state
+            reason = view.reason if view.reason not in NO_REASON and state == "PENDING" else ""
+        running = view is not None and view.state == "RUNNING"
+        rows.append(
+            JobRow(
+                rule=sub.rule,
+                wildcards=",".join(f"{k}={v}" for k, v in sub.wildcards.items()),
+                attempt=sub.attempt,
+                jobid=sub.jobid,
+                state=state,
+                reason=reason,
+                nodes=view.nodes if view else None,
+                gpus_per_node=view.gpus_per_node if view else None,
+                elapsed_s=view.elapsed_s if view else None,
+                limit_s=view.limit_s if view else None,
+                restarts=view.restarts if view else len(later_logs),
+                progress=found.describe(eta=running) if found else "",
+                log=str(later_logs[-1]) if later_logs else sub.log,
+            )
+        )
+    return rows
+
+
+def collect(workdir: Path, subs: Sequence[Submission], client: SlurmClient) -> list[JobRow]:
+    return rows_for(subs, slurm_views(client, [s.jobid for s in subs if s.jobid]), workdir)
+
+
+# --- the table --------------------------------------------------------------------------------------------------
+def clock(seconds: int | None) -> str:
+    if seconds is None:
+        return "-"
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+def _short(path: str, workdir: Path) -> str:
+    try:
+        return str(Path(path).relative_to(workdir))
+    except ValueError:
+        return path
+
+
+def summary(rows: Sequence[JobRow]) -> str:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.state] = counts.get(row.state, 0) + 1
+    return ", ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | None = None) -> str:
+    when = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" if started else ""
+    head = f"run {run_id}{when}: {len(rows)} job(s), {summary(rows)}"
+    header = ("RULE", "JOBID", "STATE", "NODESxGPUS", "ELAPSED/LIMIT", "RESTARTS", "PROGRESS", "LOG")
+    table = [header]
+    for r in rows:
+        label = r.rule + (f"[{r.wildcards}]" if r.wildcards else "") + (f" #{r.attempt}" if r.attempt > 1 else "")
+        shape = f"{r.nodes}x{r.gpus_per_node}" if r.nodes is not None and r.gpus_per_node is not None else "-"
+        limit = clock(r.limit_s) if r.limit_s is not None else ("-" if r.elapsed_s is None else "none")
+        table.append(
+            (
+                label,
+                r.jobid or "-",
+                r.state + (f" ({r.reason})" if r.reason else ""),
+                shape,
+                f"{clock(r.elapsed_s)}/{limit}",
+                str(r.restarts),
+                r.progress or "-",
+                _short(r.log, workdir) if r.log else "-",
+            )
+        )
+    widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line[:-1], widths, strict=True)) + "  " + line[-1] for line in table
+    ]
+    return "\n".join([head, *lines])
+
+
+def watch(
+    show: Callable[[], str],
+    interval: float,
+    out: Callable[[str], None],
+    tty: bool,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Print `show()` every `interval` seconds until Ctrl-C (KeyboardInterrupt, left to the caller). A run's next
+    jobs may be submitted any moment, so an all-finished table is no reason to stop. On a terminal the screen is
+    redrawn; into a file or pipe each table follows the last."""
+    while True:
+        text = show()
+        out(("\x1b[H\x1b[2J" if tty else "") + text + ("" if tty else "\n"))
+        sleep(interval)

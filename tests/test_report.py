@@ -1,0 +1,198 @@
+"""The efficiency report without a cluster: sacct's records (recorded on the local cluster, slurm-wlm 22.05.8) into
+figures per job, per rule and per run, the suggestions, and the CSV and Markdown. The real run is in
+test_runview_cluster.py."""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from snakemake_executor_multinode import report
+from snakemake_executor_multinode.registry import Registry, Submission
+from snakemake_executor_multinode.report import JobUsage
+from snakemake_executor_multinode.slurm import QueryError, SlurmClient
+
+# sacct --duplicates -P -n -o JobIDRaw,State,ElapsedRaw,TimelimitRaw,TotalCPU,AllocCPUS,NNodes,MaxRSS,AllocTRES,ReqTRES
+# 205: 40 s spinning in the batch step (sampled: MaxRSS) then a 5 s srun step; 239: requeued once, then ran 30 s;
+# 440: 2 nodes x 2 GPUs for 16 s; 201: a failed 2-node torchrun step.
+SACCT = """\
+201|FAILED|5|UNLIMITED|00:04.532|2|2||billing=2,cpu=2,gres/gpu=2,mem=2G,node=2|billing=2,cpu=2,gres/gpu=2,mem=2G,node=2
+201.batch|FAILED|5||00:00.126|1|1||cpu=1,gres/gpu=1,mem=1G,node=1|
+201.0|FAILED|5||00:04.406|2|2||cpu=2,gres/gpu=2,mem=2G,node=2|
+205|COMPLETED|46|5|00:23.963|1|1||billing=1,cpu=1,mem=500M,node=1|billing=1,cpu=1,mem=500M,node=1
+205.batch|COMPLETED|46||00:21.771|1|1|221392K|cpu=1,mem=500M,node=1|
+205.0|COMPLETED|5||00:02.191|1|1||cpu=1,mem=500M,node=1|
+239|REQUEUED|3|Partition_Limit|00:00.002|1|1||billing=1,cpu=1,mem=1G,node=1|billing=1,cpu=1,mem=1G,node=1
+239.batch|CANCELLED|3||00:00.002|1|1||cpu=1,mem=1G,node=1|
+239|COMPLETED|30|UNLIMITED|00:00.003|1|1||billing=1,cpu=1,mem=1G,node=1|billing=1,cpu=1,mem=1G,node=1
+239.batch|COMPLETED|30||00:00.003|1|1|3192K|cpu=1,mem=1G,node=1|
+440|COMPLETED|16|30|00:00.112|4|2||billing=4,cpu=4,gres/gpu=4,mem=4G,node=2|billing=4,cpu=4,gres/gpu=4,mem=4G,node=2
+440.batch|COMPLETED|16||00:00.112|2|1||cpu=2,gres/gpu=2,mem=2G,node=1|
+"""
+
+
+def rows(text: str = SACCT) -> list[dict[str, str]]:
+    return [dict(zip(report.FIELDS, line.split("|"), strict=True)) for line in text.splitlines()]
+
+
+def sub(jobid: str, rule: str, at: float = 0.0, **wildcards: str) -> Submission:
+    return Submission(
+        "run1", rule, wildcards, (f"{rule}.out",), f"mn-run1-{rule}-{jobid}", 1, "", "", jobid, None, "", at
+    )
+
+
+def usage(rule: str = "r", **kw) -> JobUsage:
+    base = dict(
+        rule=rule,
+        wildcards="",
+        jobid="1",
+        state="COMPLETED",
+        runs=1,
+        nodes=1,
+        gpus_per_node=0,
+        cpus_per_node=4,
+        elapsed_s=100,
+        longest_run_s=100,
+        limit_s=3600,
+        cpu_s=380.0,
+        cpu_alloc_s=400.0,
+        mem_req_mb=8192.0,
+        peak_rss_mb=6000.0,
+        gpu_hours=0.0,
+    )
+    return JobUsage(**(base | kw))
+
+
+class FakeAccounting:
+    def __init__(self, *answers: str | Exception) -> None:
+        self.answers = list(answers)
+        self.calls: list[tuple[list[str], bool, bool]] = []
+
+    def accounting(self, ids, fields, steps=False, patient=False):
+        self.calls.append((sorted(ids, key=int), steps, patient))
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return rows(answer)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("00:04.532", 4.532), ("01:02:03", 3723.0), ("1-00:00:01", 86401.0), ("", 0.0)]
+)
+def test_totalcpu(text, seconds):
+    assert report.cpu_seconds(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("text", "mb"), [("221392K", 216.203125), ("500M", 500.0), ("4G", 4096.0), ("1.5T", 1572864.0), ("", None)]
+)
+def test_sizes_in_mib(text, mb):
+    assert report.size_mb(text) == mb
+
+
+def test_a_job_line_starts_a_run_and_its_steps_follow():
+    runs = report.parse_accounting(rows())
+    assert [r.state for r in runs["239"]] == ["REQUEUED", "COMPLETED"]
+    spin = runs["205"][0]
+    assert (spin.elapsed_s, spin.limit_s, spin.total_cpu_s, spin.alloc_cpus) == (46, 300, 23.963, 1)
+    assert spin.mem_mb == 500.0 and spin.peak_rss_mb == pytest.approx(216.2, abs=0.1)  # the batch step's
+    assert runs["440"][0].gpus == 4 and runs["440"][0].nodes == 2
+
+
+def test_figures_per_job_are_sacct_arithmetic():
+    runs = report.parse_accounting(rows())
+    spin = report.job_usage(sub("205", "spin"), runs["205"])
+    assert spin.cpu_efficiency == pytest.approx(23.963 / (46 * 1))  # TotalCPU / (Elapsed x AllocCPUS)
+    assert spin.time_used == pytest.approx(46 / 300)
+    assert spin.mem_used == pytest.approx(216.203125 / 500)
+    requeued = report.job_usage(sub("239", "wait"), runs["239"])
+    assert (requeued.runs, requeued.elapsed_s, requeued.longest_run_s, requeued.state) == (2, 33, 30, "COMPLETED")
+    assert requeued.limit_s is None and requeued.time_used is None
+    train = report.job_usage(sub("440", "train"), runs["440"])
+    assert train.gpu_hours == pytest.approx(4 * 16 / 3600)  # gres/gpu of AllocTRES x Elapsed
+    assert (train.nodes, train.gpus_per_node, train.cpus_per_node, train.mem_req_mb) == (2, 2, 2, 2048.0)
+
+
+def test_per_rule_and_per_run_sums():
+    fake = FakeAccounting(SACCT)
+    subs = [sub("440", "train"), sub("201", "train", at=1), sub("205", "spin"), sub("239", "wait")]
+    rep = report.collect("run1", subs, fake)  # type: ignore[arg-type]
+    assert len(fake.calls) == 1 and fake.calls[0] == (["201", "205", "239", "440"], True, True)
+    train = next(r for r in rep.rules if r.rule == "train")
+    assert (train.jobs, train.completed) == (2, 1)
+    assert train.gpu_hours == pytest.approx((4 * 16 + 2 * 5) / 3600)
+    assert rep.gpu_hours == pytest.approx(train.gpu_hours)
+
+
+def test_rules_that_waste_more_than_half_get_values_to_request():
+    # 100 s of a 1 h limit, a tenth of 4 CPUs, 500 MiB of 8 GiB
+    idle = [usage(cpu_s=40.0, cpu_alloc_s=400.0, peak_rss_mb=500.0)]
+    assert report.suggest(idle) == {"runtime": 5, "mem_mb": 1024, "cpus_per_task": 1}
+    # a GPU rule keeps a CPU per GPU
+    gpu = [usage(gpus_per_node=2, cpu_s=10.0, cpu_alloc_s=400.0, longest_run_s=3000, elapsed_s=3000)]
+    assert report.suggest(gpu) == {"cpus_per_task": 2}
+    # the headroom: 1.5 x the longest run (40 min -> 60), whole GiB over 1.5 x the peak
+    assert report.suggest([usage(longest_run_s=1000, limit_s=7200)])["runtime"] == 25
+    assert report.suggest([usage(peak_rss_mb=2000.0, mem_req_mb=16384.0)])["mem_mb"] == 3072
+
+
+def test_a_rule_that_used_what_it_asked_for_gets_no_suggestion_and_nor_does_a_failed_one():
+    assert report.suggest([usage(longest_run_s=3000)]) == {}
+    assert report.suggest([usage(state="FAILED", cpu_s=0.0, longest_run_s=1)]) == {}
+    # memory never sampled (a short job): nothing said about memory
+    assert "mem_mb" not in report.suggest([usage(peak_rss_mb=None)])
+    # no time limit to compare with
+    assert "runtime" not in report.suggest([usage(limit_s=None)])
+
+
+def test_csv_has_job_rule_and_run_lines_and_markdown_names_the_suggestion(tmp_path):
+    subs = [sub("205", "spin"), sub("440", "train", split="a"), sub("239", "wait")]
+    rep = report.collect("run1", subs, FakeAccounting(SACCT))  # type: ignore[arg-type]
+    csv_path, md_path = report.write(rep, tmp_path)
+    assert csv_path == tmp_path / ".snakemake/multinode/reports/run1.csv" and md_path.suffix == ".md"
+    lines = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    assert [line["scope"] for line in lines] == ["job"] * 3 + ["rule"] * 3 + ["run"]
+    spin = next(line for line in lines if line["scope"] == "job" and line["rule"] == "spin")
+    assert float(spin["cpu_efficiency"]) == pytest.approx(23.963 / 46, abs=1e-3)
+    assert spin["elapsed_s"] == "46" and spin["limit_s"] == "300"
+    train = next(line for line in lines if line["scope"] == "job" and line["rule"] == "train")
+    assert train["wildcards"] == "split=a" and float(train["gpu_hours"]) == pytest.approx(64 / 3600, abs=1e-4)
+    assert float(lines[-1]["gpu_hours"]) == pytest.approx(64 / 3600, abs=1e-4)
+    md = md_path.read_text()
+    assert "# Efficiency of run run1" in md and "| train |" in md
+    spin_rule = next(line for line in lines if line["scope"] == "rule" and line["rule"] == "spin")
+    assert spin_rule["suggestion"] == ""  # 46 s of 5 min is within the headroom of a 5-minute floor
+    assert "runtime=5" in next(line for line in md.splitlines() if line.startswith("| train |"))
+
+
+def test_at_the_end_of_a_run_the_query_waits_for_slurmdbd_to_record_the_last_end():
+    running = SACCT.replace("440|COMPLETED|16", "440|RUNNING|15")
+    sleeps: list[float] = []
+    fake = FakeAccounting(running, QueryError("slurmdbd: timed out"), SACCT)
+    rep = report.collect("run1", [sub("440", "train")], fake, settle_seconds=30, sleep=sleeps.append)  # type: ignore[arg-type]
+    assert [j.state for j in rep.jobs] == ["COMPLETED"] and len(fake.calls) == 3 and sleeps == [1.0, 1.0]
+
+
+def test_the_settle_wait_is_bounded():
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    fake = FakeAccounting(SACCT.replace("440|COMPLETED|16", "440|RUNNING|15"))
+    rep = report.collect("r", [sub("440", "train")], fake, settle_seconds=5, sleep=sleep, clock_=lambda: now[0])  # type: ignore[arg-type]
+    assert rep.active and len(fake.calls) == 6  # asked at 0..5 s, then it reports what it has
+    assert "still running" in report.summary_lines(rep, Path("r.md"))[-1]
+
+
+def test_end_of_run_never_fails_the_run(tmp_path):
+    Registry(tmp_path, "run1").record(sub("440", "train"))
+    down = SlurmClient(runner=lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "sacct: error: disabled"))
+    lines = report.end_of_run(tmp_path, "run1", down)
+    assert lines and "not written" in lines[0] and "multinode report --run run1" in lines[0]
+    assert "--immediate-submit" in report.end_of_run(tmp_path, "run1", down, queued=True)[0]
+    assert report.end_of_run(tmp_path, "nothing", down) == []
