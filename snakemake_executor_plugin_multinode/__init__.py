@@ -332,9 +332,10 @@ class Executor(RemoteExecutor):
                     key = tuple(str(f) for f in info.job.output)
                     self.failed_nodes[key] = (*self.failed_nodes.get(key, ()), outcome.failed_node)
                 log = info.aux.get("log")
+                tail = _last_lines(Path(log)) if log else ""
                 self.report_job_error(
                     info,
-                    msg=f"SLURM job {info.external_jobid} failed: {outcome.describe()}; log: {log} ",
+                    msg=f"SLURM job {info.external_jobid} failed: {outcome.describe()}; log: {log}{tail} ",
                     aux_logs=[str(log)] if log else [],
                 )
 
@@ -360,6 +361,17 @@ class Executor(RemoteExecutor):
             ordered = sorted(ids, key=int)
             self.logger.info(f"cancelling SLURM jobs {' '.join(ordered)}")
             self.client.cancel(ordered)
+
+
+def _last_lines(log: Path, count: int = 12) -> str:
+    """The end of the job's log (the failing rank's last words) for the error message, indented."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 16384))
+            lines = fh.read().decode(errors="replace").splitlines()[-count:]
+    except OSError:
+        return ""
+    return "\nlast lines of the log:\n" + "\n".join(f"    {line}" for line in lines) if lines else ""
 
 
 def _write_private(path: Path, text: str) -> None:

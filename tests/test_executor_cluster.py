@@ -231,6 +231,8 @@ def test_failing_job_reports_slurm_state_exit_code_and_log(slurm_cluster, tmp_pa
     assert "SLURM state FAILED" in text and "job script exit 3" in text
     log = job_logs(wd, "broken")[0]
     assert str(log) in text and "about to fail" in log.read_text()  # kept on failure
+    # the end of the log is quoted in Snakemake's error message, not only its path
+    assert "last lines of the log:\n" in text and "    about to fail" in text
 
 
 def test_failing_node_stops_the_others_and_is_named(slurm_cluster, tmp_path):
