@@ -1,18 +1,21 @@
 """`multinode torchrun [torchrun options] SCRIPT [ARGS]`: one torchrun per node of the SLURM allocation.
 
-Inside an allocation (our job script or a hand-written one) it starts, in parallel, one
-`srun --nodes=1 --ntasks=1 -w NODE ... torchrun --node_rank=i` per node, filling in --nnodes, --nproc_per_node
-(GPUs per node), --master_addr and --master_port. torchrun's agent starts with SIGUSR2 ignored: SLURM's
-`--signal=USR2@T` reaches every process of every step, and USR2's default action would kill the agent; the
-workers install their own handler and checkpoint. If one node's torchrun fails, the others are stopped within
-seconds and the exit names the failing node. Started by a user as one task per node of an srun step
-(`srun --ntasks-per-node=1 multinode torchrun ...`) it runs that node's torchrun directly. Outside SLURM the same
-command runs a one-node torchrun.
+Inside an allocation (our job script or a hand-written one) it starts ONE srun step with one task per node
+(`srun --nodes=N --ntasks-per-node=1 --kill-on-bad-exit=1 ...`); each task runs torchrun with
+`--node_rank=$SLURM_NODEID`, filling in --nnodes, --nproc_per_node (GPUs per node), --master_addr and
+--master_port. torchrun's agent starts with SIGUSR2 ignored: SLURM's `--signal=USR2@T` reaches every process of
+every step, and USR2's default action would kill the agent; the workers install their own handler and checkpoint.
+If one node's torchrun fails, SLURM stops the others (--kill-on-bad-exit) and the launcher names the failing node.
+Started by a user as one task per node of an srun step (`srun --ntasks-per-node=1 multinode torchrun ...`) it
+runs that node's torchrun directly. Outside SLURM the same command runs a one-node torchrun.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import select
+import shlex
 import signal
 import socket
 import subprocess
@@ -24,6 +27,9 @@ from pathlib import Path
 
 from . import protocol
 from .protocol import EXIT_PREEMPTED
+from .torchrun_flags import split_torchrun_args
+
+__all__ = ["split_torchrun_args"]  # re-exported: torchrun's flags live in torchrun_flags.py
 
 # Flags the launcher decides in a multi-node allocation; a user value would desynchronise the nodes.
 OWNED = (
@@ -36,6 +42,25 @@ OWNED = (
     "--rdzv_backend",
     "--rdzv-backend",
 )
+
+# The node rank of a task of the launcher's step: expanded by each task's shell, on its node. With one task per
+# node, SLURM numbers the step's nodes in the allocation's order, so node 0 is the head (MASTER_ADDR).
+SLURM_NODE_RANK = "$SLURM_NODEID"
+
+# What srun says when a task ends badly (srun's own messages; one task per node, so a task names its node).
+TASK_FAILED = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<task>\d+)[\d,\-]*: (?P<what>.+?)\s*$")
+NODE_FAILED = re.compile(r"^srun: error: Node failure on (?P<node>[^\s,]+)")
+STEP_CANCELLED = re.compile(r"\*\*\* (STEP|JOB) \S+ ON \S+ CANCELLED")  # scancel, time limit, preemption
+EXITED = re.compile(r"Exited with exit code (\d+)")
+SIGNAL_CODES = {signal.strsignal(s): 128 + s for s in signal.Signals}  # srun names a fatal signal by strsignal()
+# After a node fails, SLURM stops the others gracefully: SIGTERM, which torchrun's agents pass to their workers, and
+# SIGKILL only after the cluster's KillWait (30 s by default; torchrun's agents also wait 30 s for their workers). A
+# worker that handles SIGTERM in Python while it hangs in a collective never runs its handler, so the step can
+# outlive the failure by those 30 s. The launcher waits this long for srun, then makes srun SIGKILL the tasks
+# (torchrun's agents), stops waiting for srun and returns the failure: the job script ends, the job ends, and
+# SLURM's end-of-job cleanup stops what is left.
+STOP_GRACE_S = 5.0
+KILL_WAIT_S = 1.0  # then srun's own SIGKILL to the tasks; the launcher returns at most this much later
 
 
 def log(msg: str) -> None:
@@ -50,35 +75,6 @@ class Allocation:
     cpus_per_task: int
     master_addr: str
     master_port: int
-
-
-@dataclass(frozen=True)
-class NodeLaunch:
-    node: str
-    rank: int
-    argv: tuple[str, ...]
-
-
-def split_torchrun_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(torchrun options, [script, *script args]); uses torchrun's own parser to know which options take values."""
-    from torch.distributed.run import get_args_parser  # lazy: torch is only needed once we launch
-
-    parser = get_args_parser()
-    takes_value = {opt: action.nargs != 0 for action in parser._actions for opt in action.option_strings}
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if token == "--":
-            return list(argv[:i]), list(argv[i + 1 :])
-        if not token.startswith("-") or token == "-":
-            break
-        name = token.split("=", 1)[0]
-        if name not in takes_value:
-            raise SystemExit(f"multinode torchrun: unknown torchrun option {token!r}")
-        i += 1 if ("=" in token or not takes_value[name]) else 2
-    if i >= len(argv):
-        raise SystemExit("multinode torchrun: no training script given (usage: multinode torchrun [opts] SCRIPT)")
-    return list(argv[:i]), list(argv[i:])
 
 
 def _option(opts: Sequence[str], *names: str) -> str | None:
@@ -113,7 +109,7 @@ def hostnames(nodelist: str) -> list[str]:
 def head_address(head: str, peers: Sequence[str]) -> str:
     """The head node's address as its peers reach it; never a loopback entry (Debian maps hostname to 127.0.1.1)."""
     try:
-        addr = socket.getaddrinfo(head, None, socket.AF_INET)[0][4][0]
+        addr = str(socket.getaddrinfo(head, None, socket.AF_INET)[0][4][0])
         if not addr.startswith("127."):
             return addr
     except OSError:
@@ -123,7 +119,7 @@ def head_address(head: str, peers: Sequence[str]) -> str:
             peer_addr = socket.getaddrinfo(peer, None, socket.AF_INET)[0][4][0]
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
                 s.connect((peer_addr, 9))  # UDP connect picks the route; nothing is sent
-                return s.getsockname()[0]
+                return str(s.getsockname()[0])
         except OSError:
             continue
     return head
@@ -168,47 +164,6 @@ def nproc_for(alloc: Allocation, opts: Sequence[str]) -> int:
     return max(alloc.gpus_per_node, 1)
 
 
-def plan(
-    alloc: Allocation,
-    opts: Sequence[str],
-    script: Sequence[str],
-    python: str = sys.executable,
-) -> list[NodeLaunch]:
-    """The srun command line for every node: what `run_nodes` starts, and what tests check."""
-    refuse_owned(opts)
-    nproc = nproc_for(alloc, opts)
-    launches = []
-    for rank, node in enumerate(alloc.nodes):
-        # Explicit CPUs (srun 22.05 does not inherit --cpus-per-task) and --mem=0: all of the job's memory on
-        # the node, not a DefMemPerCPU-sized slice. The step inherits the job's GPUs on its node.
-        srun = [
-            "srun",
-            "--nodes=1",
-            "--ntasks=1",
-            f"--nodelist={node}",
-            f"--cpus-per-task={alloc.cpus_per_task}",
-            "--mem=0",
-            "--kill-on-bad-exit=1",
-            "--export=ALL",
-            f"--job-name=torchrun-node{rank}",
-        ]
-        torchrun = [
-            python,
-            "-m",
-            "torch.distributed.run",
-            f"--nnodes={len(alloc.nodes)}",
-            f"--nproc_per_node={nproc}",
-            f"--node_rank={rank}",
-            f"--master_addr={alloc.master_addr}",
-            f"--master_port={alloc.master_port}",
-            *_strip_nproc(opts),
-        ]
-        # The agent ignores USR2 (an inherited ignore); the workers' own handler overrides it.
-        agent = ["bash", "-c", 'trap "" USR2; exec "$@"', "multinode-agent", *torchrun, *script]
-        launches.append(NodeLaunch(node, rank, tuple(srun + agent)))
-    return launches
-
-
 def _strip_nproc(opts: Sequence[str]) -> list[str]:
     out, skip = [], False
     for token in opts:
@@ -224,67 +179,199 @@ def _strip_nproc(opts: Sequence[str]) -> list[str]:
     return out
 
 
+def torchrun_command(
+    opts: Sequence[str],
+    script: Sequence[str],
+    *,
+    nproc: int | str,
+    alloc: Allocation | None = None,
+    node_rank: int | str = SLURM_NODE_RANK,
+    python: str = sys.executable,
+) -> list[str]:
+    """The torchrun command line, the same builder for every mode. Without an allocation: a one-node
+    `--standalone` torchrun. With one: this node's part of the allocation's run (`node_rank` is a number, or
+    SLURM_NODE_RANK for the launcher's step, where each node's shell fills it in)."""
+    cmd = [python, "-m", "torch.distributed.run"]
+    if alloc is None:
+        cmd += ["--standalone", f"--nproc_per_node={nproc}"]
+    else:
+        cmd += [
+            f"--nnodes={len(alloc.nodes)}",
+            f"--nproc_per_node={nproc}",
+            f"--node_rank={node_rank}",
+            f"--master_addr={alloc.master_addr}",
+            f"--master_port={alloc.master_port}",
+        ]
+    return [*cmd, *_strip_nproc(opts), *script]
+
+
+def agent_script(torchrun: Sequence[str]) -> str:
+    """The shell line every task of the launcher's step runs (`bash -c`). torchrun's agent starts with USR2
+    ignored (an inherited ignore; the workers' own handler overrides it). `--node_rank=$SLURM_NODEID` is the one
+    word the node's shell expands; every other word is quoted."""
+    rank_word = f"--node_rank={SLURM_NODE_RANK}"
+    at = torchrun.index(rank_word) if rank_word in torchrun else -1  # the first: a user's --node_rank is refused
+    words = ['--node_rank="$SLURM_NODEID"' if i == at else shlex.quote(t) for i, t in enumerate(torchrun)]
+    return (
+        'trap "" USR2; '
+        'echo "[multinode torchrun] launching on $SLURMD_NODENAME, node_rank=$SLURM_NODEID" >&2; '
+        f"exec {' '.join(words)}"
+    )
+
+
+def plan(
+    alloc: Allocation,
+    opts: Sequence[str],
+    script: Sequence[str],
+    python: str = sys.executable,
+) -> list[str]:
+    """The one srun step that starts torchrun on every node: what `run_step` runs, and what tests check.
+    Explicit CPUs (srun 22.05 does not inherit --cpus-per-task) and --mem=0: all of the job's memory on each node,
+    not a DefMemPerCPU-sized slice. The step inherits the job's GPUs on every node."""
+    refuse_owned(opts)
+    n = len(alloc.nodes)
+    torchrun = torchrun_command(opts, script, nproc=nproc_for(alloc, opts), alloc=alloc, python=python)
+    srun = [
+        "srun",
+        f"--nodes={n}",
+        f"--ntasks={n}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={alloc.cpus_per_task}",
+        "--mem=0",
+        "--kill-on-bad-exit=1",
+        "--export=ALL",
+        "--job-name=torchrun",
+    ]
+    return [*srun, "bash", "-c", agent_script(torchrun), "multinode-agent"]
+
+
 def worker_env(alloc: Allocation, nproc: int, env: Mapping[str, str]) -> dict[str, str]:
     """OMP threads = the node's CPUs shared by its processes (Snakemake's shell set it to the rule's threads)."""
     omp = str(max(1, alloc.cpus_per_task // max(nproc, 1)))
     return dict(env) | {"OMP_NUM_THREADS": omp, "MASTER_ADDR": alloc.master_addr, "MASTER_PORT": str(alloc.master_port)}
 
 
-def run_nodes(launches: Sequence[NodeLaunch], env: Mapping[str, str], grace: float = 10.0) -> int:
-    procs = {ln.rank: subprocess.Popen(list(ln.argv), env=dict(env)) for ln in launches}
-    by_rank = {ln.rank: ln for ln in launches}
-    stopping = False
+@dataclass(frozen=True)
+class Failure:
+    node: str
+    rank: int
+    code: int
+    what: str
+
+
+class StepWatch:
+    """Reads srun's stderr as it passes through: the first task that ends badly names the failing node, unless
+    the step was stopped from outside first (scancel, time limit, a signal to the launcher)."""
+
+    def __init__(self, nodes: Sequence[str]) -> None:
+        self.nodes = tuple(nodes)
+        self.failure: Failure | None = None
+        self.stopped = False
+        self._partial = b""
+
+    def feed(self, data: bytes) -> Failure | None:
+        """Takes a chunk of srun's stderr; returns the failure it reports first, once."""
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()[-4096:]
+        found = None
+        for raw in lines:
+            found = self.line(raw.decode(errors="replace")) or found
+        return found
+
+    def line(self, text: str) -> Failure | None:
+        if self.failure is not None or self.stopped:
+            return None
+        if STEP_CANCELLED.search(text):
+            self.stopped = True
+            return None
+        m = TASK_FAILED.match(text) or NODE_FAILED.match(text)
+        if m is None:
+            return None
+        node = m["node"]
+        if "[" in node:  # a range, for tasks of several nodes ending alike in one message
+            try:
+                node = hostnames(node)[0]
+            except (OSError, subprocess.CalledProcessError, IndexError):
+                pass
+        groups = m.groupdict()
+        # one task per node: the task id is the node rank torchrun was given (SLURM_NODEID)
+        rank = int(groups["task"]) if groups.get("task") else self.nodes.index(node) if node in self.nodes else -1
+        what = groups.get("what") or "node failure"
+        exited = EXITED.search(what)
+        code = int(exited[1]) if exited else SIGNAL_CODES.get(what.removesuffix(" (core dumped)"), 1)
+        self.failure = Failure(node, rank, code, what)
+        return self.failure
+
+
+def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) -> int:
+    """Runs the srun step, its stderr passed through; the first failing node is logged and written to
+    $MULTINODE_FAILED_NODE_FILE (first failure wins) as soon as srun reports it. SLURM then stops the other nodes;
+    if that takes longer than STOP_GRACE_S, the launcher stops waiting (see there)."""
+    proc = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    watch = StepWatch(nodes)
 
     def forward(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signum)
+        watch.stopped = watch.stopped or watch.failure is None  # stopped from outside: no node failed
+        if proc.poll() is None:
+            proc.send_signal(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
-    failed: tuple[int, int] | None = None
-    while any(p.poll() is None for p in procs.values()):
-        for rank, p in procs.items():
-            code = p.poll()
-            if code not in (None, 0) and failed is None:
-                failed = (rank, code)
-        if failed is not None and not stopping:
-            stopping = True
-            rank, code = failed
-            log(f"node {by_rank[rank].node} (node_rank {rank}) failed with exit code {code}; stopping the other nodes")
-            _stop_all(procs, grace)
-        time.sleep(0.2)
-    if failed is None:
-        failed = next(((r, p.returncode) for r, p in procs.items() if p.returncode != 0), None)
-    if failed is not None:
-        rank, code = failed
-        node = by_rank[rank].node
-        log(f"FAILED: node {node} (node_rank {rank}) exited with {code}")
-        if path := env.get(protocol.FAILED_NODE_FILE_VAR):
-            Path(path).write_text(f"{node}\n")
-        return code if code > 0 else 1
-    return 0
+    before = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = _supervise(proc, watch, env)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    if code == 0:
+        return 0
+    if watch.failure is not None:
+        f = watch.failure
+        log(f"FAILED: node {f.node} (node_rank {f.rank}) exited with {f.code}")
+        return f.code
+    log(f"srun exited with {code}" + (" after the step was stopped" if watch.stopped else ""))
+    return code if code > 0 else 1
 
 
-def _stop_all(procs: Mapping[int, subprocess.Popen], grace: float) -> None:
-    alive = [p for p in procs.values() if p.poll() is None]
-    for p in alive:
-        p.send_signal(signal.SIGTERM)  # srun forwards it to the step's tasks
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(p.poll() is None for p in alive):
-        time.sleep(0.1)
-    for p in alive:
-        if p.poll() is None:  # two SIGINTs within a second make srun kill the step outright
-            p.send_signal(signal.SIGINT)
-            time.sleep(0.1)
-            p.send_signal(signal.SIGINT)
-    for p in alive:
+def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str]) -> int:
+    assert proc.stderr is not None
+    fd, out = proc.stderr.fileno(), sys.stderr.buffer
+    give_up: float | None = None  # set by a failure
+    killing = False
+    while True:
+        if give_up is not None and time.monotonic() >= give_up:
+            if killing:
+                proc.kill()  # srun waits for the step's last processes: the launcher does not
+                break
+            log(
+                f"the other nodes still run {STOP_GRACE_S:.0f} s after the failure (a worker that handles SIGTERM "
+                "while it hangs?): killing their torchrun; SLURM ends what is left with the job"
+            )
+            proc.send_signal(signal.SIGTERM)  # srun: "forcing job termination", SIGKILL to every task
+            give_up, killing = time.monotonic() + KILL_WAIT_S, True
+        wait = 1.0 if give_up is None else max(0.0, min(1.0, give_up - time.monotonic()))
+        if select.select([fd], [], [], wait)[0]:
+            data = os.read(fd, 65536)
+            if not data:
+                break
+            out.write(data)
+            out.flush()
+            if (failed := watch.feed(data)) is not None:
+                report_failure(failed, env)
+                give_up = time.monotonic() + STOP_GRACE_S
+        elif proc.poll() is not None:
+            break
+    return proc.wait()
+
+
+def report_failure(failed: Failure, env: Mapping[str, str]) -> None:
+    how = f"with exit code {failed.code}" if EXITED.search(failed.what) else f"({failed.what})"
+    log(f"node {failed.node} (node_rank {failed.rank}) failed {how}; SLURM stops the other nodes")
+    if path := env.get(protocol.FAILED_NODE_FILE_VAR):
         try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
-            p.kill()
+            with open(path, "x") as fh:  # an earlier launch's failure in this job wins
+                fh.write(f"{failed.node}\n")
+        except FileExistsError:
+            pass
 
 
 def step_command(
@@ -297,30 +384,20 @@ def step_command(
             "multinode torchrun: inside an srun step, start one task per node "
             "(srun --ntasks-per-node=1 multinode torchrun ...)"
         )
-    me = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    job = env["SLURM_JOB_ID"]
     alloc = Allocation(
-        env["SLURM_JOB_ID"],
+        job,
         tuple(nodes),
         _count_devices(env),
         int(env.get("SLURM_CPUS_PER_TASK") or 1),
         env.get("MASTER_ADDR") or head_address(nodes[0], nodes[1:]),
         # the same on every node without talking to each other: job and step id
-        int(env.get("MASTER_PORT") or protocol.master_port(int(env["SLURM_JOB_ID"]), int(env.get("SLURM_STEP_ID", 0)))),
+        int(env.get("MASTER_PORT") or protocol.master_port(int(job), int(env.get("SLURM_STEP_ID", 0)))),
     )
     refuse_owned(opts)
     nproc = nproc_for(alloc, opts)
-    cmd = [
-        python,
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={len(nodes)}",
-        f"--nproc_per_node={nproc}",
-        f"--node_rank={nodes.index(me)}",
-        f"--master_addr={alloc.master_addr}",
-        f"--master_port={alloc.master_port}",
-        *_strip_nproc(opts),
-        *script,
-    ]
+    rank = int(env["SLURM_NODEID"])  # the step's nodes in the allocation's order, as in the launcher's own step
+    cmd = torchrun_command(opts, script, nproc=nproc, alloc=alloc, node_rank=rank, python=python)
     return cmd, worker_env(alloc, nproc, env)
 
 
@@ -331,18 +408,9 @@ def main(argv: Sequence[str]) -> int:
     opts, script = split_torchrun_args(argv)
     env = dict(os.environ)
     if not env.get("SLURM_JOB_ID") or not (env.get("SLURM_JOB_NODELIST") or env.get("NODELIST")):
-        nproc = _option(opts, "--nproc_per_node", "--nproc-per-node") or str(max(_count_devices(env), 1))
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            *_strip_nproc(opts),
-            *script,
-        ]
-        log(f"no SLURM allocation: one-node torchrun with {nproc} process(es)")
-        return subprocess.call(cmd, env=env)
+        local_nproc = _option(opts, "--nproc_per_node", "--nproc-per-node") or str(max(_count_devices(env), 1))
+        log(f"no SLURM allocation: one-node torchrun with {local_nproc} process(es)")
+        return subprocess.call(torchrun_command(opts, script, nproc=local_nproc), env=env)
     if env.get("SLURM_STEP_ID"):
         cmd, step_env = step_command(env, opts, script)
         log(f"inside step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}: {' '.join(cmd[3:8])}")
@@ -351,15 +419,13 @@ def main(argv: Sequence[str]) -> int:
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         os.execve(cmd[0], cmd, step_env)
     alloc = read_allocation(env)
-    launches = plan(alloc, opts, script)
+    argv_srun = plan(alloc, opts, script)
     nproc = nproc_for(alloc, opts)
     log(
         f"job {alloc.job_id}: {len(alloc.nodes)} node(s) x {nproc} process(es), "
-        f"master {alloc.master_addr}:{alloc.master_port}"
+        f"master {alloc.master_addr}:{alloc.master_port}; one srun step, node_rank = SLURM_NODEID"
     )
-    for ln in launches:
-        log(f"launching on {ln.node}, node_rank={ln.rank}")
-    code = run_nodes(launches, worker_env(alloc, nproc, env))
+    code = run_step(argv_srun, worker_env(alloc, nproc, env), alloc.nodes)
     preempt = env.get(protocol.PREEMPT_FILE_VAR)
     if code == 0 and preempt and Path(preempt).exists():
         log("training checkpointed on the pre-time-limit signal")

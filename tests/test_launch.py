@@ -2,67 +2,114 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode import launch, protocol
 from snakemake_executor_multinode.launch import (
     Allocation,
+    StepWatch,
+    main,
     nproc_for,
     plan,
     read_allocation,
+    run_step,
     split_torchrun_args,
+    step_command,
+    torchrun_command,
     worker_env,
 )
+from snakemake_executor_multinode.torchrun_flags import TAKES_VALUE
 
 ALLOC = Allocation(
     "4242", ("node110", "node111"), gpus_per_node=8, cpus_per_task=64, master_addr="10.0.0.110", master_port=24242
 )
 
 
-def test_one_srun_per_node_with_explicit_node_rank():
-    launches = plan(ALLOC, [], ["train.py", "--lr", "3e-4"], python="python")
-    assert [(ln.node, ln.rank) for ln in launches] == [("node110", 0), ("node111", 1)]
-    argv = launches[1].argv
-    assert argv[:9] == (
+def fake_python(tmp_path: Path) -> Path:
+    """Stands in for the interpreter a step task execs: prints its argv and whether it inherited USR2 ignored."""
+    exe = tmp_path / "python"
+    exe.write_text(
+        "#!/bin/bash\n"
+        'printf "%s\\n" "$@"\n'
+        "mask=$(awk '/^SigIgn/ {print $2}' /proc/self/status)\n"
+        'echo "USR2-ignored=$(( (0x$mask >> 11) & 1 ))"\n'
+    )
+    exe.chmod(0o755)
+    return exe
+
+
+def run_task(argv: list[str], node: str, nodeid: int, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """What one task of the srun step runs on its node, given SLURM's per-task variables."""
+    task = argv[argv.index("bash") :]
+    env = os.environ | {"SLURM_NODEID": str(nodeid), "SLURMD_NODENAME": node}
+    return subprocess.run(task, env=env, capture_output=True, text=True, check=True, cwd=cwd)
+
+
+def test_one_srun_step_starts_every_node_and_each_node_takes_its_rank_from_slurm(tmp_path):
+    argv = plan(ALLOC, [], ["train.py", "--lr", "3e-4"], python=str(fake_python(tmp_path)))
+    assert argv[:9] == [
         "srun",
-        "--nodes=1",
-        "--ntasks=1",
-        "--nodelist=node111",
-        "--cpus-per-task=64",
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=64",  # explicit: srun 22.05 does not inherit it
         "--mem=0",
         "--kill-on-bad-exit=1",
         "--export=ALL",
-        "--job-name=torchrun-node1",
-    )
-    tail = argv[argv.index("multinode-agent") + 1 :]
-    assert tail == (
-        "python",
+        "--job-name=torchrun",
+    ]
+    for node, rank in (("node110", 0), ("node111", 1)):
+        task = run_task(argv, node, rank)
+        assert task.stdout.splitlines() == [
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc_per_node=8",
+            f"--node_rank={rank}",
+            "--master_addr=10.0.0.110",
+            "--master_port=24242",
+            "train.py",
+            "--lr",
+            "3e-4",
+            "USR2-ignored=1",  # torchrun's agent ignores USR2: the pre-time-limit signal reaches only the workers
+        ]
+        assert f"launching on {node}, node_rank={rank}" in task.stderr
+
+
+def test_script_arguments_reach_torchrun_verbatim_through_the_tasks_shell(tmp_path):
+    nasty = ["train.py", "a b", "$(touch PWNED)", "'q'", '"$SLURM_NODEID"', "--node_rank=$SLURM_NODEID"]
+    argv = plan(ALLOC, [], nasty, python=str(fake_python(tmp_path)))
+    out = run_task(argv, "node111", 1, cwd=tmp_path).stdout.splitlines()
+    assert out[7:-1] == nasty and not (tmp_path / "PWNED").exists()
+
+
+def test_one_torchrun_builder_for_every_mode():
+    assert torchrun_command(["--max-restarts=1"], ["t.py"], nproc="gpu", python="py") == [
+        "py",
         "-m",
         "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=gpu",
+        "--max-restarts=1",
+        "t.py",
+    ]
+    assert torchrun_command([], ["t.py"], nproc=8, alloc=ALLOC, node_rank=1, python="py")[3:6] == [
         "--nnodes=2",
         "--nproc_per_node=8",
         "--node_rank=1",
-        "--master_addr=10.0.0.110",
-        "--master_port=24242",
-        "train.py",
-        "--lr",
-        "3e-4",
-    )
+    ]
 
 
-def test_torchrun_agent_ignores_usr2_so_the_signal_reaches_only_the_workers():
-    argv = plan(ALLOC, [], ["train.py"])[0].argv
-    assert argv[9:12] == ("bash", "-c", 'trap "" USR2; exec "$@"')
-
-
-def test_user_torchrun_options_pass_through_and_nproc_can_be_overridden():
+def test_user_torchrun_options_pass_through_and_nproc_can_be_overridden(tmp_path):
     opts, script = split_torchrun_args(["--nproc_per_node", "2", "--max-restarts=1", "train.py", "--nnodes", "x"])
     assert opts == ["--nproc_per_node", "2", "--max-restarts=1"] and script == ["train.py", "--nnodes", "x"]
-    argv = plan(ALLOC, opts, script)[0].argv
-    assert "--nproc_per_node=2" in argv and "--max-restarts=1" in argv and argv.count("--nproc_per_node") == 0
+    out = run_task(plan(ALLOC, opts, script, python=str(fake_python(tmp_path))), "node110", 0).stdout.splitlines()
+    assert "--nproc_per_node=2" in out and "--max-restarts=1" in out and "--nproc_per_node=8" not in out
     assert nproc_for(ALLOC, opts) == 2
 
 
@@ -77,6 +124,33 @@ def test_unknown_option_and_missing_script_are_clear():
         split_torchrun_args(["--bogus", "train.py"])
     with pytest.raises(SystemExit, match="no training script"):
         split_torchrun_args(["--nproc_per_node=2"])
+
+
+def test_values_short_options_and_flags_are_told_apart():
+    assert split_torchrun_args(["-t", "3", "-r3", "--no-python", "-m", "pkg.train", "x"]) == (
+        ["-t", "3", "-r3", "--no-python", "-m"],
+        ["pkg.train", "x"],
+    )
+    assert split_torchrun_args(["--role", "w", "--", "-script-like", "a"]) == (["--role", "w"], ["-script-like", "a"])
+
+
+def test_the_flag_table_is_torchruns_own_parser():
+    run = pytest.importorskip("torch.distributed.run")
+    parser = run.get_args_parser()
+    theirs = {opt: action.nargs != 0 for action in parser._actions for opt in action.option_strings}
+    assert TAKES_VALUE == theirs
+
+
+def test_the_launcher_reads_its_options_without_importing_torch():
+    code = (
+        "import sys\n"
+        "from snakemake_executor_multinode.cli import main\n"
+        "from snakemake_executor_multinode.launch import split_torchrun_args, plan, Allocation\n"
+        "opts, script = split_torchrun_args(['--nproc_per_node=2', '--max-restarts', '1', 'train.py'])\n"
+        "plan(Allocation('1', ('a', 'b'), 2, 4, '10.0.0.1', 20004), opts, script)\n"
+        "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')], 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
 
 
 def test_workers_get_cpus_per_gpu_as_omp_threads():
@@ -110,10 +184,112 @@ def test_hand_written_allocation_counts_gpus_from_slurm():
     assert (alloc.gpus_per_node, alloc.cpus_per_task, alloc.master_port) == (4, 16, protocol.master_port(1))
 
 
+def test_a_users_own_srun_step_runs_this_nodes_torchrun(monkeypatch):
+    monkeypatch.setattr(launch, "hostnames", lambda nodelist: ["a", "b"])
+    env = {
+        "SLURM_JOB_ID": "40001",
+        "SLURM_STEP_ID": "2",
+        "SLURM_STEP_NODELIST": "a,b",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_NODEID": "1",
+        "SLURM_GPUS_ON_NODE": "2",
+        "SLURM_CPUS_PER_TASK": "4",
+        "MASTER_ADDR": "10.1.1.1",
+    }
+    cmd, env_out = step_command(env, [], ["train.py"], python="py")
+    assert cmd == [
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc_per_node=2",
+        "--node_rank=1",  # SLURM_NODEID, as in the launcher's own step
+        "--master_addr=10.1.1.1",
+        f"--master_port={protocol.master_port(40001, 2)}",  # job and step: a second step gets another port
+        "train.py",
+    ]
+    assert env_out["OMP_NUM_THREADS"] == "2"
+    with pytest.raises(SystemExit, match="one task per node"):
+        step_command(env | {"SLURM_STEP_NUM_TASKS": "4"}, [], ["train.py"])
+
+
+SRUN_FAILURE = (
+    "[multinode torchrun] launching on node1, node_rank=0\n"
+    "srun: error: node2: task 1: Exited with exit code 3\n"
+    "srun: launch/slurm: _step_signal: Terminating StepId=12.0\n"
+    "slurmstepd-node1: error: *** STEP 12.0 ON node1 CANCELLED AT 2026-12-03T10:03:33 ***\n"
+    "srun: error: node1: task 0: Exited with exit code 143\n"
+)
+
+
+def test_srun_names_the_first_failing_node_and_what_follows_does_not_count():
+    watch = StepWatch(["node1", "node2"])
+    data = SRUN_FAILURE.encode()
+    found = [watch.feed(data[i : i + 7]) for i in range(0, len(data), 7)]  # lines split across reads
+    failures = [f for f in found if f]
+    assert len(failures) == 1 and (failures[0].node, failures[0].rank, failures[0].code) == ("node2", 1, 3)
+
+
+def test_a_node_killed_by_a_signal_is_named_with_the_shells_code():
+    watch = StepWatch(["node1", "node2", "node3"])
+    failed = watch.feed(b"srun: error: node3: task 2: Killed\n")
+    assert failed and (failed.node, failed.rank, failed.code) == ("node3", 2, 137)
+
+
+def test_a_step_cancelled_from_outside_names_no_node():
+    watch = StepWatch(["node1", "node2"])
+    text = b"slurmstepd-node1: error: *** STEP 5.0 ON node1 CANCELLED AT 2026-12-03 DUE TO TIME LIMIT ***\n"
+    assert watch.feed(text + b"srun: error: node1: task 0: Terminated\n") is None and watch.failure is None
+
+
+def fake_srun(tmp_path: Path, body: str) -> list[str]:
+    exe = tmp_path / "srun"
+    exe.write_text(f"#!/bin/bash\n{body}\n")
+    exe.chmod(0o755)
+    return [str(exe)]
+
+
+def test_the_failing_node_is_logged_and_written_for_the_status_tracker(tmp_path, capfd):
+    marker = tmp_path / "failed-node"
+    srun = fake_srun(tmp_path, f"printf '%s' '{SRUN_FAILURE}' >&2; exit 143")
+    code = run_step(srun, {protocol.FAILED_NODE_FILE_VAR: str(marker)}, ["node1", "node2"])
+    assert code == 3 and marker.read_text() == "node2\n"
+    err = capfd.readouterr().err
+    assert "node node2 (node_rank 1) failed with exit code 3" in err and "FAILED: node node2 (node_rank 1)" in err
+    assert "srun: error: node2: task 1: Exited with exit code 3" in err  # srun's own report passes through
+    marker.write_text("node7\n")  # an earlier launch in the same job failed first: it stays named
+    run_step(srun, {protocol.FAILED_NODE_FILE_VAR: str(marker)}, ["node1", "node2"])
+    assert marker.read_text() == "node7\n"
+
+
+def test_nodes_that_do_not_stop_after_a_failure_are_not_waited_for(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(launch, "STOP_GRACE_S", 0.5)
+    srun = fake_srun(tmp_path, "echo 'srun: error: node2: task 1: Exited with exit code 1' >&2; exec sleep 60")
+    code = run_step(srun, {}, ["node1", "node2"])
+    assert code == 1 and "not waiting for them" in capfd.readouterr().err
+
+
+def test_a_clean_run_after_a_checkpoint_exits_with_the_preempted_code(tmp_path, monkeypatch):
+    fake_srun(tmp_path, "exit 0")
+    preempt = tmp_path / "preempted"
+    preempt.write_text("step 5\n")
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("NODELIST", "node1\nnode2")
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "20077")
+    monkeypatch.setenv(protocol.PREEMPT_FILE_VAR, str(preempt))
+    assert main(["train.py"]) == protocol.EXIT_PREEMPTED
+    preempt.unlink()
+    assert main(["train.py"]) == 0
+
+
 def test_outside_slurm_it_is_a_one_node_torchrun(tmp_path):
     script = tmp_path / "w.py"
     script.write_text("import os; print('WORLD', os.environ['WORLD_SIZE'], os.environ['GROUP_RANK'])\n")
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("SLURM_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake_executor_multinode.cli", "torchrun", "--nproc_per_node=2", str(script)],
         capture_output=True,
