@@ -138,8 +138,31 @@ def _ratio(used: float | None, asked: float | None) -> float | None:
     return used / asked if used is not None and asked else None
 
 
+class _UsedOfAsked:
+    """Used against requested, the same for a job and a rule."""
+
+    longest_run_s: int
+    limit_s: int | None
+    cpu_s: float
+    cpu_alloc_s: float
+    mem_req_mb: float | None
+    peak_rss_mb: float | None
+
+    @property
+    def time_used(self) -> float | None:
+        return _ratio(self.longest_run_s, self.limit_s)
+
+    @property
+    def cpu_efficiency(self) -> float | None:
+        return _ratio(self.cpu_s, self.cpu_alloc_s)
+
+    @property
+    def mem_used(self) -> float | None:
+        return _ratio(self.peak_rss_mb, self.mem_req_mb)
+
+
 @dataclass(frozen=True)
-class JobUsage:
+class JobUsage(_UsedOfAsked):
     rule: str
     wildcards: str
     jobid: str
@@ -156,18 +179,6 @@ class JobUsage:
     mem_req_mb: float | None  # per node
     peak_rss_mb: float | None
     gpu_hours: float
-
-    @property
-    def time_used(self) -> float | None:
-        return _ratio(self.longest_run_s, self.limit_s)
-
-    @property
-    def cpu_efficiency(self) -> float | None:
-        return _ratio(self.cpu_s, self.cpu_alloc_s)
-
-    @property
-    def mem_used(self) -> float | None:
-        return _ratio(self.peak_rss_mb, self.mem_req_mb)
 
     @property
     def active(self) -> bool:
@@ -198,7 +209,7 @@ def job_usage(sub: Submission, runs: Sequence[RunRecord]) -> JobUsage:
 
 
 @dataclass(frozen=True)
-class RuleUsage:
+class RuleUsage(_UsedOfAsked):
     rule: str
     jobs: int
     completed: int
@@ -213,18 +224,6 @@ class RuleUsage:
     peak_rss_mb: float | None
     gpu_hours: float
     suggestion: dict[str, int] = field(default_factory=dict)  # resource -> value to request instead
-
-    @property
-    def time_used(self) -> float | None:
-        return _ratio(self.longest_run_s, self.limit_s)
-
-    @property
-    def cpu_efficiency(self) -> float | None:
-        return _ratio(self.cpu_s, self.cpu_alloc_s)
-
-    @property
-    def mem_used(self) -> float | None:
-        return _ratio(self.peak_rss_mb, self.mem_req_mb)
 
     def suggestion_text(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.suggestion.items())
