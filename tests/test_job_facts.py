@@ -370,8 +370,10 @@ def test_jobs_that_need_snakemake_inside(kinds: Planned, rule: str, reason: str)
         assert job.shellcmd is None
 
 
-def test_inner_snakemake_command_and_setting(kinds: Planned) -> None:
+def test_inner_snakemake_command_and_setting(kinds: Planned, monkeypatch: pytest.MonkeyPatch) -> None:
     executor = kinds.executor
+    # Snakemake makes the inner command's temporary folder under ./.snakemake: run where the workflow is, as a run
+    monkeypatch.chdir(executor.workdir)
     command = executor.command_for(kinds.job("conda"))
     assert "--target-jobs" in command and "conda:" in command  # Snakemake's own `--mode remote` command
     settings = executor.settings
