@@ -5,7 +5,7 @@ Inside an allocation (our job script or a hand-written one) it starts ONE srun s
 `--node_rank=$SLURM_NODEID`, filling in --nnodes, --nproc_per_node (GPUs per node), --master_addr and
 --master_port. torchrun's agent starts with SIGUSR2 ignored: SLURM's `--signal=USR2@T` reaches every process of
 every step, and USR2's default action would kill the agent; the workers install their own handler and checkpoint.
-If one node's torchrun fails, SLURM stops the others (--kill-on-bad-exit) and the launcher names the failing node.
+If one node's torchrun fails, the others are stopped at once and the launcher names the failing node.
 Started by a user as one task per node of an srun step (`srun --ntasks-per-node=1 multinode torchrun ...`) it
 runs that node's torchrun directly. Outside SLURM the same command runs a one-node torchrun.
 """
@@ -53,14 +53,13 @@ NODE_FAILED = re.compile(r"^srun: error: Node failure on (?P<node>[^\s,]+)")
 STEP_CANCELLED = re.compile(r"\*\*\* (STEP|JOB) \S+ ON \S+ CANCELLED")  # scancel, time limit, preemption
 EXITED = re.compile(r"Exited with exit code (\d+)")
 SIGNAL_CODES = {signal.strsignal(s): 128 + s for s in signal.Signals}  # srun names a fatal signal by strsignal()
-# After a node fails, SLURM stops the others gracefully: SIGTERM, which torchrun's agents pass to their workers, and
-# SIGKILL only after the cluster's KillWait (30 s by default; torchrun's agents also wait 30 s for their workers). A
-# worker that handles SIGTERM in Python while it hangs in a collective never runs its handler, so the step can
-# outlive the failure by those 30 s. The launcher waits this long for srun, then makes srun SIGKILL the tasks
-# (torchrun's agents), stops waiting for srun and returns the failure: the job script ends, the job ends, and
-# SLURM's end-of-job cleanup stops what is left.
-STOP_GRACE_S = 5.0
-KILL_WAIT_S = 1.0  # then srun's own SIGKILL to the tasks; the launcher returns at most this much later
+# When one node's torchrun fails, the launcher makes srun kill the step at once (a SIGTERM to srun: "forcing job
+# termination", SIGKILL to every task), as the per-node launcher did; --kill-on-bad-exit alone stops the other nodes
+# with SIGTERM and waits the cluster's KillWait (30 s by default) for a worker that handles SIGTERM while it hangs in
+# a collective. If srun has not ended this long after that (it waits for the step's last processes), the launcher
+# kills srun and returns the failure: the job script ends, the job ends, and SLURM's end-of-job cleanup stops what
+# is left.
+STOP_WAIT_S = 5.0
 
 
 def log(msg: str) -> None:
@@ -305,8 +304,8 @@ class StepWatch:
 
 def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) -> int:
     """Runs the srun step, its stderr passed through; the first failing node is logged and written to
-    $MULTINODE_FAILED_NODE_FILE (first failure wins) as soon as srun reports it. SLURM then stops the other nodes;
-    if that takes longer than STOP_GRACE_S, the launcher stops waiting (see there)."""
+    $MULTINODE_FAILED_NODE_FILE (first failure wins) as soon as srun reports it, and the step is killed (see
+    STOP_WAIT_S)."""
     proc = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
     assert proc.stderr is not None
     watch = StepWatch(nodes)
@@ -336,18 +335,11 @@ def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str])
     assert proc.stderr is not None
     fd, out = proc.stderr.fileno(), sys.stderr.buffer
     give_up: float | None = None  # set by a failure
-    killing = False
     while True:
         if give_up is not None and time.monotonic() >= give_up:
-            if killing:
-                proc.kill()  # srun waits for the step's last processes: the launcher does not
-                break
-            log(
-                f"the other nodes still run {STOP_GRACE_S:.0f} s after the failure (a worker that handles SIGTERM "
-                "while it hangs?): killing their torchrun; SLURM ends what is left with the job"
-            )
-            proc.send_signal(signal.SIGTERM)  # srun: "forcing job termination", SIGKILL to every task
-            give_up, killing = time.monotonic() + KILL_WAIT_S, True
+            log(f"srun still waits for the step {STOP_WAIT_S:.0f} s after the failure: not the launcher")
+            proc.kill()  # SLURM ends what is left of the step with the job
+            break
         wait = 1.0 if give_up is None else max(0.0, min(1.0, give_up - time.monotonic()))
         if select.select([fd], [], [], wait)[0]:
             data = os.read(fd, 65536)
@@ -357,7 +349,8 @@ def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str])
             out.flush()
             if (failed := watch.feed(data)) is not None:
                 report_failure(failed, env)
-                give_up = time.monotonic() + STOP_GRACE_S
+                proc.send_signal(signal.SIGTERM)  # srun: "forcing job termination", SIGKILL to every task
+                give_up = time.monotonic() + STOP_WAIT_S
         elif proc.poll() is not None:
             break
     return proc.wait()
@@ -365,7 +358,7 @@ def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str])
 
 def report_failure(failed: Failure, env: Mapping[str, str]) -> None:
     how = f"with exit code {failed.code}" if EXITED.search(failed.what) else f"({failed.what})"
-    log(f"node {failed.node} (node_rank {failed.rank}) failed {how}; SLURM stops the other nodes")
+    log(f"node {failed.node} (node_rank {failed.rank}) failed {how}; stopping the other nodes")
     if path := env.get(protocol.FAILED_NODE_FILE_VAR):
         try:
             with open(path, "x") as fh:  # an earlier launch's failure in this job wins

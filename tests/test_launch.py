@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -262,11 +263,17 @@ def test_the_failing_node_is_logged_and_written_for_the_status_tracker(tmp_path,
     assert marker.read_text() == "node7\n"
 
 
-def test_nodes_that_do_not_stop_after_a_failure_are_not_waited_for(tmp_path, monkeypatch, capfd):
-    monkeypatch.setattr(launch, "STOP_GRACE_S", 0.5)
-    srun = fake_srun(tmp_path, "echo 'srun: error: node2: task 1: Exited with exit code 1' >&2; exec sleep 60")
+@pytest.mark.parametrize("on_sigterm", ["", "trap '' TERM;"], ids=["srun-stops", "srun-waits-on"])
+def test_a_failure_stops_the_step_and_the_launcher_does_not_wait_on_it(tmp_path, monkeypatch, capfd, on_sigterm):
+    monkeypatch.setattr(launch, "STOP_WAIT_S", 0.5)
+    srun = fake_srun(
+        tmp_path,
+        f"{on_sigterm} echo 'srun: error: node2: task 1: Exited with exit code 1' >&2; exec sleep 60",
+    )
+    start = time.monotonic()
     code = run_step(srun, {}, ["node1", "node2"])
-    assert code == 1 and "not waiting for them" in capfd.readouterr().err
+    assert code == 1 and time.monotonic() - start < 10  # the SIGTERM to srun, or at most STOP_WAIT_S
+    assert ("srun still waits" in capfd.readouterr().err) == bool(on_sigterm)
 
 
 def test_a_clean_run_after_a_checkpoint_exits_with_the_preempted_code(tmp_path, monkeypatch):
