@@ -53,12 +53,11 @@ NODE_FAILED = re.compile(r"^srun: error: Node failure on (?P<node>[^\s,]+)")
 STEP_CANCELLED = re.compile(r"\*\*\* (STEP|JOB) \S+ ON \S+ CANCELLED")  # scancel, time limit, preemption
 EXITED = re.compile(r"Exited with exit code (\d+)")
 SIGNAL_CODES = {signal.strsignal(s): 128 + s for s in signal.Signals}  # srun names a fatal signal by strsignal()
-# When one node's torchrun fails, the launcher makes srun kill the step at once (a SIGTERM to srun: "forcing job
-# termination", SIGKILL to every task), as the per-node launcher did; --kill-on-bad-exit alone stops the other nodes
-# with SIGTERM and waits the cluster's KillWait (30 s by default) for a worker that handles SIGTERM while it hangs in
-# a collective. If srun has not ended this long after that (it waits for the step's last processes), the launcher
-# kills srun and returns the failure: the job script ends, the job ends, and SLURM's end-of-job cleanup stops what
-# is left.
+# When one node's torchrun fails, srun's --kill-on-bad-exit asks slurmctld to stop the step: SIGTERM, then SIGKILL
+# after the cluster's KillWait (30 s by default), so a worker that handles SIGTERM while it hangs in a collective
+# holds the step (and srun) that long. The launcher also sends srun a SIGTERM ("forcing job termination", SIGKILL to
+# every task; it helps when it reaches srun first), and stops waiting for srun this long after the failure: it
+# kills srun and returns the failure, the job script ends, and SLURM's end-of-job cleanup stops what is left.
 STOP_WAIT_S = 5.0
 
 
