@@ -15,11 +15,13 @@ from typing import Any
 
 import yaml
 
+from . import container
+from .protocol import NETWORK_CHECK_DEFAULT_S, NETWORK_CHECK_VAR
 from .quoting import shell_quote
 
 DEFAULT_VARS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-PROFILE_KEYS = {"extends", "cuda", "modules", "conda", "venv", "setup", "nccl", "env"}
+PROFILE_KEYS = {"extends", "cuda", "modules", "conda", "venv", "setup", "nccl", "env", "container", "network_check"}
 # profile key -> NCCL variable; booleans become 1/0 (ib is inverted: NCCL_IB_DISABLE).
 NCCL_KEYS = {
     "socket_ifname": "NCCL_SOCKET_IFNAME",
@@ -143,6 +145,13 @@ def _check_profile(body: dict[str, Any], where: str) -> None:
         conda = body["conda"]
         if not (isinstance(conda, dict) and isinstance(conda.get("env"), str) and set(conda) <= {"base", "env"}):
             raise EnvProfileError(f"{where}.conda: must be {{env: NAME_OR_PATH, base: /path/to/anaconda3}}")
+    if "container" in body:  # container.py owns its keys and their errors
+        try:
+            container.parse(body["container"], f"{where}.container")
+        except container.ContainerError as err:
+            raise EnvProfileError(str(err)) from err
+    if "network_check" in body:
+        network_check_seconds(body["network_check"], f"{where}.network_check")
     for key in ("nccl", "env"):
         if key in body and not isinstance(body[key], dict):
             raise EnvProfileError(f"{where}.{key}: must be a mapping")
@@ -154,6 +163,24 @@ def _check_profile(body: dict[str, Any], where: str) -> None:
             raise EnvProfileError(f"{where}.env.{var}: not a valid environment variable name")
         if isinstance(value, dict | list):
             raise EnvProfileError(f"{where}.env.{var}: must be a string or number")
+
+
+NETWORK_CHECK_MAX_S = 3600
+
+
+def network_check_seconds(value: Any, where: str = "network_check") -> int:
+    """`network_check: true | false | {timeout: SECONDS}` -> the preflight's limit in seconds, 0 for off."""
+    allowed = f"allowed: true, false or {{timeout: SECONDS}} (1-{NETWORK_CHECK_MAX_S}; true means {{timeout: 60}})"
+    if isinstance(value, bool):
+        return NETWORK_CHECK_DEFAULT_S if value else 0
+    if not isinstance(value, dict):
+        raise EnvProfileError(f"{where}: {value!r} is not valid; {allowed}")
+    if set(value) - {"timeout"}:
+        raise EnvProfileError(f"{where}: unknown key(s) {sorted(map(str, set(value) - {'timeout'}))}; {allowed}")
+    timeout = value.get("timeout", NETWORK_CHECK_DEFAULT_S)
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= NETWORK_CHECK_MAX_S:
+        raise EnvProfileError(f"{where}.timeout: {timeout!r} is not valid; {allowed}")
+    return timeout
 
 
 def resolve(profiles: ProfileSet, selection: str | None) -> dict[str, Any]:
@@ -225,7 +252,17 @@ def render_lines(profile: dict[str, Any]) -> list[str]:
         for key, var in NCCL_KEYS.items():
             if key in nccl and nccl[key] is not None:
                 lines.append(f"export {var}={q(_value(nccl[key]))}")
+    if "network_check" in profile:  # validated when the file was read
+        seconds = network_check_seconds(profile["network_check"])
+        lines.append(
+            "# network preflight: one tiny all-reduce over all ranks before the training (docs/network-preflight.md)"
+            if seconds
+            else "# network preflight: off"
+        )
+        lines.append(f"export {NETWORK_CHECK_VAR}={seconds}")
     variables = {**DEFAULT_VARS, **{str(k): _value(v) for k, v in (profile.get("env") or {}).items()}}
     lines.append("# variables")
     lines += [f"export {k}={q(v)}" for k, v in variables.items()]
+    if box := container.parse(profile.get("container"), "container"):  # validated when the file was read
+        lines += container.env_lines(box, list(variables), q)
     return lines

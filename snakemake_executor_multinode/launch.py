@@ -21,27 +21,20 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import protocol
+from . import container, liveness, netcheck, nodelog, protocol
 from .protocol import EXIT_PREEMPTED
-from .torchrun_flags import split_torchrun_args
+from .torchrun_flags import option_value, split_torchrun_args
 
 __all__ = ["split_torchrun_args"]  # re-exported: torchrun's flags live in torchrun_flags.py
 
-# Flags the launcher decides in a multi-node allocation; a user value would desynchronise the nodes.
-OWNED = (
-    "--node_rank",
-    "--node-rank",
-    "--nnodes",
-    "--standalone",
-    "--rdzv_endpoint",
-    "--rdzv-endpoint",
-    "--rdzv_backend",
-    "--rdzv-backend",
-)
+# The rendezvous backends a SLURM allocation can use: static (torchrun's default with --master_addr, ranks from
+# --node_rank) and c10d (a TCP store on the head node; the rendezvous assigns the ranks and lets torchrun restart
+# failed workers within the job, --max-restarts).
+RDZV_BACKENDS = ("static", "c10d")
 
 # The node rank of a task of the launcher's step: expanded by each task's shell, on its node. With one task per
 # node, SLURM numbers the step's nodes in the allocation's order, so node 0 is the head (MASTER_ADDR).
@@ -73,16 +66,6 @@ class Allocation:
     cpus_per_task: int
     master_addr: str
     master_port: int
-
-
-def _option(opts: Sequence[str], *names: str) -> str | None:
-    for i, token in enumerate(opts):
-        for name in names:
-            if token == name and i + 1 < len(opts):
-                return opts[i + 1]
-            if token.startswith(name + "="):
-                return token.split("=", 1)[1]
-    return None
 
 
 def _count_devices(env: Mapping[str, str]) -> int:
@@ -146,34 +129,110 @@ def read_allocation(env: Mapping[str, str]) -> Allocation:
     return Allocation(job_id, nodes, _count_devices(env), cpus, addr, port)
 
 
-def refuse_owned(opts: Sequence[str]) -> None:
-    for name in OWNED:
-        if _option(opts, name) is not None or name in opts:
-            raise SystemExit(f"multinode torchrun: {name} is set by the launcher inside a SLURM allocation")
+def _refuse(flag: str, why: str) -> SystemExit:
+    return SystemExit(f"multinode torchrun: {flag}: {why}")
+
+
+def _given(opts: Sequence[str], name: str) -> str | None:
+    """A flag's value under either spelling (--a_b / --a-b); "" for a flag given without a value."""
+    names = (name, name.replace("_", "-"))
+    value = option_value(opts, *names)
+    return "" if value is None and any(t in names for t in opts) else value
+
+
+def rdzv_backend(opts: Sequence[str]) -> str:
+    backend = _given(opts, "--rdzv_backend") or "static"
+    if backend not in RDZV_BACKENDS:
+        raise _refuse("--rdzv_backend", f"{backend!r} is not available here; allowed: {', '.join(RDZV_BACKENDS)}")
+    return backend
+
+
+def check_user_flags(alloc: Allocation, opts: Sequence[str]) -> None:
+    """torchrun's flags as a user writes them for one node, judged against the allocation: a value the launcher
+    would set anyway is accepted, a different one would desynchronise the nodes and is refused, saying why."""
+    if _given(opts, "--node_rank") is not None:
+        raise _refuse(
+            "--node_rank", "the launcher gives each node its rank (SLURM_NODEID, in the allocation's order); drop it"
+        )
+    if _given(opts, "--standalone") is not None:
+        raise _refuse(
+            "--standalone",
+            f"this allocation has {len(alloc.nodes)} node(s); the launcher sets the "
+            "rendezvous (outside SLURM, multinode torchrun runs standalone)",
+        )
+    n = len(alloc.nodes)
+    nnodes = _given(opts, "--nnodes")
+    if nnodes is not None and nnodes not in (str(n), f"{n}:{n}"):
+        raise _refuse(
+            "--nnodes",
+            f"{nnodes!r}, but the allocation has {n} node(s) ({','.join(alloc.nodes)}); drop it or write --nnodes={n}",
+        )
+    for flag, ours in (("--master_addr", alloc.master_addr), ("--master_port", str(alloc.master_port))):
+        value = _given(opts, flag)
+        if value is not None and value != ours:
+            raise _refuse(
+                flag,
+                f"{value!r}, but the launcher's rendezvous is {alloc.master_addr}:"
+                f"{alloc.master_port} (MASTER_ADDR:MASTER_PORT); drop it",
+            )
+    backend = rdzv_backend(opts)
+    endpoint = _given(opts, "--rdzv_endpoint")
+    if endpoint is not None and (backend != "c10d" or endpoint != f"{alloc.master_addr}:{alloc.master_port}"):
+        raise _refuse(
+            "--rdzv_endpoint",
+            f"{endpoint!r}; the launcher puts the endpoint on the head node "
+            f"({alloc.master_addr}:{alloc.master_port}) with --rdzv_backend=c10d; drop it",
+        )
+    restarts = _given(opts, "--max_restarts")
+    if backend == "static" and restarts not in (None, "0"):
+        raise _refuse(
+            "--max_restarts",
+            "needs --rdzv_backend=c10d: with the static rendezvous torch 2.13's "
+            "restarted workers find the previous attempt's peer addresses and fail",
+        )
+    for flag in ("--redirects", "--tee"):
+        if _given(opts, flag) is not None:
+            raise _refuse(
+                flag,
+                "the launcher keeps every rank's output: labelled lines in the job log, each "
+                "node's in <job log>.<node>.out; --log-dir keeps torchrun's per-rank files too",
+            )
 
 
 def nproc_for(alloc: Allocation, opts: Sequence[str]) -> int:
-    """Processes per node: the user's --nproc_per_node, else the node's GPUs (fake ones count), else 1."""
-    given = _option(opts, "--nproc_per_node", "--nproc-per-node")
-    if given is not None:
-        if not given.isdigit() or int(given) < 1:
-            raise SystemExit(f"multinode torchrun: --nproc_per_node must be a positive integer, got {given!r}")
-        return int(given)
-    return max(alloc.gpus_per_node, 1)
+    """Processes per node: the user's --nproc_per_node (a number, or gpu / cpu / auto as torchrun reads them, here
+    counted from the allocation), else the node's GPUs (fake ones count), else 1."""
+    given = _given(opts, "--nproc_per_node")
+    if given is None:
+        return max(alloc.gpus_per_node, 1)
+    if given == "gpu" or (given == "auto" and alloc.gpus_per_node):
+        if not alloc.gpus_per_node:
+            raise _refuse(
+                "--nproc_per_node=gpu",
+                "this allocation has no GPUs (ask for them with the rule's gpus resource or --gpus-per-node)",
+            )
+        return alloc.gpus_per_node
+    if given in ("cpu", "auto"):
+        return max(alloc.cpus_per_task, 1)
+    if not given.isdigit() or int(given) < 1:
+        raise _refuse("--nproc_per_node", f"{given!r}; allowed: a positive integer, gpu, cpu or auto")
+    return int(given)
 
 
-def _strip_nproc(opts: Sequence[str]) -> list[str]:
+# Flags the builder writes itself; a user's equal value (accepted above) is dropped so each appears once.
+_BUILT = ("--nproc_per_node", "--nnodes", "--master_addr", "--master_port", "--rdzv_backend", "--rdzv_endpoint")
+
+
+def _strip_built(opts: Sequence[str]) -> list[str]:
+    names = {n for b in _BUILT for n in (b, b.replace("_", "-"))}
     out, skip = [], False
     for token in opts:
         if skip:
             skip = False
-            continue
-        if token in ("--nproc_per_node", "--nproc-per-node"):
+        elif token in names:
             skip = True
-            continue
-        if token.startswith(("--nproc_per_node=", "--nproc-per-node=")):
-            continue
-        out.append(token)
+        elif token.split("=", 1)[0] not in names:
+            out.append(token)
     return out
 
 
@@ -192,6 +251,15 @@ def torchrun_command(
     cmd = [python, "-m", "torch.distributed.run"]
     if alloc is None:
         cmd += ["--standalone", f"--nproc_per_node={nproc}"]
+    elif rdzv_backend(opts) == "c10d":
+        cmd += [
+            f"--nnodes={len(alloc.nodes)}",
+            f"--nproc_per_node={nproc}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={alloc.master_addr}:{alloc.master_port}",
+        ]
+        if _given(opts, "--rdzv_id") is None:
+            cmd.append(f"--rdzv_id={alloc.job_id}")
     else:
         cmd += [
             f"--nnodes={len(alloc.nodes)}",
@@ -200,21 +268,27 @@ def torchrun_command(
             f"--master_addr={alloc.master_addr}",
             f"--master_port={alloc.master_port}",
         ]
-    return [*cmd, *_strip_nproc(opts), *script]
+    return [*cmd, *_strip_built(opts), *script]
 
 
-def agent_script(torchrun: Sequence[str]) -> str:
+def labelled(torchrun: Sequence[str], nproc: int, python: str = sys.executable, echo: bool = False) -> list[str]:
+    """torchrun under the node's labeller (nodelog.py): every line says which node and rank wrote it, kept in the
+    node's own file, which the launcher copies into the job log (`echo`: the labeller writes to stdout itself, for
+    a user's own srun step)."""
+    flags = ["--dynamic"] if any(t == "--rdzv_backend=c10d" for t in torchrun) else []
+    flags += ["--echo"] if echo else []
+    return [python, "-m", "snakemake_executor_multinode.nodelog", f"--nproc={nproc}", *flags, "--", *torchrun]
+
+
+def agent_script(torchrun: Sequence[str], preflight: Sequence[str] = ()) -> str:
     """The shell line every task of the launcher's step runs (`bash -c`). torchrun's agent starts with USR2
     ignored (an inherited ignore; the workers' own handler overrides it). `--node_rank=$SLURM_NODEID` is the one
     word the node's shell expands; every other word is quoted."""
     rank_word = f"--node_rank={SLURM_NODE_RANK}"
     at = torchrun.index(rank_word) if rank_word in torchrun else -1  # the first: a user's --node_rank is refused
     words = ['--node_rank="$SLURM_NODEID"' if i == at else shlex.quote(t) for i, t in enumerate(torchrun)]
-    return (
-        'trap "" USR2; '
-        'echo "[multinode torchrun] launching on $SLURMD_NODENAME, node_rank=$SLURM_NODEID" >&2; '
-        f"exec {' '.join(words)}"
-    )
+    check = f"{shlex.join(preflight)} || exit $?; " if preflight else ""  # network preflight (netcheck.py)
+    return f'trap "" USR2; {check}exec {" ".join(words)}'
 
 
 def plan(
@@ -222,13 +296,20 @@ def plan(
     opts: Sequence[str],
     script: Sequence[str],
     python: str = sys.executable,
+    box: container.ContainerSpec | None = None,
 ) -> list[str]:
     """The one srun step that starts torchrun on every node: what `run_step` runs, and what tests check.
     Explicit CPUs (srun 22.05 does not inherit --cpus-per-task) and --mem=0: all of the job's memory on each node,
     not a DefMemPerCPU-sized slice. The step inherits the job's GPUs on every node."""
-    refuse_owned(opts)
+    check_user_flags(alloc, opts)
     n = len(alloc.nodes)
-    torchrun = torchrun_command(opts, script, nproc=nproc_for(alloc, opts), alloc=alloc, python=python)
+    nproc = nproc_for(alloc, opts)
+    # --- containers (container.py): `box` wraps each node's torchrun; pyxis adds srun flags instead ---
+    bare = torchrun_command(opts, script, nproc=nproc, alloc=alloc, python=container.python(box, python))
+    node = container.node_task(
+        box, bare, lambda t: labelled(t, nproc, python), workdir=os.getcwd(), gpus_per_node=alloc.gpus_per_node
+    )
+    torchrun = node.argv
     srun = [
         "srun",
         f"--nodes={n}",
@@ -240,13 +321,20 @@ def plan(
         "--export=ALL",
         "--job-name=torchrun",
     ]
-    return [*srun, "bash", "-c", agent_script(torchrun), "multinode-agent"]
+    # --- network preflight (netcheck.py): on every node before torchrun, when $MULTINODE_NETWORK_CHECK is set ---
+    preflight = netcheck.command(alloc, nproc, python, contained=box is not None)
+    return [*srun, *node.srun_flags, "bash", "-c", agent_script(torchrun, preflight), "multinode-agent"]
 
 
-def worker_env(alloc: Allocation, nproc: int, env: Mapping[str, str]) -> dict[str, str]:
+def worker_env(alloc: Allocation, nproc: int, env: Mapping[str, str], opts: Sequence[str] = ()) -> dict[str, str]:
     """OMP threads = the node's CPUs shared by its processes (Snakemake's shell set it to the rule's threads)."""
     omp = str(max(1, alloc.cpus_per_task // max(nproc, 1)))
-    return dict(env) | {"OMP_NUM_THREADS": omp, "MASTER_ADDR": alloc.master_addr, "MASTER_PORT": str(alloc.master_port)}
+    out = dict(env) | {"OMP_NUM_THREADS": omp, "MASTER_ADDR": alloc.master_addr, "MASTER_PORT": str(alloc.master_port)}
+    if rdzv_backend(opts) == "c10d":
+        # torch 2.13's workers otherwise share the rendezvous store across restarts, and a restarted gloo group
+        # reads the previous attempt's peer addresses ("Connection refused"): a fresh store per attempt.
+        out.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    return out
 
 
 @dataclass(frozen=True)
@@ -255,6 +343,7 @@ class Failure:
     rank: int
     code: int
     what: str
+    victim: str = ""  # set when `node` does not answer: the node whose task failed first, after losing its peer
 
 
 class StepWatch:
@@ -324,7 +413,8 @@ def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) 
         return 0
     if watch.failure is not None:
         f = watch.failure
-        log(f"FAILED: node {f.node} (node_rank {f.rank}) exited with {f.code}")
+        why = "does not answer: the node is down" if f.victim else f"exited with {f.code}"
+        log(f"FAILED: node {f.node} (node_rank {f.rank}) {why}")
         return f.code
     log(f"srun exited with {code}" + (" after the step was stopped" if watch.stopped else ""))
     return code if code > 0 else 1
@@ -347,17 +437,41 @@ def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str])
             out.write(data)
             out.flush()
             if (failed := watch.feed(data)) is not None:
-                report_failure(failed, env)
                 proc.send_signal(signal.SIGTERM)  # srun: "forcing job termination", SIGKILL to every task
                 give_up = time.monotonic() + STOP_WAIT_S
+                watch.failure = failed = blame(failed, watch.nodes, env)  # ~1 s at most
+                report_failure(failed, env)
         elif proc.poll() is not None:
             break
     return proc.wait()
 
 
+def blame(
+    failed: Failure,
+    nodes: Sequence[str],
+    env: Mapping[str, str],
+    find_dead: Callable[[Sequence[str], int], list[str]] = liveness.unreachable,
+) -> Failure:
+    """The node to blame for the first failed task. When a node dies, the live nodes' ranks fail first (their peer
+    vanished) and srun names one of them: so every other node's slurmd is asked first (in parallel, ~1 s at most),
+    and a node that does not answer is blamed, the first failing node named as its victim."""
+    here = socket.gethostname().split(".")[0]  # the launcher runs here: this node is not dead
+    dead = find_dead([n for n in nodes if n != here], liveness.slurmd_port(env))
+    if not dead or failed.node in dead:
+        return failed
+    node = dead[0]
+    return Failure(node, nodes.index(node), failed.code, "not answering", victim=failed.node)
+
+
 def report_failure(failed: Failure, env: Mapping[str, str]) -> None:
-    how = f"with exit code {failed.code}" if EXITED.search(failed.what) else f"({failed.what})"
-    log(f"node {failed.node} (node_rank {failed.rank}) failed {how}; stopping the other nodes")
+    if failed.victim:
+        log(
+            f"node {failed.node} (node_rank {failed.rank}) does not answer (its slurmd is unreachable: the node is "
+            f"down); node {failed.victim} failed after it, having lost its peer; stopping the other nodes"
+        )
+    else:
+        how = f"with exit code {failed.code}" if EXITED.search(failed.what) else f"({failed.what})"
+        log(f"node {failed.node} (node_rank {failed.rank}) failed {how}; stopping the other nodes")
     if path := env.get(protocol.FAILED_NODE_FILE_VAR):
         try:
             with open(path, "x") as fh:  # an earlier launch's failure in this job wins
@@ -386,38 +500,74 @@ def step_command(
         # the same on every node without talking to each other: job and step id
         int(env.get("MASTER_PORT") or protocol.master_port(int(job), int(env.get("SLURM_STEP_ID", 0)))),
     )
-    refuse_owned(opts)
+    check_user_flags(alloc, opts)
     nproc = nproc_for(alloc, opts)
     rank = int(env["SLURM_NODEID"])  # the step's nodes in the allocation's order, as in the launcher's own step
     cmd = torchrun_command(opts, script, nproc=nproc, alloc=alloc, node_rank=rank, python=python)
-    return cmd, worker_env(alloc, nproc, env)
+    return labelled(cmd, nproc, python, echo=True), worker_env(alloc, nproc, env, opts)
+
+
+# What `--help` adds above torchrun's own options: the flags the launcher writes in an allocation.
+FILLED_IN = """\
+Inside a SLURM allocation the launcher fills in, for every node:
+  --nnodes            the allocation's node count (an equal value is accepted; another is refused)
+  --nproc_per_node    the node's GPUs, else 1 (yours wins: a number, or gpu / cpu / auto counted from the
+                      allocation)
+  --node_rank         SLURM_NODEID (yours is refused: the launcher gives each node its rank)
+  --master_addr/--master_port   the head node's address and a port derived from the job id (equal values are
+                      accepted); with --rdzv_backend=c10d: --rdzv_endpoint on the head node and --rdzv_id = job id
+  --redirects/--tee   owned: each line of the job log is labelled [<node> rank<R>], and each node's output is kept
+                      in <job log>.<node>.out; --log-dir keeps torchrun's per-rank files as well
+Everything else (--max-restarts, --rdzv_backend=c10d, --local-ranks-filter, -m, --no-python, ...) is torchrun's.
+"""
+
+
+def print_help(python: str = sys.executable) -> int:
+    print(__doc__)
+    print(FILLED_IN)
+    print("torchrun's options (python -m torch.distributed.run --help):\n", flush=True)
+    return subprocess.call([python, "-m", "torch.distributed.run", "--help"])
 
 
 def main(argv: Sequence[str]) -> int:
     if argv[:1] in (["-h"], ["--help"]):
-        print(__doc__)
-        return 0
+        return print_help()
     opts, script = split_torchrun_args(argv)
     env = dict(os.environ)
-    if not env.get("SLURM_JOB_ID") or not (env.get("SLURM_JOB_NODELIST") or env.get("NODELIST")):
-        local_nproc = _option(opts, "--nproc_per_node", "--nproc-per-node") or str(max(_count_devices(env), 1))
+    outside = not env.get("SLURM_JOB_ID") or not (env.get("SLURM_JOB_NODELIST") or env.get("NODELIST"))
+    if (outside or env.get("SLURM_STEP_ID")) and (box := container.from_env(env)) is not None:
+        # the container wraps the step this launcher starts; here it starts none
+        where = "outside SLURM" if outside else "inside your own srun step"
+        raise SystemExit(
+            f"multinode torchrun: {where} the profile's container ({container.describe(box)}) cannot be applied: "
+            "start the container yourself, or run `multinode torchrun` from the batch script so that it starts "
+            "the step (the container comes from the environment profile)"
+        )
+    if outside:
+        local_nproc = option_value(opts, "--nproc_per_node", "--nproc-per-node") or str(max(_count_devices(env), 1))
         log(f"no SLURM allocation: one-node torchrun with {local_nproc} process(es)")
-        return subprocess.call(torchrun_command(opts, script, nproc=local_nproc), env=env)
+        nproc = int(local_nproc) if local_nproc.isdigit() else 0  # gpu/cpu/auto: torchrun counts
+        torchrun = torchrun_command(opts, script, nproc=local_nproc)
+        return subprocess.call(labelled(torchrun, nproc) if nproc else torchrun, env=env)
     if env.get("SLURM_STEP_ID"):
         cmd, step_env = step_command(env, opts, script)
-        log(f"inside step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}: {' '.join(cmd[3:8])}")
+        log(f"inside step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}: {shlex.join(cmd)}")
         # This process is a step task: USR2 would end it. Ignored here, inherited by torchrun's agent; the
         # workers install their own handler.
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         os.execve(cmd[0], cmd, step_env)
     alloc = read_allocation(env)
-    argv_srun = plan(alloc, opts, script)
+    box = container.from_env(env)  # the profile's container, from the job script's variables (container.py)
+    if box is not None:
+        log(f"each node's torchrun runs in {container.describe(box)}")
+    argv_srun = plan(alloc, opts, script, box=box)
     nproc = nproc_for(alloc, opts)
     log(
         f"job {alloc.job_id}: {len(alloc.nodes)} node(s) x {nproc} process(es), "
         f"master {alloc.master_addr}:{alloc.master_port}; one srun step, node_rank = SLURM_NODEID"
     )
-    code = run_step(argv_srun, worker_env(alloc, nproc, env), alloc.nodes)
+    with nodelog.Merger(nodelog.log_stem(env), alloc.nodes):  # the nodes' labelled lines into the job log
+        code = run_step(argv_srun, worker_env(alloc, nproc, env, opts), alloc.nodes)
     preempt = env.get(protocol.PREEMPT_FILE_VAR)
     if code == 0 and preempt and Path(preempt).exists():
         log("training checkpointed on the pre-time-limit signal")

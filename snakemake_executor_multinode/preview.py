@@ -16,13 +16,15 @@ prints the script of that rule's job from the real Snakefile, as `snakemake --ex
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
 import sys
 import typing
 from dataclasses import fields
 from pathlib import Path
 
-from . import environment
-from .plan import Planner, RuleJob, Settings, SettingsError
+from . import container, environment, launch
+from .plan import JobPlan, Planner, RuleJob, Settings, SettingsError
 from .request import RequestError
 
 # Settings that shape the script (the others steer the executor's status loop).
@@ -109,4 +111,46 @@ def run(args: argparse.Namespace) -> int:
     for warning in plan.request.warnings:
         print(f"multinode preview: warning: {warning}", file=sys.stderr)
     sys.stdout.write(plan.script)
+    if launch_lines := launch_preview(plan, planner.profiles, command):
+        print(launch_lines, file=sys.stderr)
     return 0
+
+
+_TORCHRUN = re.compile(r"\bmultinode\s+torchrun\s+(?P<args>.*)$", re.MULTILINE)
+_SHELL_OPS = {";", "&&", "||", "|", ">", ">>", "2>", "&", "<"}
+PLACEHOLDER_PORT = 1  # replaced by $MASTER_PORT in the text: the port is the job's
+
+
+def launch_preview(plan: JobPlan, profiles: environment.ProfileSet, command: str | None) -> str:
+    """For a job whose command (the rule's shell) runs `multinode torchrun`: the srun step the launcher starts,
+    built by the launcher's own `launch.plan` (container wrapping included), with placeholder allocation values.
+    Empty otherwise. Printed on stderr: stdout stays exactly the script the run submits."""
+    found = _TORCHRUN.search(command or "")
+    if found is None:
+        return ""
+    try:
+        words = shlex.split(found["args"], comments=True)
+    except ValueError:
+        return ""
+    cut = next((i for i, w in enumerate(words) if w in _SHELL_OPS), len(words))
+    opts, script = launch.split_torchrun_args(words[:cut])
+    req = plan.request
+    nodes = tuple(f"<node{i + 1}>" for i in range(req.nodes))
+    alloc = launch.Allocation("<jobid>", nodes, req.gpus, req.cpus_per_task, "$MASTER_ADDR", PLACEHOLDER_PORT)
+    box = container.parse(environment.resolve(profiles, req.env_profile).get("container"), "container")
+    try:
+        argv = launch.plan(alloc, opts, script, box=box)
+    except SystemExit as refused:  # what the launcher would refuse in the job
+        return f"# multinode torchrun would refuse this command: {refused}"
+    at = argv.index("bash")
+    task = argv[at + 2].replace(f"--master_port={PLACEHOLDER_PORT}", "--master_port=$MASTER_PORT")
+    where = f"in {container.describe(box)}" if box else "without a container"
+    return "\n".join(
+        [
+            f"# ==== `multinode torchrun`'s step, as the launcher starts it in the job ({where}); not part of the",
+            "# script. Placeholders: <nodeN>, $MASTER_ADDR, $MASTER_PORT (the job's); paths are the job's workdir.",
+            f'{shlex.join(argv[:at])} bash -c "$TASK" multinode-agent',
+            "# TASK, the line each node's shell runs:",
+            task,
+        ]
+    )

@@ -35,6 +35,36 @@ REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run hand
 # Training: write your metrics JSON lines here, or make this path a link to your own metrics file. It lies beside
 # the job's log (so it outlives the run), and `multinode status` and the progress lines read its last line.
 METRICS_FILE_VAR = "MULTINODE_METRICS_FILE"
+# The job log's path without ".log" (a requeued run's own log included): `multinode torchrun` keeps each node's
+# labelled output in <stem>.<node>.out beside it (.out: the job's own logs are the .log files). Unset (a
+# hand-written sbatch script): slurm-<jobid> in the submit folder, sbatch's own default.
+LOG_STEM_VAR = "MULTINODE_LOG_STEM"
+# The container each node's torchrun runs in (container.py; the job script exports them from the profile's
+# `container:` key, a hand-written sbatch script may set them). Lists are space-separated words.
+CONTAINER_RUNTIME_VAR = "MULTINODE_CONTAINER_RUNTIME"  # pyxis | apptainer | singularity | podman; unset: none
+CONTAINER_IMAGE_VAR = "MULTINODE_CONTAINER_IMAGE"
+CONTAINER_MOUNTS_VAR = "MULTINODE_CONTAINER_MOUNTS"  # SRC[:DST[:ro|rw]] ...
+CONTAINER_FLAGS_VAR = "MULTINODE_CONTAINER_FLAGS"  # the runtime's extra options, as shell words
+CONTAINER_WORKDIR_VAR = "MULTINODE_CONTAINER_WORKDIR"  # default: the job's working directory
+CONTAINER_PYTHON_VAR = "MULTINODE_CONTAINER_PYTHON"  # the image's interpreter (default python3)
+CONTAINER_GPUS_VAR = "MULTINODE_CONTAINER_GPUS"  # auto | cdi | devices | none
+CONTAINER_ENV_VAR = "MULTINODE_CONTAINER_ENV"  # podman: more variables (NAME or PREFIX*) passed in by name
+# Set by the environment section (environment.py, from the profile), not by the template itself.
+CONTAINER_VARIABLES = (
+    CONTAINER_RUNTIME_VAR,
+    CONTAINER_IMAGE_VAR,
+    CONTAINER_MOUNTS_VAR,
+    CONTAINER_FLAGS_VAR,
+    CONTAINER_WORKDIR_VAR,
+    CONTAINER_PYTHON_VAR,
+    CONTAINER_GPUS_VAR,
+    CONTAINER_ENV_VAR,
+)
+# The network preflight (netcheck.py): its limit in seconds; 0 or unset: no check. The job script exports it from
+# the profile's `network_check:` key (environment.py); a hand-written sbatch script may set it.
+NETWORK_CHECK_VAR = "MULTINODE_NETWORK_CHECK"
+NETWORK_CHECK_DEFAULT_S = 60
+NETWORK_CHECK_VARIABLES = (NETWORK_CHECK_VAR,)  # set by the environment section, not by the template itself
 VARIABLES = (
     STATE_DIR_VAR,
     PREEMPT_FILE_VAR,
@@ -45,6 +75,9 @@ VARIABLES = (
     OMP_THREADS_VAR,
     REQUEUED_VAR,
     METRICS_FILE_VAR,
+    LOG_STEM_VAR,
+    *CONTAINER_VARIABLES,
+    *NETWORK_CHECK_VARIABLES,
 )
 
 # Rendezvous port: derived from the job id, so two jobs sharing a head node pick different ports without talking to
@@ -56,6 +89,17 @@ PORTS_PER_JOB = 4
 
 def master_port(job_id: int, step_id: int = 0) -> int:
     return PORT_BASE + (job_id * PORTS_PER_JOB + step_id % PORTS_PER_JOB) % PORT_SPAN
+
+
+# The network preflight's rendezvous port: a range of its own above the training's, so it never takes the training's
+# port (nor a TIME_WAIT left on it), derived from the training's port so that jobs sharing a head node differ. The
+# launcher, on the head node, moves on from a busy one (launch.free_port).
+NETCHECK_PORT_BASE = PORT_BASE + PORT_SPAN
+NETCHECK_PORT_SPAN = 5000
+
+
+def netcheck_port(master_port: int) -> int:
+    return NETCHECK_PORT_BASE + (master_port - PORT_BASE) % NETCHECK_PORT_SPAN
 
 
 def master_port_shell(job_id_var: str = "SLURM_JOB_ID") -> str:
@@ -75,3 +119,8 @@ def marker_shell(suffix: str) -> str:
 def metrics_file(log: Path) -> Path:
     """The metrics file of the job whose first log is `log`: <jobid>.attempt<n>.log -> ....metrics.jsonl beside it."""
     return log.with_name(log.name.removesuffix(".log") + METRICS_SUFFIX)
+
+
+def node_log(stem: str, node: str) -> str:
+    """Where a node's labelled output is kept: beside the job log."""
+    return f"{stem}.{node}.out"

@@ -113,6 +113,25 @@ _ALIASES = {
 }
 
 
+def refuse_container_directive(rule: str, image: str, nodes: Any, command: str | None) -> None:
+    """Snakemake's `container:` directive runs the rule's whole shell in the image, on the head node, where srun
+    (and so `multinode torchrun`'s step) does not exist: refused for a multi-node rule or one that runs the
+    launcher. The image belongs in an environment profile, whose container the launcher puts on every node."""
+    try:
+        many = int(nodes) > 1
+    except (TypeError, ValueError):
+        many = False
+    if many or "multinode torchrun" in (command or ""):
+        err = RequestError(rule, "container", image, "")
+        err.args = (
+            f"rule {rule!r}: the container: directive ({image!r}) cannot run a multi-node job or `multinode "
+            "torchrun`: Snakemake would run the whole rule inside the image on the head node, where srun does not "
+            "exist. Drop the directive and put the image in an environment profile, selected with env_profile: "
+            f"`container: {{runtime: apptainer, image: {image}}}` (or pyxis, podman); see docs/containers.md",
+        )
+        raise err
+
+
 def _one_task(per_node: Any = "N") -> str:
     return (
         "the launcher runs one task (one torchrun) per node; for "

@@ -113,7 +113,11 @@ class Tracker:
                     f"restart {restart + 1}"
                 )
                 return Outcome(jobid, False, state=live, note=note)
-            if live.active:  # the run's end is not final in slurmctld yet (COMPLETING): ask again next cycle
+            # RUNNING: the EXIT trap wrote the marker before the shell ended; ask again next cycle. COMPLETING with
+            # this run's restart count is final: a requeue raises the count at once (checked above; measured: a
+            # `scontrol requeue` shows COMPLETING with the count raised). Waiting on COMPLETING would wait for a
+            # dead node's cleanup, that is SlurmdTimeout (minutes).
+            if live.active and not (live.state == "COMPLETING" and live.restarts is not None):
                 return Outcome(jobid, False, state=live)
             return Outcome(jobid, True, False, ended.exit_code, state or live, ended.failed_node)
         if not answered or (state is not None and state.active):

@@ -90,3 +90,14 @@ def split_torchrun_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     if i >= len(argv):
         raise SystemExit("multinode torchrun: no training script given (usage: multinode torchrun [opts] SCRIPT)")
     return list(argv[:i]), list(argv[i:])
+
+
+def option_value(opts: Sequence[str], *names: str) -> str | None:
+    """The value of the first of `names` given in `opts` (`--name value` or `--name=value`), else None."""
+    for i, token in enumerate(opts):
+        for name in names:
+            if token == name and i + 1 < len(opts):
+                return opts[i + 1]
+            if token.startswith(name + "="):
+                return token.split("=", 1)[1]
+    return None

@@ -32,7 +32,7 @@ from snakemake_executor_multinode.plan import (
 )
 from snakemake_executor_multinode.progress import ProgressLines
 from snakemake_executor_multinode.registry import Registry, Submission
-from snakemake_executor_multinode.request import JobRequest, RequestError
+from snakemake_executor_multinode.request import JobRequest, RequestError, refuse_container_directive
 from snakemake_executor_multinode.slurm import RetryPolicy, SlurmClient, SubmitError
 from snakemake_executor_multinode.status import Tracker
 from snakemake_executor_plugin_multinode.facts import JobFacts, job_facts
@@ -135,6 +135,8 @@ class Executor(RemoteExecutor):
             avoid_nodes=self.failed_nodes.get(f.outputs, ()) if f.attempt > 1 else (),
         )
         try:
+            if f.container_image is not None:  # Snakemake's container: directive (request.py decides)
+                refuse_container_directive(f.name, f.container_image, f.resources.get("nodes"), f.shellcmd)
             return self.planner.plan(rule_job)
         except RequestError as err:
             raise WorkflowError(str(err)) from err

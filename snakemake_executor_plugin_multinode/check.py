@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snakemake_executor_multinode import preflight
+from snakemake_executor_multinode.preview import launch_preview
 from snakemake_executor_multinode.request import JobRequest
 from snakemake_executor_plugin_multinode import Executor, KnownJobs
 from snakemake_executor_plugin_multinode.facts import job_facts
@@ -188,6 +189,7 @@ def run_check(argv: Sequence[str]) -> int:
 class Preview:
     script: str | None
     messages: list[str]
+    launch: str = ""  # the launcher's per-node step, for a job that runs `multinode torchrun` (on stderr)
 
 
 def _preview(rule: str, wildcards: dict[str, str]) -> Callable[[Executor], Preview]:
@@ -229,7 +231,8 @@ def _preview(rule: str, wildcards: dict[str, str]) -> Callable[[Executor], Previ
             plan = executor.plan_for(unit, facts)  # the real command: inner Snakemake formatted as at submission
         except WorkflowError as err:
             return Preview(None, [str(err)])
-        return Preview(plan.script, notes + [f"warning: {w}" for w in plan.request.warnings])
+        launch = launch_preview(plan, executor.planner.profiles, facts.shellcmd)  # `multinode torchrun`'s step
+        return Preview(plan.script, notes + [f"warning: {w}" for w in plan.request.warnings], launch)
 
     return task
 
@@ -249,6 +252,8 @@ def run_preview(argv: Sequence[str]) -> int:
     if preview.script is None:
         return 2
     sys.stdout.write(preview.script)
+    if preview.launch:
+        print(preview.launch, file=sys.stderr)
     return 0
 
 

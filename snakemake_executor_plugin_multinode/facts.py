@@ -34,6 +34,8 @@ class JobFacts:
     outputs: tuple[str, ...]
     logs: tuple[str, ...]
     inner_snakemake_reason: str | None  # why the job needs a Snakemake process inside; None: run shellcmd directly
+    # The rule's `container:` image when Snakemake would run the job in it (--software-deployment-method apptainer)
+    container_image: str | None = None
 
     @property
     def needs_inner_snakemake(self) -> bool:
@@ -73,6 +75,7 @@ def job_facts(job: Any) -> JobFacts:
         outputs=tuple(str(f) for f in job.output),
         logs=tuple(str(f) for f in job.log),
         inner_snakemake_reason=_inner_snakemake_reason(job, shellcmd),
+        container_image=_container_image(job),
     )
 
 
@@ -95,6 +98,16 @@ def declared_nodes(rule: Any) -> int | None:
             return None
         declared = declared.value
     return declared if isinstance(declared, int) and not isinstance(declared, bool) else None
+
+
+def _container_image(job: Any) -> str | None:
+    """The job's `container:` image (its own or the workflow's) when Snakemake deploys containers; None when it
+    would ignore the directive (no apptainer deployment method)."""
+    from snakemake.settings.types import DeploymentMethod  # Snakemake is loaded whenever there is a job
+
+    if DeploymentMethod.APPTAINER not in job.dag.workflow.deployment_settings.deployment_method:
+        return None
+    return str(job.container_img_url) if job.container_img_url else None
 
 
 def _inner_snakemake_reason(job: Any, shellcmd: str | None) -> str | None:

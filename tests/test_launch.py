@@ -64,9 +64,15 @@ def test_one_srun_step_starts_every_node_and_each_node_takes_its_rank_from_slurm
         "--export=ALL",
         "--job-name=torchrun",
     ]
+    python = str(tmp_path / "python")
     for node, rank in (("node110", 0), ("node111", 1)):
         task = run_task(argv, node, rank)
         assert task.stdout.splitlines() == [
+            "-m",
+            "snakemake_executor_multinode.nodelog",  # labels every line [node rankR], keeps the node's own file
+            "--nproc=8",
+            "--",
+            python,
             "-m",
             "torch.distributed.run",
             "--nnodes=2",
@@ -79,14 +85,13 @@ def test_one_srun_step_starts_every_node_and_each_node_takes_its_rank_from_slurm
             "3e-4",
             "USR2-ignored=1",  # torchrun's agent ignores USR2: the pre-time-limit signal reaches only the workers
         ]
-        assert f"launching on {node}, node_rank={rank}" in task.stderr
 
 
 def test_script_arguments_reach_torchrun_verbatim_through_the_tasks_shell(tmp_path):
     nasty = ["train.py", "a b", "$(touch PWNED)", "'q'", '"$SLURM_NODEID"', "--node_rank=$SLURM_NODEID"]
     argv = plan(ALLOC, [], nasty, python=str(fake_python(tmp_path)))
     out = run_task(argv, "node111", 1, cwd=tmp_path).stdout.splitlines()
-    assert out[7:-1] == nasty and not (tmp_path / "PWNED").exists()
+    assert out[out.index("--master_port=24242") + 1 : -1] == nasty and not (tmp_path / "PWNED").exists()
 
 
 def test_one_torchrun_builder_for_every_mode():
@@ -107,17 +112,95 @@ def test_one_torchrun_builder_for_every_mode():
 
 
 def test_user_torchrun_options_pass_through_and_nproc_can_be_overridden(tmp_path):
-    opts, script = split_torchrun_args(["--nproc_per_node", "2", "--max-restarts=1", "train.py", "--nnodes", "x"])
-    assert opts == ["--nproc_per_node", "2", "--max-restarts=1"] and script == ["train.py", "--nnodes", "x"]
+    opts, script = split_torchrun_args(["--nproc_per_node", "2", "--monitor-interval=1", "train.py", "--nnodes", "x"])
+    assert opts == ["--nproc_per_node", "2", "--monitor-interval=1"] and script == ["train.py", "--nnodes", "x"]
     out = run_task(plan(ALLOC, opts, script, python=str(fake_python(tmp_path))), "node110", 0).stdout.splitlines()
-    assert "--nproc_per_node=2" in out and "--max-restarts=1" in out and "--nproc_per_node=8" not in out
+    assert "--nproc_per_node=2" in out and "--monitor-interval=1" in out and "--nproc_per_node=8" not in out
     assert nproc_for(ALLOC, opts) == 2
 
 
-@pytest.mark.parametrize("opt", ["--node_rank=1", "--nnodes=3", "--standalone"])
-def test_options_the_launcher_owns_are_refused(opt):
-    with pytest.raises(SystemExit, match="set by the launcher"):
-        plan(ALLOC, [opt], ["train.py"])
+@pytest.mark.parametrize(
+    ("opts", "says"),
+    [
+        (["--node_rank=1"], "--node_rank: the launcher gives each node its rank"),
+        (["--node-rank", "0"], "--node_rank: the launcher gives each node its rank"),
+        (["--standalone"], "--standalone: this allocation has 2 node"),
+        (["--nnodes=3"], "--nnodes: '3', but the allocation has 2 node\\(s\\) \\(node110,node111\\)"),
+        (["--nnodes=1:2"], "--nnodes: '1:2', but the allocation has 2"),
+        (["--master_addr=10.9.9.9"], "--master_addr: '10.9.9.9', but the launcher's rendezvous is 10.0.0.110:24242"),
+        (["--master-port", "1234"], "--master_port: '1234'"),
+        (["--rdzv_backend=etcd"], "--rdzv_backend: 'etcd' is not available here; allowed: static, c10d"),
+        (["--rdzv_endpoint=10.0.0.110:24242"], "--rdzv_endpoint: .* with --rdzv_backend=c10d"),
+        (["--rdzv_backend=c10d", "--rdzv_endpoint=h:1"], "--rdzv_endpoint: 'h:1'; the launcher puts the endpoint"),
+        (["--tee=3"], "--tee: the launcher keeps every rank's output"),
+        (["-r", "3"], None),  # -r is --redirects' short form: see below
+        (["--nproc_per_node=many"], "--nproc_per_node: 'many'; allowed: a positive integer, gpu, cpu or auto"),
+        (["--max-restarts=2"], "--max_restarts: needs --rdzv_backend=c10d"),
+    ],
+)
+def test_a_flag_that_would_desynchronise_the_nodes_is_refused_saying_why(opts, says):
+    if says is None:
+        opts, says = ["--redirects", "3"], "--redirects: the launcher keeps every rank's output"
+    with pytest.raises(SystemExit, match=says):
+        plan(ALLOC, opts, ["train.py"])
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        ["--nnodes=2"],
+        ["--nnodes", "2:2"],
+        ["--master_addr=10.0.0.110", "--master_port=24242"],
+        ["--master-addr", "10.0.0.110"],
+        ["--rdzv_backend=static"],
+    ],
+)
+def test_values_the_launcher_would_write_anyway_are_accepted_once(opts):
+    argv = plan(ALLOC, opts, ["train.py"], python="py")
+    line = argv[-2]
+    assert line.count("--nnodes=2") == 1 and line.count("--master_addr=10.0.0.110") == 1
+    assert line.count("--master_port=24242") == 1 and "--rdzv_backend=static" not in line
+
+
+def test_nproc_per_node_gpu_cpu_and_auto_count_the_allocation():
+    assert nproc_for(ALLOC, ["--nproc_per_node=gpu"]) == 8
+    assert nproc_for(ALLOC, ["--nproc-per-node", "cpu"]) == 64
+    assert nproc_for(ALLOC, ["--nproc_per_node=auto"]) == 8
+    cpu_only = Allocation("1", ("a", "b"), gpus_per_node=0, cpus_per_task=4, master_addr="h", master_port=1)
+    assert nproc_for(cpu_only, ["--nproc_per_node=auto"]) == 4
+    with pytest.raises(SystemExit, match="--nproc_per_node=gpu: this allocation has no GPUs"):
+        nproc_for(cpu_only, ["--nproc_per_node=gpu"])
+    assert "--nproc_per_node=8" in plan(ALLOC, ["--nproc_per_node=gpu"], ["t.py"])[-2]
+
+
+def test_c10d_puts_the_endpoint_on_the_head_node_and_lets_torchrun_restart_workers():
+    cmd = torchrun_command(["--rdzv_backend=c10d", "--max-restarts=2"], ["t.py"], nproc=2, alloc=ALLOC, python="py")
+    assert cmd == [
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc_per_node=2",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=10.0.0.110:24242",
+        "--rdzv_id=4242",
+        "--max-restarts=2",
+        "t.py",
+    ]
+    assert "--dynamic" in plan(ALLOC, ["--rdzv_backend=c10d"], ["t.py"])[-2]  # the rendezvous numbers the ranks
+    mine = torchrun_command(["--rdzv_backend", "c10d", "--rdzv_id", "x"], ["t.py"], nproc=2, alloc=ALLOC)
+    assert "--rdzv_id=4242" not in mine and mine.count("--rdzv_backend=c10d") == 1 and ["--rdzv_id", "x"] == mine[-3:-1]
+
+
+def test_help_shows_torchruns_options_and_what_the_launcher_fills_in():
+    out = subprocess.run(
+        [sys.executable, "-m", "snakemake_executor_multinode.cli", "torchrun", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "the launcher fills in" in out and "--node_rank         SLURM_NODEID" in out
+    assert "--max-restarts MAX_RESTARTS" in out or "--max-restarts" in out.split("torchrun's options")[1]
 
 
 def test_unknown_option_and_missing_script_are_clear():
@@ -147,7 +230,7 @@ def test_the_launcher_reads_its_options_without_importing_torch():
         "import sys\n"
         "from snakemake_executor_multinode.cli import main\n"
         "from snakemake_executor_multinode.launch import split_torchrun_args, plan, Allocation\n"
-        "opts, script = split_torchrun_args(['--nproc_per_node=2', '--max-restarts', '1', 'train.py'])\n"
+        "opts, script = split_torchrun_args(['--nproc_per_node=2', '--rdzv_backend=c10d', '--max-restarts', '1', 'train.py'])\n"
         "plan(Allocation('1', ('a', 'b'), 2, 4, '10.0.0.1', 20004), opts, script)\n"
         "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')], 'torch imported'\n"
     )
@@ -199,6 +282,12 @@ def test_a_users_own_srun_step_runs_this_nodes_torchrun(monkeypatch):
     }
     cmd, env_out = step_command(env, [], ["train.py"], python="py")
     assert cmd == [
+        "py",
+        "-m",
+        "snakemake_executor_multinode.nodelog",
+        "--nproc=2",
+        "--echo",  # a user's own step: srun forwards the node's lines
+        "--",
         "py",
         "-m",
         "torch.distributed.run",
@@ -307,3 +396,18 @@ def test_outside_slurm_it_is_a_one_node_torchrun(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("WORLD 2 0") == 2
     assert "no SLURM allocation" in proc.stderr
+
+
+@pytest.mark.parametrize("step", [False, True], ids=["outside-slurm", "own-srun-step"])
+def test_a_container_the_launcher_cannot_apply_is_an_error_not_ignored(monkeypatch, step):
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "MULTINODE_"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv(protocol.CONTAINER_RUNTIME_VAR, "podman")
+    monkeypatch.setenv(protocol.CONTAINER_IMAGE_VAR, "localhost/train:1")
+    if step:
+        monkeypatch.setenv("SLURM_JOB_ID", "7")
+        monkeypatch.setenv("SLURM_JOB_NODELIST", "a")
+        monkeypatch.setenv("SLURM_STEP_ID", "0")
+    where = "inside your own srun step" if step else "outside SLURM"
+    with pytest.raises(SystemExit, match=f"{where} the profile's container .* cannot be applied"):
+        main(["train.py"])

@@ -197,12 +197,12 @@ def test_usr2_during_training_checkpoints_requeues_and_the_rerun_resumes_at_that
     logs = sorted(logdir.rglob("*.log"))
     assert [p.name for p in logs] == [f"{job}.attempt1.log", f"{job}.attempt1.restart1.log"]  # one log per run
     first, rerun = (p.read_text() for p in logs)
-    checkpointed = re.search(r"^SIGUSR2: checkpointed step (\d+), exiting for requeue$", first, re.M)
+    checkpointed = re.search(r"^\[\S+ rank0\] SIGUSR2: checkpointed step (\d+), exiting for requeue$", first, re.M)
     assert checkpointed, first
     n = int(checkpointed[1])
     assert frozen_step <= n <= frozen_step + 2  # at the step boundary after the signal
     assert f"[multinode] checkpointed after SIGUSR2 ({n})" in first and "[multinode] requeued;" in first
-    resumed = re.search(r"^resumed from (\S+) at step (\d+)$", rerun, re.M)
+    resumed = re.search(r"^\[\S+ rank0\] resumed from (\S+) at step (\d+)$", rerun, re.M)  # labelled by node and rank
     assert resumed and int(resumed[2]) == n, rerun
     assert Path(resumed[1]).name == f"step_{n:08d}"
     assert f"steps {n}->{steps}" in rerun and f"done: step {steps}" in rerun

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.sandbox import cluster
+from snakemake_executor_multinode.sandbox import cgroups, cluster
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
 
 pytestmark = pytest.mark.cluster
@@ -153,6 +153,7 @@ def test_a_second_cluster_runs_beside_this_one_and_its_down_leaves_this_one_alon
         assert not Path(f"/run/netns/{second.netns(1)}").exists()
         assert not Path(f"/sys/class/net/{second.bridge}").exists()
         assert not Path(f"/sys/class/net/{second.host_link(1)}").exists()
+        assert not cgroups.node_dir(second, 1, "freezer").exists()  # its node's cgroup tree is gone too
         # the suite's cluster: same daemons, its network, its nodes idle
         assert {d.name: d.pid() for d in cluster.daemons(first)} == first_pids
         assert all(Path(f"/run/netns/{first.netns(i)}").exists() for i in first.node_indices)
@@ -206,3 +207,86 @@ def _wait_state(cl, job: str, states: set[str], timeout: float = 60) -> str:
 
     assert _wait_for(reached, timeout), f"job {job} is {seen!r}, expected {states}"
     return seen
+
+
+# --- process tracking: a job's end ends every process it started ---------------------------------------------------
+# setsid (a new session and process group) + nohup (deaf to SIGHUP), stdio detached, its parent shell not waiting:
+# the escape of a daemonizing tool. The pid file is written by the escaped process itself; its `sleep` carries a
+# token so that the test (and its clean-up) never mistakes a reused pid for it.
+ESCAPE_SCRIPT = """#!/bin/bash
+setsid nohup bash -c 'echo $$ > {pidfile}; exec sleep {token}' >/dev/null 2>&1 </dev/null &
+for _ in $(seq 300); do [ -s {pidfile} ] && break; sleep 0.1; done
+{then}
+"""
+
+
+def _escaped_alive(pid: int, token: str) -> bool:
+    try:
+        return _alive(pid) and Path(f"/proc/{pid}/cmdline").read_bytes() == f"sleep\0{token}\0".encode()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["job ends", "scancel", "node set DOWN"])
+def test_a_process_that_escaped_the_batch_shell_ends_with_the_job(slurm_cluster, tmp_path, how):
+    """With proctrack/linuxproc the escaped `sleep` (reparented to init, in its own session) runs on after the job;
+    with proctrack/cgroup it stays in the job's freezer cgroup and SLURM kills it with the job."""
+    token = f"{900 + time.time_ns() % 100}.{os.getpid()}{time.time_ns() % 10**6}"  # sleep's argument, unique
+    pidfile = tmp_path / "escaped.pid"
+    script = tmp_path / "escape.sbatch"
+    script.write_text(
+        ESCAPE_SCRIPT.format(pidfile=pidfile, token=token, then="exit 0" if how == "job ends" else "sleep 300")
+    )
+    # A node going down hits only this job, which ends NODE_FAIL instead of being requeued elsewhere.
+    extra = ["--exclusive", "--no-requeue"] if how == "node set DOWN" else []
+    job = slurm_cluster.run("sbatch", "--parsable", *extra, "-o", str(tmp_path / "out.log"), str(script)).stdout.strip()
+    pid = 0
+    node = ""
+    try:
+        assert _wait_for(lambda: _read(pidfile).strip().isdigit(), 90), f"job {job} never started its escapee"
+        pid = int(pidfile.read_text())
+        assert _escaped_alive(pid, token)
+        if how == "scancel":
+            slurm_cluster.run("scancel", job)
+        elif how == "node set DOWN":
+            node = slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
+            slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=test-escaped-children")
+        _wait_state(slurm_cluster, job, {"COMPLETED", "CANCELLED", "NODE_FAIL", "FAILED"}, timeout=90)
+        assert _wait_for(lambda: not _escaped_alive(pid, token), 60), (
+            f"pid {pid} (started by job {job}, escaped with setsid+nohup) still runs after the job ended ({how}); "
+            f"the cluster tracks with {_proctrack(slurm_cluster)}"
+        )
+    finally:
+        if node:
+            slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+        if pid and _escaped_alive(pid, token):  # only our own escapee, checked by its token
+            os.kill(pid, 9)
+        slurm_cluster.run("scancel", job, check=False)
+
+
+def _proctrack(cl) -> str:
+    conf = cl.run("scontrol", "show", "config", check=False).stdout
+    return next((line.split("=", 1)[1].strip() for line in conf.splitlines() if line.startswith("ProctrackType")), "?")
+
+
+def test_each_node_tracks_its_jobs_in_its_own_cgroup_tree(slurm_cluster):
+    """Several slurmd on one host, and two clusters beside each other, never share a cgroup: node i's job cgroups
+    lie under freezer:/mn<slot>-node<i> (its slurmd's cgroup namespace), none in the host's own tree."""
+    spec = slurm_cluster.spec
+    assert cluster.uses_cgroups(spec), f"{spec.dir} tracks with {_proctrack(slurm_cluster)}: restart it (down, up)"
+    job = slurm_cluster.run("sbatch", "--parsable", "-N2", "-o", "/dev/null", "--wrap", "srun sleep 120").stdout.strip()
+    try:
+        _wait_state(slurm_cluster, job, {"RUNNING"})
+        nodes = slurm_cluster.run("scontrol", "show", "hostnames", _squeue_field(slurm_cluster, job, "%N")).stdout
+        for node in nodes.split():
+            i = int(node.removeprefix("node"))
+            # Debian builds SLURM for several slurmd per host: the tree is named slurm_<node>
+            mine = cgroups.node_dir(spec, i, "freezer") / f"slurm_{node}" / f"uid_{os.getuid()}" / f"job_{job}"
+            assert _wait_for(lambda d=mine: (d / "step_0").is_dir(), 30), f"no cgroup {mine}/step_0"
+            assert not (cgroups.CGROUP_FS / "freezer" / f"slurm_{node}" / f"uid_{os.getuid()}" / f"job_{job}").exists()
+    finally:
+        slurm_cluster.run("scancel", job, check=False)
+
+
+def _squeue_field(cl, job: str, field: str) -> str:
+    return cl.run("squeue", "-h", "-j", job, "-o", field).stdout.strip()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.cli import main
+from snakemake_executor_multinode.sandbox import cgroups
 from snakemake_executor_multinode.sandbox.spec import DEFAULT_DIR, ClusterError, ClusterSpec, render_configs
 from tests.conftest import TEST_CLUSTER_DIR
 
@@ -42,6 +43,8 @@ def test_hosts_file_names_controller_and_nodes():
         "172.31.77.1 ctl slurmctl",
         "172.31.77.11 node1",
         "172.31.77.12 node2",
+        "::ffff:172.31.77.11 node1-v4mapped",
+        "::ffff:172.31.77.12 node2-v4mapped",
     ]
 
 
@@ -75,3 +78,37 @@ def test_up_as_non_root_is_refused_clearly(monkeypatch):
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     with pytest.raises(ClusterError, match="needs root"):
         cluster.up(ClusterSpec(dir=Path("/nonexistent/x")))
+
+
+def test_processes_are_tracked_with_cgroups_and_linuxproc_is_only_the_fallback():
+    spec = ClusterSpec(dir=Path("/x"))
+    on = render_configs(spec, 1, "c")
+    assert "ProctrackType=proctrack/cgroup" in on["slurm.conf"] and "TaskPlugin=task/cgroup" in on["slurm.conf"]
+    conf = on["cgroup.conf"].splitlines()
+    assert "CgroupAutomount=no" in conf  # each slurmd's mount is made by the sandbox, in the node's namespaces
+    assert {"ConstrainCores=no", "ConstrainRAMSpace=no", "ConstrainDevices=no"} <= set(conf)  # fictitious resources
+    off = render_configs(spec, 1, "c", cgroups=False)
+    assert "ProctrackType=proctrack/linuxproc" in off["slurm.conf"] and "TaskPlugin=task/none" in off["slurm.conf"]
+    assert "cgroup.conf" not in off
+
+
+def test_cgroup_tracking_needs_a_cgroup_v1_freezer_and_says_why_not():
+    v1 = "cgroup /sys/fs/cgroup/freezer cgroup rw,relatime,freezer 0 0\n"
+    assert cgroups.unavailable_reason(v1) is None
+    reason = cgroups.unavailable_reason("cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n")
+    assert reason == "no cgroup v1 freezer hierarchy is mounted at /sys/fs/cgroup/freezer (this host has cgroup2)"
+    # a freezer mounted elsewhere, or another controller at that place, is not what SLURM looks for
+    assert cgroups.unavailable_reason("cgroup /sys/fs/cgroup/freezer cgroup rw,cpu 0 0\n") is not None
+
+
+def test_each_node_starts_in_its_own_slot_named_cgroup_and_mounts_the_tree_rooted_there():
+    user, suite = ClusterSpec(dir=DEFAULT_DIR), ClusterSpec(dir=TEST_CLUSTER_DIR)
+    dirs = {cgroups.node_dir(s, i, "freezer") for s in (user, suite) for i in (1, 2, 3)}
+    assert len(dirs) == 6  # no two nodes of two clusters share a cgroup
+    assert cgroups.node_dir(user, 2, "freezer") == Path(f"/sys/fs/cgroup/freezer/mn{user.slot}-node2")
+    prefix = cgroups.join_and_exec(user, 2)
+    assert prefix[:2] == ["sh", "-c"] and prefix[-1] == "sh"
+    assert f"echo $$ > /sys/fs/cgroup/freezer/mn{user.slot}-node2/cgroup.procs" in prefix[2]
+    assert prefix[2].endswith('exec "$@"')
+    mount = cgroups.remount_inside()
+    assert mount == "umount /sys/fs/cgroup/freezer && mount -t cgroup -o freezer cgroup /sys/fs/cgroup/freezer"

@@ -117,10 +117,11 @@ def test_a_requeued_job_is_not_a_failure_and_its_last_run_reports_once(tmp_path)
     assert last.finished and last.success
 
 
-def test_a_failed_run_still_completing_in_slurmctld_is_neither_a_requeue_nor_yet_a_failure(tmp_path):
-    # The job script wrote "1 0"; slurmctld still says COMPLETING for this run (restart 0) and sacct RUNNING.
+def test_a_failed_run_whose_marker_came_before_slurmctld_saw_the_end_is_not_yet_a_failure(tmp_path):
+    # The EXIT trap wrote "1 0" while slurmctld still says RUNNING for this run (restart 0): not a requeue, not yet
+    # a failure either (a preemption's requeue could still come).
     client = FakeClient({"6": JobState("6", "RUNNING", "0:0", "None", "node1")})
-    client.live_states["6"] = JobState("6", "COMPLETING", "", "None", "node1", restarts=0)
+    client.live_states["6"] = JobState("6", "RUNNING", "", "None", "node1", restarts=0)
     tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=Clock())
     (tmp_path / "6.exit").write_text("1 0\n")
     waiting = tracker.poll(["6"])["6"]
@@ -129,6 +130,20 @@ def test_a_failed_run_still_completing_in_slurmctld_is_neither_a_requeue_nor_yet
     client.states["6"] = JobState("6", "FAILED", "1:0", "None", "node1")
     ended = tracker.poll(["6"])["6"]
     assert ended.finished and not ended.success and "job script exit 1" in ended.describe()
+
+
+def test_a_failed_run_completing_with_its_own_restart_count_is_a_failure_at_once(tmp_path):
+    # A dead node keeps the job COMPLETING until SlurmdTimeout; a requeue would have raised the restart count.
+    client = FakeClient({"6": JobState("6", "RUNNING", "0:0", "None", "node1")})
+    client.live_states["6"] = JobState("6", "COMPLETING", "", "None", "node2", restarts=0)
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=Clock())
+    (tmp_path / "6.exit").write_text("1 0\n")
+    (tmp_path / "6.failed-node").write_text("node2\n")
+    ended = tracker.poll(["6"])["6"]
+    assert ended.finished and not ended.success and ended.failed_node == "node2"
+    client.live_states["6"] = JobState("6", "COMPLETING", "", "None", "node2", restarts=None)  # count unknown: wait
+    (tmp_path / "6.exit").write_text("1 0\n")
+    assert not Tracker(tmp_path, client, sweep_seconds=30, clock=Clock()).poll(["6"])["6"].finished
 
 
 def test_a_failed_run_whose_job_slurm_no_longer_holds_is_a_failure(tmp_path):

@@ -1,7 +1,13 @@
-"""Plain PyTorch baseline for the training benchmark: the same native Llama-style model and data as train.py,
-bf16 autocast, fused AdamW, optionally torch.compile; no ColossalAI. One process on one GPU.
+"""Plain PyTorch baseline for the training benchmark: the same Llama-style model and data as train.py, bf16
+autocast, fused AdamW, optionally torch.compile; no ColossalAI. One process on one GPU.
 
     python benchmarks/gpu/plain_torch.py --data-dir DATA --config-json '{...}' [--compile] [--steps 30]
+        [--model-impl native|hf] [--kernels none|liger] [--profile]
+
+--model-impl picks lm.py's NativeLlama or transformers' LlamaForCausalLM (same config, same init scheme).
+--kernels liger patches transformers' Llama with Liger's Triton kernels (RMSNorm, SwiGLU, RoPE, fused linear +
+cross entropy); hf only, and only where the liger-kernel package is importable.
+--profile adds a torch.profiler summary of 3 steps after the timed ones: CUDA time per kernel family.
 
 Prints one JSON line: tokens/s and MFU (6 * N * tokens/s / 989e12, N = parameters in matmuls) over the median
 step time after warm-up, and the peak memory.
@@ -15,13 +21,61 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflows" / "scripts"))
 import lm  # noqa: E402
+import plugins  # noqa: E402
 
 PEAK = 989e12
+# Kernel families of the profile summary, by a substring of the kernel name (first match wins).
+FAMILIES = (
+    ("attention (flash/cudnn/efficient)", ("flash", "fmha", "cudnn", "attention", "efficient")),
+    ("matmul (cuBLAS/CUTLASS GEMM)", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "wgmma")),
+    ("optimizer (fused AdamW)", ("adam", "multi_tensor", "foreach")),
+    ("liger triton kernels", ("liger", "_rms_norm", "_swiglu", "_rope", "cross_entropy_kernel", "element_mul")),
+    ("inductor fused triton kernels", ("triton_",)),
+    ("copies / casts / fills", ("copy", "memcpy", "memset", "fill", "cast")),
+    ("reductions / other elementwise", ("reduce", "elementwise", "vectorized")),
+)
+
+
+def family(name: str) -> str:
+    low = name.lower()
+    for fam, keys in FAMILIES:
+        if any(k in low for k in keys):
+            return fam
+    return "other"
+
+
+def profile_summary(run_step: Any, steps: int = 3) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            run_step()
+        torch.cuda.synchronize()
+    wall_us = (time.perf_counter() - t0) * 1e6
+    kernels: dict[str, float] = {}
+    for ev in prof.key_averages():
+        dt = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if ev.device_type == torch.autograd.DeviceType.CUDA and dt:
+            kernels[ev.key] = kernels.get(ev.key, 0.0) + dt
+    busy = sum(kernels.values())
+    fams: dict[str, float] = {}
+    for name, us in kernels.items():
+        fams[family(name)] = fams.get(family(name), 0.0) + us
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
+    return {
+        "wall_ms_per_step": round(wall_us / steps / 1000, 2),
+        "gpu_busy_ms_per_step": round(busy / steps / 1000, 2),
+        "families_pct_of_busy": {k: round(100 * v / busy, 1) for k, v in sorted(fams.items(), key=lambda kv: -kv[1])},
+        "top_kernels_ms_per_step": [(k[:90], round(v / steps / 1000, 2)) for k, v in top],
+    }
 
 
 def main() -> int:
@@ -31,32 +85,47 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--model-impl", choices=("native", "hf"), default="native")
+    ap.add_argument("--kernels", choices=("none", "liger"), default="none")
+    ap.add_argument("--profile", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script only")
     args = ap.parse_args()
-    cfg = lm.merge_config(json.loads(args.config_json) | {"plugin": "torch_ddp", "model_impl": "native"})
+    cfg = lm.merge_config(json.loads(args.config_json) | {"plugin": "torch_ddp", "model_impl": args.model_impl})
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     cuda = args.device == "cuda"
+    if args.kernels == "liger":
+        if args.model_impl != "hf":
+            raise SystemExit("--kernels liger needs --model-impl hf")
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+        apply_liger_kernel_to_llama()  # before the model is built: patches transformers' Llama classes
     model = lm.build_model(cfg, cuda=cuda).to(args.device)
-    opt = lm.make_optimizer(cfg, model, cuda=cuda)
+    opt = plugins.make_optimizer(cfg, model, cuda=cuda)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     n_matmul = lm.matmul_params(model)
-    step_fn = model
-    if args.compile:
-        step_fn = torch.compile(model)
+    step_fn = torch.compile(model) if args.compile else model
     tokens = lm.load_tokens(args.data_dir, "train")
     rows, seq = cfg["micro_batch"], cfg["seq_len"]
-    times = []
-    t_first = time.perf_counter()
-    for step in range(args.warmup + args.steps):
-        ids = lm.batch_for_step(tokens, step, cfg["seed"], seq, rows, 0, rows).to(args.device, non_blocking=True)
-        sync()
-        t0 = time.perf_counter()
+    state = {"step": 0, "loss": None}
+
+    def run_step() -> None:
+        ids = lm.batch_for_step(tokens, state["step"], cfg["seed"], seq, rows, 0, rows).to(args.device)
         with torch.autocast(args.device, dtype=torch.bfloat16):
-            loss = step_fn(ids, labels=ids).loss
+            loss = step_fn(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        state["step"] += 1
+        state["loss"] = loss
+
+    times = []
+    t_first = time.perf_counter()
+    first = 0.0
+    for step in range(args.warmup + args.steps):
+        sync()
+        t0 = time.perf_counter()
+        run_step()
         sync()
         if step == 0:
             first = time.perf_counter() - t_first
@@ -65,21 +134,23 @@ def main() -> int:
     med = statistics.median(times)
     tps = rows * seq / med
     peak_mem = round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None
-    print(
-        json.dumps(
-            {
-                "variant": "plain+compile" if args.compile else "plain",
-                "step_ms": round(1000 * med, 1),
-                "tokens_per_s": round(tps),
-                "mfu": round(6 * n_matmul * tps / PEAK, 4),
-                "params_matmul": n_matmul,
-                "first_step_s": round(first, 1),
-                "loss": round(loss.item(), 3),
-                "peak_mem_gib": peak_mem,
-            }
-        ),
-        flush=True,
-    )
+    variant = "plain+compile" if args.compile else "plain"
+    variant += "" if args.model_impl == "native" else "+hf"
+    variant += "" if args.kernels == "none" else f"+{args.kernels}"
+    rec: dict[str, Any] = {
+        "variant": variant,
+        "step_ms": round(1000 * med, 1),
+        "step_ms_min_max": [round(1000 * min(times), 1), round(1000 * max(times), 1)],
+        "tokens_per_s": round(tps),
+        "mfu": round(6 * n_matmul * tps / PEAK, 4),
+        "params_matmul": n_matmul,
+        "first_step_s": round(first, 1),
+        "loss": round(float(state["loss"].item()), 3),
+        "peak_mem_gib": peak_mem,
+    }
+    if args.profile and cuda:
+        rec["profile"] = profile_summary(run_step)
+    print(json.dumps(rec), flush=True)
     return 0
 
 

@@ -1,8 +1,13 @@
 #!/bin/bash
 # Training throughput on one GPU, every variant in one run (run by the device tool from the repo root):
 #   plain PyTorch (eager, compiled) and train.py with each ColossalAI plugin, same model and data.
-# Needs ColossalAI 0.5.0 + its transformers 4.51.3 stack as wheels in .whl/ (see README.md here).
+# Needs ColossalAI 0.5.0 + its transformers 4.51.3 stack as wheels in .whl/ (see README.md here); liger-kernel's
+# wheel there too for the +liger variants (optional: without it those variants fail alone).
 # Env: MODEL (JSON model keys), STEPS, VARIANTS, DEADLINE (seconds; later variants are skipped past it).
+# Variant names:
+#   plain[+compile][+hf][+liger][+prof]   benchmarks/gpu/plain_torch.py (+hf: transformers' LlamaForCausalLM instead
+#                                          of lm.NativeLlama; +liger: Liger's kernels patched in; +prof: profile)
+#   PLUGIN[+compile][+hf]                  workflows/scripts/train.py with that plugin (+hf: model_impl hf)
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$(mktemp -d)}
@@ -17,18 +22,27 @@ COMMON="$MODEL,\"precision\":\"bf16\",\"steps\":$STEPS,\"warmup\":5,\"log_every\
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu.txt
 python3 -c 'import torch, colossalai, transformers; print("torch", torch.__version__, "colossalai", colossalai.__version__, "transformers", transformers.__version__)' | tee -a $OUT/gpu.txt
 python3 workflows/scripts/preprocess.py --out-dir $OUT/data --num-docs 4000 > /dev/null || exit 1
+has() { [[ "+$1+" == *"+$2+"* ]]; }
 for v in $VARIANTS; do
   if [ $SECONDS -gt $DEADLINE ]; then echo "skip $v: past the deadline"; continue; fi
   t0=$SECONDS
-  case $v in
-    plain) python3 benchmarks/gpu/plain_torch.py --data-dir $OUT/data --config-json "{$COMMON}" --steps $STEPS >> $OUT/results.jsonl 2> $OUT/$v.log ;;
-    plain+compile) python3 benchmarks/gpu/plain_torch.py --data-dir $OUT/data --config-json "{$COMMON}" --steps $STEPS --compile >> $OUT/results.jsonl 2> $OUT/$v.log ;;
-    *)
-      plugin=${v%+compile}; comp=false; [ "$v" != "$plugin" ] && comp=true
-      python3 -m torch.distributed.run --standalone --nproc_per_node=1 workflows/scripts/train.py \
-        --data-dir $OUT/data --out $OUT/$v/model.pt --ckpt-dir $OUT/$v/ckpt --metrics $OUT/$v/metrics.jsonl \
-        --config-json "{$COMMON,\"plugin\":\"$plugin\",\"compile\":$comp}" > $OUT/$v.log 2>&1
-      python3 benchmarks/gpu/summarize.py "$v" $OUT/$v/metrics.jsonl >> $OUT/results.jsonl ;;
-  esac
-  echo "== $v rc=$? $((SECONDS - t0)) s: $(tail -1 $OUT/results.jsonl)"
+  base=${v%%+*}
+  if [ "$base" = plain ]; then
+    flags=""
+    has "$v" compile && flags="$flags --compile"
+    has "$v" hf && flags="$flags --model-impl hf"
+    has "$v" liger && flags="$flags --kernels liger"
+    has "$v" prof && flags="$flags --profile"
+    python3 benchmarks/gpu/plain_torch.py --data-dir $OUT/data --config-json "{$COMMON}" --steps $STEPS $flags \
+      >> $OUT/results.jsonl 2> $OUT/$v.log || echo "{\"variant\": \"$v\", \"error\": \"$(tail -1 $OUT/$v.log | tr -d '"\\')\"}" >> $OUT/results.jsonl
+  else
+    comp=false; impl=auto
+    has "$v" compile && comp=true
+    has "$v" hf && impl=hf
+    python3 -m torch.distributed.run --standalone --nproc_per_node=1 workflows/scripts/train.py \
+      --data-dir $OUT/data --out $OUT/$v/model.pt --ckpt-dir $OUT/$v/ckpt --metrics $OUT/$v/metrics.jsonl \
+      --config-json "{$COMMON,\"plugin\":\"$base\",\"compile\":$comp,\"model_impl\":\"$impl\"}" > $OUT/$v.log 2>&1
+    python3 benchmarks/gpu/summarize.py "$v" $OUT/$v/metrics.jsonl >> $OUT/results.jsonl
+  fi
+  echo "== $v $((SECONDS - t0)) s: $(tail -1 $OUT/results.jsonl | cut -c1-600)"
 done

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from . import cgroups
 from . import processes as ps
 from .spec import DEFAULT_DIR, ClusterError, ClusterSpec, render_configs
 
@@ -161,7 +162,13 @@ def up(spec: ClusterSpec) -> None:
         _prepare_dirs(spec)
         _network_up(spec)
         first_job_id = _next_job_id(spec)
-        _write_configs(spec, first_job_id)
+        no_cgroups = cgroups.unavailable_reason()
+        if no_cgroups:
+            say(
+                f"process tracking falls back to proctrack/linuxproc: {no_cgroups}; processes that leave a job's "
+                "process tree (setsid, double fork) outlive the job"
+            )
+        _write_configs(spec, first_job_id, no_cgroups is None)
         spec.save()
         _munge_up(spec)
         if spec.accounting:
@@ -169,7 +176,7 @@ def up(spec: ClusterSpec) -> None:
             _slurmdbd_up(spec)
             recorded = _max_recorded_job_id(spec)
             if recorded >= first_job_id:
-                _write_configs(spec, recorded + 1)
+                _write_configs(spec, recorded + 1, no_cgroups is None)
         _slurmctld_up(spec)
         _slurmd_up(spec)
         say(f'ready: {spec.nodes} idle nodes with gpu:{spec.gpus}; use it with: eval "$(multinode cluster env)"')
@@ -231,8 +238,9 @@ def _next_job_id(spec: ClusterSpec) -> int:
         return 1
 
 
-def _write_configs(spec: ClusterSpec, first_job_id: int) -> None:
-    for name, text in render_configs(spec, first_job_id).items():
+def _write_configs(spec: ClusterSpec, first_job_id: int, with_cgroups: bool) -> None:
+    (spec.dir / "etc" / "cgroup.conf").unlink(missing_ok=True)  # a fallback leaves no stale one behind
+    for name, text in render_configs(spec, first_job_id, cgroups=with_cgroups).items():
         path = spec.dir / "etc" / name
         path.write_text(text)
     if spec.accounting:
@@ -362,33 +370,53 @@ def _slurmctld_up(spec: ClusterSpec) -> None:
     say("slurmctld up")
 
 
+def uses_cgroups(spec: ClusterSpec) -> bool:
+    """Whether the written slurm.conf tracks processes with cgroups (then each slurmd needs its own tree)."""
+    try:
+        return "ProctrackType=proctrack/cgroup" in spec.slurm_conf.read_text()
+    except OSError:
+        return False
+
+
+def _start_slurmd(spec: ClusterSpec, i: int) -> None:
+    """Node i's slurmd in its own network, UTS and mount namespace (and cgroup namespace, see cgroups.py)."""
+    etc, node = spec.dir / "etc", spec.node_name(i)
+    with_cgroups = uses_cgroups(spec)
+    # nsenter, not `ip netns exec`: that remounts /sys and hides the cgroup tree slurmd needs.
+    inner = (
+        f"mount --bind {etc / 'hosts'} /etc/hosts && "
+        f"{{ [ ! -d /etc/slurm ] || mount --bind {etc} /etc/slurm; }} && "
+        f"hostname {node} && exec slurmd -N {node} -f {spec.slurm_conf}"
+    )
+    prefix: list[str] = []
+    if with_cgroups:  # slurmd starts in the node's own cgroup and namespace, and mounts the tree rooted there
+        cgroups.create(spec, i)
+        prefix = cgroups.join_and_exec(spec, i)
+        inner = f"{cgroups.remount_inside()} && {inner}"
+    ps.run(
+        [
+            *prefix,
+            "nsenter",
+            f"--net=/run/netns/{spec.netns(i)}",
+            "unshare",
+            "--uts",
+            "--mount",
+            *(["--cgroup"] if with_cgroups else []),
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            inner,
+        ],
+        f"starting slurmd on {node}",
+        log=spec.dir / "logs" / f"slurmd-{node}.log",
+        env=slurm_env(spec),
+    )
+
+
 def _slurmd_up(spec: ClusterSpec) -> None:
-    etc = spec.dir / "etc"
     for i in spec.node_indices:
-        node = spec.node_name(i)
-        # nsenter, not `ip netns exec`: that remounts /sys and hides the cgroup tree slurmd needs.
-        inner = (
-            f"mount --bind {etc / 'hosts'} /etc/hosts && "
-            f"{{ [ ! -d /etc/slurm ] || mount --bind {etc} /etc/slurm; }} && "
-            f"hostname {node} && exec slurmd -N {node} -f {spec.slurm_conf}"
-        )
-        ps.run(
-            [
-                "nsenter",
-                f"--net=/run/netns/{spec.netns(i)}",
-                "unshare",
-                "--uts",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                inner,
-            ],
-            f"starting slurmd on {node}",
-            log=spec.dir / "logs" / f"slurmd-{node}.log",
-            env=slurm_env(spec),
-        )
+        _start_slurmd(spec, i)
     want = {spec.node_name(i) for i in spec.node_indices}
     if not ps.wait_for(lambda: want <= nodes_in(spec), 60, 0.2):
         proc = subprocess.run(["sinfo", "-N", "-o", "%N %T %E"], capture_output=True, text=True, env=slurm_env(spec))
@@ -397,6 +425,21 @@ def _slurmd_up(spec: ClusterSpec) -> None:
             f"see {spec.dir / 'logs'}/slurmctld.log and slurmd-<node>.log"
         )
     say(f"{len(want)} slurmd nodes idle")
+
+
+def restart_node(spec: ClusterSpec, i: int, timeout: float = 120) -> None:
+    """Bring one node back after a fault test killed it (its slurmd and every process in its namespace): start its
+    slurmd as `up` does, resume it in slurmctld, and wait until it takes jobs again."""
+    node = spec.node_name(i)
+    pid = Daemon(node, spec.dir / "run" / f"slurmd-{node}.pid", ("slurmd",)).pid()
+    if pid is None:  # the same start as `up`: its namespaces, its /etc/hosts, its cgroup tree
+        _start_slurmd(spec, i)
+    # A node slurmctld marked DOWN (not responding) stays down until resumed; an idle one refuses the resume.
+    update = ["scontrol", "update", f"nodename={node}", "state=resume"]
+    subprocess.run(update, capture_output=True, env=slurm_env(spec), timeout=30)
+    if not ps.wait_for(lambda: node in nodes_in(spec, "idle,alloc,mix"), timeout, 0.5):
+        raise ClusterError(f"{node} did not take jobs again within {timeout:.0f} s; see {spec.dir / 'logs'}")
+    say(f"{node} back")
 
 
 # --- down ----------------------------------------------------------------------------------------
@@ -442,6 +485,8 @@ def _down(spec: ClusterSpec, quiet: bool) -> None:
             log(f"killing {len(left)} processes left in {ns}")
             ps.stop([int(p) for p in left], grace=2)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    if ours:  # what is left in the nodes' cgroups (a job's escapee that also left the namespace), then the cgroups
+        cgroups.remove(spec, log)
     others = [p for d in daemons(spec) if not d.name.startswith("slurm") and (p := d.pid())]
     if others:
         log(f"stopping munged/MariaDB {others}")
@@ -476,4 +521,4 @@ def leftovers(spec: ClusterSpec) -> list[str]:
         f"network namespace {spec.netns(i)}" for i in spec.node_indices if Path(f"/run/netns/{spec.netns(i)}").exists()
     ]
     left += [f"link {name}" for name in (*map(spec.host_link, spec.node_indices), spec.bridge) if _link_exists(name)]
-    return left
+    return left + cgroups.leftovers(spec)

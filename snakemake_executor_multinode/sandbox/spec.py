@@ -140,8 +140,11 @@ def _template(name: str) -> Template:
     return Template(resources.files(__package__).joinpath("templates", name).read_text())
 
 
-def render_configs(spec: ClusterSpec, first_job_id: int, ctl_host: str | None = None) -> dict[str, str]:
-    """Config file name (relative to <dir>/etc) -> content."""
+def render_configs(
+    spec: ClusterSpec, first_job_id: int, ctl_host: str | None = None, cgroups: bool = True
+) -> dict[str, str]:
+    """Config file name (relative to <dir>/etc) -> content. cgroups: track processes with proctrack/cgroup (else
+    proctrack/linuxproc, for a host without a cgroup v1 freezer; see cgroups.py)."""
     ctl_host = ctl_host or socket.gethostname().split(".")[0]  # slurmctld refuses any other name
     values = {f.name: getattr(spec, f.name) for f in fields(spec)}
     values.update(
@@ -155,6 +158,8 @@ def render_configs(spec: ClusterSpec, first_job_id: int, ctl_host: str | None = 
         node_range=spec.node_range,
         first_job_id=first_job_id,
         last_gpu=max(spec.gpus - 1, 0),
+        proctrack="proctrack/cgroup" if cgroups else "proctrack/linuxproc",
+        task_plugin="task/cgroup" if cgroups else "task/none",
     )
     values["accounting_block"] = _template(
         "accounting-on.conf" if spec.accounting else "accounting-off.conf"
@@ -167,11 +172,17 @@ def render_configs(spec: ClusterSpec, first_job_id: int, ctl_host: str | None = 
     )
     hosts = ["127.0.0.1 localhost", f"{spec.ctl_ip} {ctl_host} slurmctl"]
     hosts += [f"{spec.node_ip(i)} {spec.node_name(i)}" for i in spec.node_indices]
+    # c10d's TCPStore accepts on a dual-stack socket and names each client by a reverse lookup of its IPv4-mapped
+    # address (::ffff:a.b.c.d); without an entry glibc falls back to DNS, which is unreachable here, and every
+    # rank logs "The hostname of the client socket cannot be retrieved". A separate name keeps `nodeN` IPv4-only.
+    hosts += [f"::ffff:{spec.node_ip(i)} {spec.node_name(i)}-v4mapped" for i in spec.node_indices]
     configs = {
         "slurm.conf": _template("slurm.conf").substitute(values),
         "gres.conf": _template("gres.conf").substitute(values) if spec.gpus else "",
         "hosts": "\n".join(hosts) + "\n",
     }
+    if cgroups:
+        configs["cgroup.conf"] = _template("cgroup.conf").substitute(values)
     if spec.accounting:
         configs["slurmdbd.conf"] = _template("slurmdbd.conf").substitute(values)
     return configs

@@ -5,8 +5,10 @@
 {{sbatch}}
 
 # A requeued job (USR2 checkpoint, node failure) writes each restart to its own log beside the first.
+export MULTINODE_LOG_STEM={{log_stem}}  # each node's labelled output: <stem>.<node>.out
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
-    exec >>{{log_stem}}.restart"$SLURM_RESTART_COUNT".log 2>&1
+    MULTINODE_LOG_STEM="$MULTINODE_LOG_STEM.restart$SLURM_RESTART_COUNT"
+    exec >>"$MULTINODE_LOG_STEM".log 2>&1
 fi
 echo "[multinode] job $SLURM_JOB_ID, rule {{rule_q}}, attempt {{attempt}}, restart ${SLURM_RESTART_COUNT:-0}, $(date -Is)"
 

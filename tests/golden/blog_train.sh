@@ -20,8 +20,10 @@
 #SBATCH --requeue
 
 # A requeued job (USR2 checkpoint, node failure) writes each restart to its own log beside the first.
+export MULTINODE_LOG_STEM=.snakemake/multinode/logs/rule_train/_/"$SLURM_JOB_ID".attempt1  # each node's labelled output: <stem>.<node>.out
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
-    exec >>.snakemake/multinode/logs/rule_train/_/"$SLURM_JOB_ID".attempt1.restart"$SLURM_RESTART_COUNT".log 2>&1
+    MULTINODE_LOG_STEM="$MULTINODE_LOG_STEM.restart$SLURM_RESTART_COUNT"
+    exec >>"$MULTINODE_LOG_STEM".log 2>&1
 fi
 echo "[multinode] job $SLURM_JOB_ID, rule train, attempt 1, restart ${SLURM_RESTART_COUNT:-0}, $(date -Is)"
 
@@ -64,6 +66,8 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export NCCL_LAUNCH_MODE=GROUP
 export NCCL_MIN_NRINGS=4
 export NCCL_DEBUG=WARN
+# network preflight: one tiny all-reduce over all ranks before the training (docs/network-preflight.md)
+export MULTINODE_NETWORK_CHECK=60
 # variables
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 

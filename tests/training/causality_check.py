@@ -34,24 +34,17 @@ def positions_held(logits: torch.Tensor, seq_len: int, plugin: Any) -> torch.Ten
 
 
 def check(name: str, user_cfg: dict[str, Any], cuda: bool) -> dict[str, Any]:
-    from colossalai.booster import Booster
-
     control = user_cfg.pop("_control", None)
     cfg = lm.merge_config(user_cfg)
     lm.validate_config(cfg, cuda=cuda, world_size=dist.get_world_size())
-    plugin = lm.make_plugin(cfg, cuda=cuda)
-    booster = Booster(plugin=plugin)
+    model = None
     if control == "sdpa_no_mask":
         torch.manual_seed(cfg["seed"])
         model = lm.hf_llama(lm.ModelConfig.from_train_config(cfg), "sdpa")
-    else:
-        model = lm.build_model(cfg, cuda=cuda)
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    if cfg["plugin"] in ("torch_ddp", "hybrid"):
-        model = model.to(device)  # as train.py does
-    optimizer = lm.make_optimizer(cfg, model, cuda=cuda)
-    model, optimizer, *_ = booster.boost(model, optimizer)
+    boosted = lm.boost(cfg, cuda, model=model)  # exactly as train.py builds, places and boosts it
+    booster, model, plugin = boosted.booster, boosted.model, boosted.plugin
     model.eval()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
     seq = cfg["seq_len"]
     gen = torch.Generator().manual_seed(7)
@@ -81,13 +74,8 @@ def check(name: str, user_cfg: dict[str, Any], cuda: bool) -> dict[str, Any]:
 
 
 def main() -> int:
-    import colossalai
-
     cuda = torch.cuda.is_available()
-    if not cuda:
-        colossalai.accelerator.set_accelerator("cpu")
-        lm.patch_cpu_accelerator()
-    colossalai.launch_from_torch(seed=0)
+    lm.init_colossalai(cuda, seed=0)
     out, specs = Path(sys.argv[1]), sys.argv[2:]
     results = {}
     for spec in specs:

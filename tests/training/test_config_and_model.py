@@ -112,3 +112,21 @@ def test_batches_are_a_function_of_seed_and_step_and_ranks_split_the_global_batc
     assert torch.equal(torch.cat(halves), whole)
     assert torch.equal(lm.batch_for_step(tokens, 7, 1, 64, 8, 0, 8), whole)
     assert not torch.equal(lm.batch_for_step(tokens, 8, 1, 64, 8, 0, 8), whole)
+
+
+def test_plugin_decisions_come_from_the_table_not_from_name_branches() -> None:
+    import re
+
+    import plugins
+
+    files = [SCRIPTS / n for n in ("lm.py", "train.py", "checkpoint.py", "evaluate.py", "preprocess.py")]
+    files.append(Path(__file__).with_name("causality_check.py"))
+    branch = re.compile(r"""(cfg|config)\[["']plugin["']\]\s*(==|!=|in\b|not in\b)|\bplugin\s*(==|!=)\s*["']""")
+    lines = [(f.name, line.strip()) for f in files for line in f.read_text().splitlines()]
+    offenders = [f"{name}: {line}" for name, line in lines if branch.search(line)]
+    assert not offenders
+    assert set(plugins.PLUGINS) == {"torch_ddp", "low_level_zero", "gemini", "hybrid"}
+    for spec in plugins.PLUGIN_TABLE.values():  # every row answers every question
+        assert spec.devices and spec.precisions and spec.model_kind in spec.model_kinds and spec.checkpoint_io
+        assert spec.grad_clip in ("loop", "plugin")
+        assert ("cpu" in spec.devices) == (spec.cpu_refusal == "")

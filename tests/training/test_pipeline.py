@@ -7,6 +7,7 @@ import math
 import sys
 from pathlib import Path
 
+import checkpoint
 import lm
 import pytest
 import torch
@@ -33,7 +34,7 @@ def test_preprocess_train_evaluate_produces_model_metrics_eval_and_plot_and_loss
     assert rows[0]["loss"] == pytest.approx(math.log(lm.DATA_VOCAB), abs=0.3)  # starts near uniform
 
     # Checkpoints: every 15 steps and at the end, last two kept.
-    assert [s for s, _ in lm.complete_checkpoints(out / "ckpt")] == [30, 40]
+    assert [s for s, _ in checkpoint.complete_checkpoints(out / "ckpt")] == [30, 40]
 
     # Final model: a plain file that loads on CPU in one process.
     blob = torch.load(out / "model.pt", map_location="cpu", weights_only=False)

@@ -9,13 +9,16 @@ import subprocess
 import time
 from pathlib import Path
 
+import checkpoint
 import lm
+import plugins
 import psutil
 import pytest
 
 from .helpers import ENV, REPO, SCRIPTS, TINY, metrics, torchrun_argv, train, train_argv
 
 STEPS = 200
+CPU_PLUGINS = [name for name, spec in plugins.PLUGIN_TABLE.items() if "cpu" in spec.devices]
 
 
 def ignore_usr2() -> None:
@@ -42,10 +45,11 @@ def wait_for_metrics(path: Path, lines: int, proc: subprocess.Popen, timeout: fl
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("plugin", CPU_PLUGINS)
 def test_sigusr2_checkpoints_writes_the_preempt_file_exits_0_and_the_rerun_completes(
-    tmp_path: Path, data_dir: Path
+    plugin: str, tmp_path: Path, data_dir: Path
 ) -> None:
-    cfg = {**TINY, "steps": STEPS}
+    cfg = {**TINY, "plugin": plugin, "steps": STEPS}
     out, preempt_file = tmp_path / "run", tmp_path / "preempted"
     log = (tmp_path / "first.log").open("w")
     proc = subprocess.Popen(
@@ -72,7 +76,8 @@ def test_sigusr2_checkpoints_writes_the_preempt_file_exits_0_and_the_rerun_compl
     step = int(preempt_file.read_text())
     assert 3 <= step < STEPS
     assert f"SIGUSR2: checkpointed step {step}, exiting for requeue" in text
-    assert [s for s, _ in lm.complete_checkpoints(out / "ckpt")] == [step]
+    assert [s for s, _ in checkpoint.complete_checkpoints(out / "ckpt")] == [step]
+    assert (out / "ckpt" / f"step_{step:08d}" / checkpoint.MODEL).is_dir()  # sharded through the Booster
     assert not (out / "model.pt").exists()
     assert max(r["step"] for r in metrics(out / "metrics.jsonl")) == step
 

@@ -1,19 +1,33 @@
-"""Resume equality: N steps straight == K steps, stop, resume, N-K steps (model, optimizer, schedule, RNG)."""
+"""Sharded checkpoints and resume: N steps straight == K steps, stop, resume, N-K steps (model, optimizer,
+schedule, RNG, fp32 masters), for every plugin that runs on CPU; resume on another world size; refusals."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
+import checkpoint
 import lm
 import numpy as np
+import plugins
 import pytest
 import torch
+from torch import nn
 
-from .helpers import TINY, metrics, train
+from .helpers import SCRIPTS, TINY, metrics, run, train, train_argv
 
 STEPS, STOP = 8, 5
+CPU_PLUGINS = [name for name, spec in plugins.PLUGIN_TABLE.items() if "cpu" in spec.devices]
+# Per CPU plugin, the config whose resume is checked. bf16 hybrid keeps fp32 masters apart from the model
+# checkpoint: a resume must restore them, not re-seed them from bf16.
+RESUME_CONFIGS: dict[str, dict[str, Any]] = {
+    "torch_ddp": {"plugin": "torch_ddp", "grad_accum": 2},
+    "hybrid": {"plugin": "hybrid", "precision": "bf16", "grad_accum": 2},
+}
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -40,10 +54,33 @@ def load(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def files(step_dir: Path) -> list[str]:
+    return sorted(str(p.relative_to(step_dir)) for p in step_dir.rglob("*") if p.is_file())
+
+
+def assert_sharded_layout(step_dir: Path, world: int) -> None:
+    """The Booster's sharded format: an index per part, shard files, the scheduler file, one file per rank."""
+    names = files(step_dir)
+    for part in (checkpoint.MODEL, checkpoint.OPTIMIZER):
+        assert (step_dir / part).is_dir(), names
+        assert list((step_dir / part).glob("*.index.json")), names
+    assert (step_dir / checkpoint.SCHEDULER).is_file()
+    assert [n for n in names if n.startswith(checkpoint.RANKS)] == [
+        f"{checkpoint.RANKS}/rank{r:05d}.pt" for r in range(world)
+    ]
+    assert json.loads((step_dir / checkpoint.META).read_text())["format"] == checkpoint.FORMAT
+
+
 def assert_same_end_state(straight: Path, resumed: Path) -> None:
     a, b = straight / "ckpt" / f"step_{STEPS:08d}", resumed / "ckpt" / f"step_{STEPS:08d}"
-    for part in ("model.bin", "optimizer.bin", "scheduler.bin", "rank00000.pt", "rank00001.pt"):
-        assert_identical(load(a / part), load(b / part), part)
+    assert files(a) == files(b)
+    for name in files(a):
+        if name == checkpoint.META:
+            continue  # holds the wall-clock time
+        if name.endswith(".json"):
+            assert json.loads((a / name).read_text()) == json.loads((b / name).read_text()), name
+        else:
+            assert_identical(load(a / name), load(b / name), name)
     final_a, final_b = load(straight / "model.pt"), load(resumed / "model.pt")
     assert_identical(final_a["state_dict"], final_b["state_dict"], "--out")
     # Metrics: appended after the resume, each step once, same losses and learning rates.
@@ -52,40 +89,124 @@ def assert_same_end_state(straight: Path, resumed: Path) -> None:
     assert [(r["loss"], r["lr"], r["tokens"]) for r in ra] == [(r["loss"], r["lr"], r["tokens"]) for r in rb]
 
 
+def test_every_plugin_that_runs_on_cpu_has_a_resume_case() -> None:
+    assert sorted(RESUME_CONFIGS) == sorted(CPU_PLUGINS)
+
+
 @pytest.mark.slow
-def test_torch_ddp_stop_after_k_then_resume_equals_a_straight_run(tmp_path: Path, data_dir: Path) -> None:
-    cfg = {**TINY, "plugin": "torch_ddp", "steps": STEPS, "grad_accum": 2, "lr": 3e-3}
+@pytest.mark.parametrize("plugin", CPU_PLUGINS)
+def test_stop_after_k_then_resume_equals_a_straight_run(plugin: str, tmp_path: Path, data_dir: Path) -> None:
+    cfg = {**TINY, **RESUME_CONFIGS[plugin], "steps": STEPS, "lr": 3e-3}
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(straight, data_dir, cfg)
 
     proc = train(resumed, data_dir, {**cfg, "stop_after": STOP})  # same schedule, stops early
     assert f"stop_after: stopped at step {STOP}" in proc.stdout
     assert not (resumed / "model.pt").exists()  # no final model before the last step
-    assert [s for s, _ in lm.complete_checkpoints(resumed / "ckpt")] == [STOP]
+    assert [s for s, _ in checkpoint.complete_checkpoints(resumed / "ckpt")] == [STOP]
+    step_dir = resumed / "ckpt" / f"step_{STOP:08d}"
+    assert_sharded_layout(step_dir, world=2)
+    masters = load(step_dir / checkpoint.RANKS / "rank00001.pt")["masters"]
+    if plugins.PLUGIN_TABLE[plugin].fp32_masters and cfg.get("precision") == "bf16":
+        assert masters and all(v.dtype == torch.float32 for v in masters.values())
+        assert "model.embed_tokens.weight" in masters  # keyed by parameter name, not position
     proc = train(resumed, data_dir, cfg)
     assert f"at step {STOP}" in proc.stdout
+    assert "resume: world size" not in proc.stdout  # same size: nothing converted
     assert_same_end_state(straight, resumed)
 
 
 @pytest.mark.slow
-def test_hybrid_bf16_resume_from_a_mid_run_checkpoint_equals_the_straight_run(tmp_path: Path, data_dir: Path) -> None:
-    # bf16 AMP keeps fp32 masters in the optimizer: a resume must restore them, not re-seed them from bf16.
-    cfg = {
-        **TINY,
-        "plugin": "hybrid",
-        "precision": "bf16",
-        "steps": STEPS,
-        "grad_accum": 2,
-        "lr": 3e-3,
-        "ckpt_every": STOP,
-    }
+def test_a_run_that_died_after_a_checkpoint_resumes_from_it_and_drops_later_metrics(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    cfg = {**TINY, **RESUME_CONFIGS["hybrid"], "steps": STEPS, "lr": 3e-3, "ckpt_every": STOP}
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(straight, data_dir, cfg)
-    assert [s for s, _ in lm.complete_checkpoints(straight / "ckpt")] == [STOP, STEPS]
-
+    assert [s for s, _ in checkpoint.complete_checkpoints(straight / "ckpt")] == [STOP, STEPS]
     # A run that died after step STOP's checkpoint: its metrics already hold later steps.
     shutil.copytree(straight / "ckpt" / f"step_{STOP:08d}", resumed / "ckpt" / f"step_{STOP:08d}")
     shutil.copy(straight / "metrics.jsonl", resumed / "metrics.jsonl")
     proc = train(resumed, data_dir, cfg)
     assert f"at step {STOP}" in proc.stdout
     assert_same_end_state(straight, resumed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plugin", CPU_PLUGINS)
+def test_resume_on_another_world_size_reshards_and_logs_what_per_rank_state_did_not_follow(
+    plugin: str, tmp_path: Path, data_dir: Path
+) -> None:
+    cfg = {**TINY, **RESUME_CONFIGS[plugin], "steps": STEPS, "lr": 3e-3}
+    train(tmp_path, data_dir, {**cfg, "stop_after": STOP}, nproc=2)
+    saved = load(tmp_path / "ckpt" / f"step_{STOP:08d}" / checkpoint.RANKS / "rank00000.pt")
+    proc = train(tmp_path, data_dir, cfg, nproc=1)
+    assert f"at step {STOP}" in proc.stdout
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("resume: world size 2 -> 1"))
+    assert "data-parallel 2 -> 1" in line and "RNG states not restored" in line
+    if saved["masters"] is not None:
+        assert "fp32 master weights re-seeded from the checkpoint's model weights" in line
+    rows = metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    # The global batch halves with the data-parallel size; training goes on from the restored state.
+    per_step = {r["step"]: r["tokens"] - prev for r, prev in zip(rows, [0] + [r["tokens"] for r in rows], strict=False)}
+    assert per_step[STOP] == 2 * per_step[STOP + 1]
+    assert abs(rows[STOP]["loss"] - rows[STOP - 1]["loss"]) < 0.5  # not a restart from the initial weights
+    assert lm.load_final_model(tmp_path / "model.pt")[1]["step"] == STEPS
+
+
+def test_a_checkpoint_of_the_old_unsharded_format_is_refused_with_exit_2(tmp_path: Path, data_dir: Path) -> None:
+    step = tmp_path / "ckpt" / "step_00000003"
+    step.mkdir(parents=True)
+    (step / checkpoint.META).write_text(json.dumps({"step": 3, "tokens": 0, "elapsed": 0.0, "world_size": 1}))
+    proc = run([sys.executable, str(SCRIPTS / "train.py"), *train_argv(tmp_path, data_dir, {**TINY, "steps": 4})])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "checkpoint format 'unsharded (model.bin)'" in proc.stderr
+    assert checkpoint.FORMAT in proc.stderr
+
+
+# ---- Checkpointer.load's refusals, without a process group: a checkpointer with stand-in model/optimizer. ----
+class Wrapped:
+    """Stand-ins for a boosted model (unwrap) and a mixed-precision optimizer (get_working_to_master_map)."""
+
+    def __init__(self, module: nn.Module, masters: dict[int, torch.Tensor] | None) -> None:
+        self.module, self.masters = module, masters
+
+    def unwrap(self) -> nn.Module:
+        return self.module
+
+    def get_working_to_master_map(self) -> dict[int, torch.Tensor] | None:
+        return self.masters
+
+
+def checkpointer(plugin: str, module: nn.Module, masters: dict[int, torch.Tensor] | None, world: int) -> Any:
+    ck = checkpoint.Checkpointer.__new__(checkpoint.Checkpointer)
+    wrapped = Wrapped(module, masters)
+    ck.model, ck.optimizer, ck.cfg = wrapped, wrapped, lm.merge_config({"plugin": plugin})
+    ck.rank, ck.world, ck.dp_size, ck.spec = 0, world, world, plugins.PLUGIN_TABLE[plugin]
+    return ck
+
+
+def test_fp32_masters_are_restored_by_name_and_a_layout_mismatch_is_an_error_not_a_skip() -> None:
+    module = nn.Linear(4, 3)
+    masters = {id(p): p.detach().float().clone() for p in module.parameters()}
+    ck = checkpointer("hybrid", module, masters, world=2)
+    saved = {"weight": torch.full((3, 4), 2.0), "bias": torch.full((3,), 3.0)}
+    ck._restore_masters(saved)
+    assert torch.equal(masters[id(module.weight)], saved["weight"])
+    assert torch.equal(masters[id(module.bias)], saved["bias"])
+    with pytest.raises(lm.ConfigError, match="do not match this run's layout"):
+        ck._restore_masters({"weight": torch.zeros(6, 2), "bias": torch.zeros(3)})  # e.g. another ZeRO split
+    with pytest.raises(lm.ConfigError, match="refusing to drop them"):
+        ck._restore_masters(None)  # this run keeps masters the checkpoint lacks
+
+
+def test_resume_on_another_world_size_is_an_error_naming_both_sizes_where_the_plugin_cannot_reshard(
+    tmp_path: Path,
+) -> None:
+    ck = checkpointer("torch_ddp", nn.Linear(2, 2), None, world=4)
+    ck.spec = dataclasses.replace(ck.spec, resize_ok=False)
+    meta = {"format": checkpoint.FORMAT, "step": 3, "tokens": 0, "elapsed": 0, "world_size": 2, "config": ck.cfg}
+    (tmp_path / checkpoint.META).write_text(json.dumps(meta))
+    with pytest.raises(lm.ConfigError, match="written by world size 2; this run has world size 4"):
+        ck.load(tmp_path)

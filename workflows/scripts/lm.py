@@ -9,15 +9,13 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import random
-import shutil
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import plugins
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -70,13 +68,6 @@ CONFIG_SPEC: dict[str, tuple[Any, str]] = {
 }
 DEFAULT_CONFIG: dict[str, Any] = {key: spec[0] for key, spec in CONFIG_SPEC.items()}
 
-PLUGINS = ("torch_ddp", "low_level_zero", "gemini", "hybrid")
-GPU_ONLY_PLUGINS = {  # the errors ColossalAI 0.5.0 raises on its CPU accelerator (measured)
-    "low_level_zero": "its ZeRO optimizer keeps gradient/master buffers on an accelerator device "
-    "(AssertionError 'device is required' at boost)",
-    "gemini": "it needs the CPUAdam/HybridAdam kernel, a CUDA-build extension "
-    "(AssertionError 'No usable kernel found for CPUAdamLoader'), and places its chunks on CUDA",
-}
 # Keys that may differ between a checkpoint and the run resuming it; any other difference is refused.
 # The data-parallel size may change (a different node count), the model/optimizer layout may not.
 RESUME_MUTABLE_KEYS = {"stop_after", "ckpt_every", "keep_ckpts", "log_every", "compile"}
@@ -108,27 +99,35 @@ def merge_config(user: dict[str, Any]) -> dict[str, Any]:
 
 def validate_config(cfg: dict[str, Any], cuda: bool, world_size: int) -> None:
     """Everything checkable before launch: GPU-only plugins on CPU, layout, model shape."""
-    plugin = cfg["plugin"]
-    if plugin not in PLUGINS:
-        raise ConfigError(f"plugin {plugin!r} unknown; choose one of {PLUGINS}")
-    if plugin in GPU_ONLY_PLUGINS and not cuda:
+    name = cfg["plugin"]
+    if name not in plugins.PLUGIN_TABLE:
+        raise ConfigError(f"plugin {name!r} unknown; choose one of {plugins.PLUGINS}")
+    spec = plugins.PLUGIN_TABLE[name]
+    if "cpu" not in spec.devices and not cuda:
+        cpu_ok = [p.name for p in plugins.PLUGIN_TABLE.values() if "cpu" in p.devices]
         raise ConfigError(
-            f"plugin {plugin!r} cannot run on this CPU-only machine: {GPU_ONLY_PLUGINS[plugin]}. "
-            "Use plugin torch_ddp or hybrid on CPU."
+            f"plugin {name!r} cannot run on this CPU-only machine: {spec.cpu_refusal}. "
+            f"Use plugin {' or '.join(cpu_ok)} on CPU."
         )
     if cfg["precision"] not in ("fp32", "bf16"):
         raise ConfigError(f"precision {cfg['precision']!r} unknown; choose fp32 or bf16")
-    if plugin == "gemini" and cfg["precision"] != "bf16":
-        raise ConfigError("plugin 'gemini' supports only mixed precision: set precision bf16")
+    if cfg["precision"] not in spec.precisions:
+        raise ConfigError(f"plugin {name!r} supports precision {' | '.join(spec.precisions)}, not {cfg['precision']!r}")
     tp, pp, sp = cfg["tp"], cfg["pp"], cfg["sp"]
-    if plugin != "hybrid" and (tp, pp, sp) != (1, 1, 1):
-        raise ConfigError(f"tp/pp/sp > 1 need plugin 'hybrid' (plugin {plugin!r}, tp={tp} pp={pp} sp={sp})")
+    if not spec.parallel_axes and (tp, pp, sp) != (1, 1, 1):
+        with_axes = [p.name for p in plugins.PLUGIN_TABLE.values() if p.parallel_axes]
+        raise ConfigError(
+            f"tp/pp/sp > 1 need plugin {' or '.join(with_axes)} (plugin {name!r}, tp={tp} pp={pp} sp={sp})"
+        )
     if cfg["sp_mode"] not in ("all_to_all", "split_gather", "ring"):
         raise ConfigError(f"sp_mode {cfg['sp_mode']!r} unknown")
     if cfg["model_impl"] not in ("auto", "native", "hf"):
         raise ConfigError(f"model_impl {cfg['model_impl']!r} unknown")
-    if plugin == "hybrid" and cfg["model_impl"] == "native":
-        raise ConfigError("plugin 'hybrid' needs model_impl hf (shardformer only knows transformers models)")
+    if cfg["model_impl"] != "auto" and cfg["model_impl"] not in spec.model_kinds:
+        raise ConfigError(
+            f"plugin {name!r} needs model_impl {' | '.join(spec.model_kinds)} (shardformer only knows transformers "
+            f"models), not {cfg['model_impl']!r}"
+        )
     own_sp_axis = cfg["sp_mode"] == "all_to_all"
     if sp > 1 and not own_sp_axis and sp != tp:
         raise ConfigError(f"sp_mode {cfg['sp_mode']!r} shares the tp group: set sp equal to tp ({tp})")
@@ -159,9 +158,8 @@ def validate_config(cfg: dict[str, Any], cuda: bool, world_size: int) -> None:
 
 
 def model_impl(cfg: dict[str, Any]) -> str:
-    if cfg["model_impl"] == "auto":
-        return "hf" if cfg["plugin"] == "hybrid" else "native"
-    return cfg["model_impl"]
+    """native (lm.NativeLlama) or hf (transformers' LlamaForCausalLM); auto: the plugin's model kind."""
+    return plugins.spec_of(cfg).model_kind if cfg["model_impl"] == "auto" else cfg["model_impl"]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -340,13 +338,9 @@ def build_model(train_cfg: dict[str, Any], cuda: bool) -> nn.Module:
     # Without ColossalAI's flash attention (CPU), shardformer's attention takes the mask transformers builds;
     # with "sdpa" that mask is None (causality left to SDPA's is_causal) and the replaced attention ignores
     # causality. "eager" makes transformers build an explicit causal mask.
-    hybrid_flash = train_cfg["plugin"] == "hybrid" and flash_attention_ok(train_cfg, cuda)
-    attn = "sdpa" if train_cfg["plugin"] != "hybrid" or hybrid_flash else "eager"
+    shardformer = plugins.spec_of(train_cfg).shardformer
+    attn = "sdpa" if not shardformer or plugins.flash_attention_ok(train_cfg, cuda) else "eager"
     return hf_llama(mcfg, attn)
-
-
-def flash_attention_ok(cfg: dict[str, Any], cuda: bool) -> bool:
-    return cuda and cfg["precision"] == "bf16"
 
 
 def matmul_params(model: nn.Module) -> int:
@@ -423,72 +417,54 @@ class WarmupCosine:
 # ----------------------------------------------------------------------------------------------------------
 # ColossalAI glue
 # ----------------------------------------------------------------------------------------------------------
-def patch_cpu_accelerator() -> None:
-    """Runtime fixes so HybridParallel tp/pp/sp work on ColossalAI 0.5.0's CPU accelerator (never on GPU).
+def init_colossalai(cuda: bool, seed: int) -> None:
+    """ColossalAI's distributed start (under torchrun); on CPU its CPU accelerator plus compat.py's patches."""
+    import colossalai
+    import compat
 
-    - tensor-parallel layers seed a Randomizer through accelerator.manual_seed / get_rng_state /
-      set_rng_state: CpuAccelerator raises "not supported" or passes a device to torch.get_rng_state(),
-      which takes none. Map them to the CPU generator.
-    - pipeline p2p calls torch.distributed.is_hccl_available(), absent from torch's CPU builds.
-    """
-    import torch.distributed as dist
-    from colossalai.accelerator.cpu_accelerator import CpuAccelerator
-
-    CpuAccelerator.get_rng_state = lambda self, device=None: torch.get_rng_state()
-    CpuAccelerator.set_rng_state = lambda self, new_state, device=None: torch.set_rng_state(new_state)
-    CpuAccelerator.manual_seed = lambda self, seed: torch.manual_seed(seed)
-    CpuAccelerator.manual_seed_all = lambda self, seed: torch.manual_seed(seed)
-    if not hasattr(dist, "is_hccl_available"):
-        dist.is_hccl_available = lambda: False
+    if not cuda:
+        colossalai.accelerator.set_accelerator("cpu")
+        compat.apply_cpu_patches()
+    colossalai.launch_from_torch(seed=seed)
 
 
-def make_plugin(cfg: dict[str, Any], cuda: bool) -> Any:
-    """The Booster plugin for cfg. The caller must keep a reference (its process groups die with it)."""
-    from colossalai.booster.plugin import (
-        GeminiPlugin,
-        HybridParallelPlugin,
-        LowLevelZeroPlugin,
-        TorchDDPPlugin,
-    )
+@dataclass
+class Boosted:
+    """A model, optimizer and lr scheduler boosted by one plugin. Keep `plugin` referenced: its process groups
+    die with it."""
 
-    clip = float(cfg["grad_clip"])
-    name = cfg["plugin"]
-    if name == "torch_ddp":
-        return TorchDDPPlugin(broadcast_buffers=False)
-    if name == "low_level_zero":
-        return LowLevelZeroPlugin(stage=cfg["zero_stage"] or 2, precision=cfg["precision"], max_norm=clip)
-    if name == "gemini":
-        return GeminiPlugin(precision=cfg["precision"], placement_policy="static", max_norm=clip)
-    sp_enabled = cfg["sp"] > 1
-    return HybridParallelPlugin(
-        tp_size=cfg["tp"],
-        pp_size=cfg["pp"],
-        sp_size=cfg["sp"] if sp_enabled else None,
-        enable_sequence_parallelism=sp_enabled,
-        sequence_parallelism_mode=cfg["sp_mode"] if sp_enabled else None,
-        precision=cfg["precision"],
-        zero_stage=cfg["zero_stage"],
-        enable_flash_attention=flash_attention_ok(cfg, cuda),
-        num_microbatches=cfg["grad_accum"] if cfg["pp"] > 1 else None,
-        max_norm=clip,
-        broadcast_buffers=False,
-        # No vocab padding (validate_config demands vocab % tp == 0): ColossalAI 0.5.0's unsharded save
-        # asserts on a padded vocab-parallel embedding.
-        make_vocab_size_divisible_by=1,
-    )
+    plugin: Any
+    booster: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    n_matmul: int  # parameters in matmuls (the 6*N*tokens FLOP estimate), counted before any sharding
+    dp_rank: int
+    dp_size: int
 
 
-def make_optimizer(cfg: dict[str, Any], model: nn.Module, cuda: bool) -> torch.optim.Optimizer:
-    """AdamW with decay on matrices only. Gemini requires ColossalAI's HybridAdam."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
-    betas = (cfg["beta1"], cfg["beta2"])
-    if cfg["optimizer"] == "hybrid_adam" or cfg["plugin"] == "gemini":
-        from colossalai.nn.optimizer import HybridAdam
+def boost(cfg: dict[str, Any], cuda: bool, model: nn.Module | None = None, log: Any = print) -> Boosted:
+    """Plugin, booster, model (built from cfg unless given), optimizer and schedule, as the plugin table says."""
+    from colossalai.booster import Booster
 
-        return HybridAdam(groups, lr=cfg["lr"], betas=betas, weight_decay=cfg["weight_decay"], adamw_mode=True)
-    return torch.optim.AdamW(groups, lr=cfg["lr"], betas=betas, fused=cuda)
+    spec = plugins.spec_of(cfg)
+    plugin = plugins.make_plugin(cfg, cuda)
+    booster = Booster(plugin=plugin)
+    model = build_model(cfg, cuda) if model is None else model
+    n_matmul = matmul_params(model)
+    if spec.place_before_boost:
+        model = model.to(torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"))
+    if cfg["compile"]:
+        if cuda and spec.compile_ok:
+            model.compile()  # in place: parameter names (and checkpoints) stay unprefixed
+        else:
+            log(f"compile: ignored (needs CUDA and a plugin whose wrapper compiles; plugin {spec.name})")
+    optimizer = plugins.make_optimizer(cfg, model, cuda)
+    schedule = WarmupCosine(cfg["steps"], cfg["warmup"], cfg["min_lr_ratio"], cfg["schedule"])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
+    dp_rank, dp_size = data_parallel_layout(plugin)
+    return Boosted(plugin, booster, model, optimizer, scheduler, n_matmul, dp_rank, dp_size)
 
 
 def data_parallel_layout(plugin: Any) -> tuple[int, int]:
@@ -501,10 +477,6 @@ def data_parallel_layout(plugin: Any) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def uses_pipeline(cfg: dict[str, Any]) -> bool:
-    return cfg["plugin"] == "hybrid" and cfg["pp"] > 1
-
-
 def model_inputs(ids: torch.Tensor, cfg: dict[str, Any], labels: bool) -> dict[str, torch.Tensor]:
     """Keyword inputs of the model.
 
@@ -514,7 +486,7 @@ def model_inputs(ids: torch.Tensor, cfg: dict[str, Any], labels: bool) -> dict[s
     ColoAttention then runs plain causal attention instead of a padded varlen one.
     """
     inputs = {"input_ids": ids}
-    if cfg["plugin"] == "hybrid" and not flash_attention_ok(cfg, ids.is_cuda):
+    if plugins.spec_of(cfg).shardformer and not plugins.flash_attention_ok(cfg, ids.is_cuda):
         inputs["attention_mask"] = torch.ones_like(ids)
     if labels:
         inputs["labels"] = ids
@@ -522,15 +494,15 @@ def model_inputs(ids: torch.Tensor, cfg: dict[str, Any], labels: bool) -> dict[s
 
 
 def autocast(cfg: dict[str, Any], device_type: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast for torch_ddp (fp32 weights); the other plugins cast the model themselves."""
-    if cfg["plugin"] == "torch_ddp" and cfg["precision"] == "bf16":
+    """bf16 autocast where the plugin keeps fp32 weights (PluginSpec.autocast); the others cast the model."""
+    if plugins.spec_of(cfg).autocast and cfg["precision"] == "bf16":
         return torch.autocast(device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
 def forward_logits(booster: Any, model: nn.Module, ids: torch.Tensor, cfg: dict[str, Any]) -> torch.Tensor | None:
     """Logits of the boosted model (this rank's shard under tp; None on non-last pipeline stages)."""
-    if not uses_pipeline(cfg):
+    if not plugins.uses_pipeline(cfg):
         with autocast(cfg, ids.device.type):
             return model(**model_inputs(ids, cfg, labels=False)).logits
     # The schedule calls the criterion on the last stage even when no loss is wanted.
@@ -544,142 +516,6 @@ def forward_logits(booster: Any, model: nn.Module, ids: torch.Tensor, cfg: dict[
     )
     outputs = out.get("outputs")
     return None if outputs is None else outputs["logits"] if isinstance(outputs, dict) else outputs.logits
-
-
-# ----------------------------------------------------------------------------------------------------------
-# RNG and checkpoints
-# ----------------------------------------------------------------------------------------------------------
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-CKPT_PREFIX = "step_"
-
-
-def complete_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path]]:
-    """(step, dir) of complete checkpoints, oldest first. Temp dirs never match (atomic rename)."""
-    root = Path(ckpt_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for path in root.glob(f"{CKPT_PREFIX}*"):
-        if path.is_dir() and (path / "trainer.json").is_file() and path.name[len(CKPT_PREFIX) :].isdigit():
-            found.append((int(path.name[len(CKPT_PREFIX) :]), path))
-    return sorted(found)
-
-
-def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
-    ckpts = complete_checkpoints(ckpt_dir)
-    return ckpts[-1][1] if ckpts else None
-
-
-def master_params(optimizer: Any) -> list[torch.Tensor] | None:
-    """fp32 master weights held by a mixed-precision optimizer wrapper (hybrid bf16, low_level_zero bf16).
-
-    ColossalAI's model checkpoint stores the bf16 working weights and re-seeds the masters from them on load;
-    saving the masters per rank keeps a resume exact.
-    """
-    get_map = getattr(optimizer, "get_master_to_working_map", None)
-    if get_map is None or not get_map() or not hasattr(optimizer, "optim"):
-        return None
-    return [p for group in optimizer.optim.param_groups for p in group["params"]]
-
-
-@dataclass
-class TrainState:
-    step: int = 0
-    tokens: int = 0
-    elapsed: float = 0.0  # training wall seconds summed over all attempts
-
-
-class Checkpointer:
-    """Atomic checkpoints: every rank writes into a temp dir, rank 0 renames it to step_NNNNNNNN.
-
-    A shared filesystem is assumed (ColossalAI's unsharded checkpoints are written by rank 0 only).
-    """
-
-    def __init__(
-        self,
-        booster: Any,
-        model: Any,
-        optimizer: Any,
-        scheduler: Any,
-        ckpt_dir: str | Path,
-        cfg: dict[str, Any],
-        rank: int,
-        keep: int,
-    ) -> None:
-        self.booster, self.model, self.optimizer, self.scheduler = booster, model, optimizer, scheduler
-        self.root, self.cfg, self.rank, self.keep = Path(ckpt_dir), cfg, rank, max(1, keep)
-
-    def save(self, state: TrainState) -> Path:
-        import torch.distributed as dist
-
-        final = self.root / f"{CKPT_PREFIX}{state.step:08d}"
-        tmp = self.root / f".tmp_{CKPT_PREFIX}{state.step:08d}"
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        dist.barrier()
-        self.booster.save_model(self.model, str(tmp / "model.bin"), shard=False)
-        self.booster.save_optimizer(self.optimizer, str(tmp / "optimizer.bin"), shard=False)
-        if self.rank == 0:  # the scheduler is replicated; some checkpoint IOs would write it from every rank
-            torch.save(self.scheduler.state_dict(), tmp / "scheduler.bin")
-        per_rank: dict[str, Any] = {"rng": rng_state()}
-        masters = master_params(self.optimizer)
-        if masters is not None:
-            per_rank["masters"] = [p.detach().cpu().clone() for p in masters]
-        torch.save(per_rank, tmp / f"rank{self.rank:05d}.pt")
-        dist.barrier()
-        if self.rank == 0:
-            meta = {**asdict(state), "world_size": dist.get_world_size(), "config": self.cfg}
-            (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
-            for _, old in complete_checkpoints(self.root)[: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
-        dist.barrier()
-        return final
-
-    def load(self, path: Path) -> TrainState:
-        meta = json.loads((path / "trainer.json").read_text())
-        check_resume_config(meta["config"], self.cfg)
-        self.booster.load_model(self.model, str(path / "model.bin"))
-        self.booster.load_optimizer(self.optimizer, str(path / "optimizer.bin"))
-        self.scheduler.load_state_dict(torch.load(path / "scheduler.bin", weights_only=False))
-        own = path / f"rank{self.rank:05d}.pt"
-        per_rank = torch.load(own if own.exists() else path / "rank00000.pt", map_location="cpu", weights_only=False)
-        set_rng_state(per_rank["rng"])
-        self._restore_masters(per_rank.get("masters"))
-        return TrainState(step=meta["step"], tokens=meta["tokens"], elapsed=meta["elapsed"])
-
-    def _restore_masters(self, saved: list[torch.Tensor] | None) -> None:
-        masters = master_params(self.optimizer)
-        if saved is None or masters is None:
-            return
-        if len(saved) != len(masters) or any(s.shape != m.shape for s, m in zip(saved, masters, strict=True)):
-            return  # parallel layout changed: keep the masters re-seeded from the working weights
-        with torch.no_grad():
-            for s, m in zip(saved, masters, strict=True):
-                m.copy_(s.to(m.device, m.dtype))
-
-
-def check_resume_config(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    changed = sorted(k for k in current if k not in RESUME_MUTABLE_KEYS and saved.get(k) != current[k])
-    if changed:
-        diff = {k: (saved.get(k), current[k]) for k in changed}
-        raise ConfigError(f"checkpoint was written with a different config (saved, now): {diff}")
 
 
 def iter_metrics(path: str | Path) -> Iterator[dict[str, Any]]:

@@ -28,10 +28,14 @@ Config keys (--config-json, a JSON object; omitted keys take the defaults printe
     compile       torch.compile the model (CUDA, torch_ddp / low_level_zero; ignored otherwise)
     log_every     metrics line + progress line every N steps
 
-Checkpoints (--ckpt-dir/step_NNNNNNNN, written to a temp dir then renamed; the last keep_ckpts kept) hold the
-model, optimizer, lr scheduler, step, token count and per-rank RNG states (python, numpy, torch, CUDA) and
-mixed-precision master weights. A rerun resumes from the latest one; the data position is the step (batches
-are a pure function of seed and step). The metrics file drops lines past the resumed step.
+Checkpoints (--ckpt-dir/step_NNNNNNNN, see checkpoint.py): sharded through the Booster (model and optimizer with
+shard=True, the lr scheduler with save_lr_scheduler; which rank writes what is the plugin's checkpoint IO), plus
+per-rank RNG states and, where the plugin keeps them apart from the model (bf16 low_level_zero / hybrid), fp32
+master weights. Written to a temp dir, then renamed; the last keep_ckpts kept. A rerun resumes from the latest one
+exactly on the same world size; on another world size the plugin's IO reshards model and optimizer and the run
+logs what per-rank state could not follow. The data position is the step (batches are a pure function of seed and
+step). The metrics file drops lines past the resumed step. What each plugin needs (device, precision, model kind,
+checkpoint IO, grad clipping, pipeline schedule) is one table: plugins.PLUGIN_TABLE.
 
 Preemption: SIGUSR2 sets a flag; at the next step boundary the ranks agree (max-reduce), checkpoint, rank 0
 writes the step number to $MULTINODE_PREEMPT_FILE (when set), and every rank leaves with exit code 0.
@@ -66,12 +70,15 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import checkpoint  # noqa: E402
 import lm  # noqa: E402
+import plugins  # noqa: E402
 
 # ColossalAI's import-time and per-save noise that says nothing about this run.
 for _pattern in (".*tensornvme.*", ".*apex.*", ".*broadcast_buffers.*deprecated.*"):
     warnings.filterwarnings("ignore", message=_pattern)
-logging.getLogger().addFilter(lambda r: "unsharded checkpointing" not in r.getMessage())
+_NOISE = ("unsharded checkpointing", "split to checkpoint shards")
+logging.getLogger().addFilter(lambda r: not any(n in r.getMessage() for n in _NOISE))
 
 # bf16 dense peak FLOP/s per GPU, by a substring of torch.cuda.get_device_name().
 GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
@@ -135,20 +142,39 @@ class Run:
 
     args: argparse.Namespace
     cfg: dict[str, Any]
+    spec: plugins.PluginSpec
     cuda: bool
     rank: int
     world: int
-    booster: Any
-    plugin: Any
-    model: Any
-    optimizer: Any
-    scheduler: Any
-    ckpt: lm.Checkpointer
+    boosted: lm.Boosted
+    ckpt: checkpoint.Checkpointer
     tokens: Any
-    dp_rank: int
-    dp_size: int
     device: torch.device
-    n_matmul: int
+
+    # Shorthands of the boosted objects.
+    @property
+    def booster(self) -> Any:
+        return self.boosted.booster
+
+    @property
+    def model(self) -> Any:
+        return self.boosted.model
+
+    @property
+    def optimizer(self) -> Any:
+        return self.boosted.optimizer
+
+    @property
+    def scheduler(self) -> Any:
+        return self.boosted.scheduler
+
+    @property
+    def dp_rank(self) -> int:
+        return self.boosted.dp_rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.boosted.dp_size
 
 
 def log0(run_rank: int, msg: str) -> None:
@@ -157,54 +183,16 @@ def log0(run_rank: int, msg: str) -> None:
 
 
 def setup(args: argparse.Namespace, cfg: dict[str, Any], cuda: bool) -> Run:
-    import colossalai
-    from colossalai.booster import Booster
-
-    if not cuda:
-        colossalai.accelerator.set_accelerator("cpu")
-        lm.patch_cpu_accelerator()
-    colossalai.launch_from_torch(seed=cfg["seed"])
+    lm.init_colossalai(cuda, cfg["seed"])
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    plugin = lm.make_plugin(cfg, cuda)  # referenced by Run: its process groups live as long as it does
-    booster = Booster(plugin=plugin)
-    model = lm.build_model(cfg, cuda)
-    n_matmul = lm.matmul_params(model)
-    if cfg["plugin"] in ("torch_ddp", "hybrid"):
-        model = model.to(device)
-    if cfg["compile"]:
-        if cuda and cfg["plugin"] in ("torch_ddp", "low_level_zero"):
-            model.compile()  # in place: parameter names (and checkpoints) stay unprefixed
-        else:
-            log0(rank, f"compile: ignored (needs CUDA and torch_ddp/low_level_zero; plugin {cfg['plugin']})")
-    optimizer = lm.make_optimizer(cfg, model, cuda)
-    schedule = lm.WarmupCosine(cfg["steps"], cfg["warmup"], cfg["min_lr_ratio"], cfg["schedule"])
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
-    dp_rank, dp_size = lm.data_parallel_layout(plugin)
-    ckpt = lm.Checkpointer(booster, model, optimizer, scheduler, args.ckpt_dir, cfg, rank, cfg["keep_ckpts"])
+    b = lm.boost(cfg, cuda, log=lambda msg: log0(rank, msg))
+    ckpt = checkpoint.Checkpointer(b.booster, b.model, b.optimizer, b.scheduler, args.ckpt_dir, cfg, b.dp_size)
     tokens = lm.load_tokens(args.data_dir, "train")
-    return Run(
-        args,
-        cfg,
-        cuda,
-        rank,
-        world,
-        booster,
-        plugin,
-        model,
-        optimizer,
-        scheduler,
-        ckpt,
-        tokens,
-        dp_rank,
-        dp_size,
-        device,
-        n_matmul,
-    )
+    return Run(args, cfg, plugins.spec_of(cfg), cuda, rank, world, b, ckpt, tokens, device)
 
 
 def check_data(data_dir: str, cfg: dict[str, Any]) -> None:
@@ -223,7 +211,7 @@ def train_step(run: Run, step: int) -> torch.Tensor | None:
     )
     if run.cuda:
         batch = batch.pin_memory().to(run.device, non_blocking=True)
-    if lm.uses_pipeline(cfg):
+    if plugins.uses_pipeline(cfg):
         out = run.booster.execute_pipeline(
             iter([lm.model_inputs(batch, cfg, labels=True)]),
             run.model,
@@ -236,14 +224,14 @@ def train_step(run: Run, step: int) -> torch.Tensor | None:
         loss = torch.zeros((), device=run.device)
         for m in range(ga):
             ids = batch[m * mb : (m + 1) * mb]
-            skip_sync = m < ga - 1 and run.plugin.support_no_sync()
+            skip_sync = m < ga - 1 and run.boosted.plugin.support_no_sync()
             with run.booster.no_sync(run.model, run.optimizer) if skip_sync else contextlib.nullcontext():
                 with lm.autocast(cfg, run.device.type):
                     micro_loss = run.model(**lm.model_inputs(ids, cfg, labels=True)).loss / ga
                 run.booster.backward(micro_loss, run.optimizer)
             loss += micro_loss.detach()
-    if cfg["plugin"] == "torch_ddp" and cfg["grad_clip"] > 0:
-        run.optimizer.clip_grad_by_norm(cfg["grad_clip"])  # the other plugins clip inside step (max_norm)
+    if run.spec.grad_clip == "loop" and cfg["grad_clip"] > 0:
+        run.optimizer.clip_grad_by_norm(cfg["grad_clip"])  # the others clip inside step (max_norm)
     run.optimizer.step()
     run.optimizer.zero_grad()
     run.scheduler.step()
@@ -262,7 +250,7 @@ def mfu(run: Run, tokens_per_s: float) -> float | None:
         return None
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in GPU_PEAK_BF16.items() if k in name), None)
-    return None if peak is None else 6 * run.n_matmul * tokens_per_s / (peak * run.world)
+    return None if peak is None else 6 * run.boosted.n_matmul * tokens_per_s / (peak * run.world)
 
 
 def prepare_metrics(path: str, resumed_step: int) -> None:
@@ -302,7 +290,7 @@ def write_preempt_file(step: int) -> None:
     os.replace(tmp, p)
 
 
-def save_final(run: Run, state: lm.TrainState) -> None:
+def save_final(run: Run, state: checkpoint.TrainState) -> None:
     """Unsharded state dict gathered by the plugin's checkpoint IO, re-saved with the model config."""
     out = Path(run.args.out)
     staging = out.with_name(f".{out.name}.booster.bin")
@@ -345,7 +333,7 @@ class Logger:
         self.train_s += seconds
         self.tokens += tokens
 
-    def emit(self, state: lm.TrainState, lr: float, step_s: float) -> None:
+    def emit(self, state: checkpoint.TrainState, lr: float, step_s: float) -> None:
         run = self.run
         loss = mean_loss(run, self.loss_sum, self.count)
         tps = self.tokens / max(self.train_s, 1e-9)
@@ -376,8 +364,8 @@ class Logger:
 
 def train(run: Run, preempt: Preemption) -> int:
     cfg = run.cfg
-    state = lm.TrainState()
-    latest = lm.latest_checkpoint(run.args.ckpt_dir)
+    state = checkpoint.TrainState()
+    latest = checkpoint.latest_checkpoint(run.args.ckpt_dir)
     if latest is not None:
         state = run.ckpt.load(latest)
         log0(run.rank, f"resumed from {latest} at step {state.step}")
@@ -445,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     preempt.setup_group()
     try:
         rc = train(run, preempt)
-    except lm.ConfigError as e:  # e.g. resuming a checkpoint written with another model config
+    except lm.ConfigError as e:  # e.g. resuming a checkpoint written with another model config or layout
         print(f"train.py: config error: {e}", file=sys.stderr, flush=True)
         rc = EXIT_CONFIG
     dist.destroy_process_group()

@@ -1,0 +1,294 @@
+"""Labelled output of `multinode torchrun`: every line says which node and rank wrote it, and none is cut.
+
+On every node, `run` starts torchrun with each rank's output in a file of its own and appends each complete line,
+labelled `[<node> rank<R>]`, to the node's file beside the job log (<stem>.<node>.out); torchrun's own messages
+carry `[<node>]`. On the head node, `Merger` copies the nodes' files, line by line, into the job log.
+
+Why not torchrun's `--tee`: its tailer writes whatever one read returns, so a line that a rank writes in two pieces
+(print() writes the text and the newline separately; a block-buffered stdout flushes mid-line) comes out cut, and
+another rank's line runs into it. Why not srun's own output forwarding: it splits a line longer than its message
+size (about 1 KiB) and interleaves the pieces with other nodes' lines. Here a line is written only once it is
+complete (or its stream has ended), in one write, by the only writer of each file. On NFS the job log may show a
+node's lines a few seconds late (attribute caching); the node's own file has them at once.
+
+Run by the launcher's step on every node:
+    python -m snakemake_executor_multinode.nodelog --nproc P [--dynamic] -- python -m torch.distributed.run ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import protocol
+from .torchrun_flags import option_value
+
+POLL_S = 0.05  # how often new rank files are looked for and read: the delay a line may see, nothing more
+# <log dir>/<run id>_<random>/attempt_<restart>/<local rank>/{stdout,stderr}.log: torchrun's layout (DefaultLogsSpecs)
+RANK_FILE = re.compile(r"attempt_(?P<attempt>\d+)/(?P<local>\d+)/(?P<stream>stdout|stderr)\.log$")
+
+
+@dataclass
+class Source:
+    """One stream being read: a rank's file, or torchrun's own stdout/stderr."""
+
+    label: bytes
+    stream: int  # 1 or 2: where its lines go in the job log
+    console: bool = True  # False: kept in the node's file only (torchrun's --local-ranks-filter)
+    partial: bytes = b""
+    fh: object = field(default=None, repr=False)
+
+
+class Labeller:
+    """Splits chunks into complete lines and writes each, labelled, in one write: to the node's file in a job, to
+    the terminal outside SLURM (no file given)."""
+
+    def __init__(self, node_file: Path | None, echo: bool = False, out_fds: tuple[int, int] = (1, 2)) -> None:
+        self.out_fds, self.echo = out_fds, echo or node_file is None
+        # O_APPEND, one write per line: a second launch in the same job appends whole lines after the first's
+        self.node_fd = os.open(node_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if node_file else None
+
+    def feed(self, src: Source, data: bytes) -> None:
+        lines = (src.partial + data).split(b"\n")
+        src.partial = lines.pop()
+        for line in lines:
+            self.write(src, line + b"\n")
+
+    def close(self, src: Source) -> None:
+        """The stream ended: a last line without its newline still comes out whole."""
+        if src.partial:
+            self.write(src, src.partial + b"\n")
+            src.partial = b""
+
+    def write(self, src: Source, line: bytes) -> None:
+        if not src.console:
+            return
+        text = src.label + line
+        if self.node_fd is not None:
+            _write_all(self.node_fd, text)
+        if self.echo:
+            _write_all(self.out_fds[src.stream - 1], text)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except InterruptedError:
+            continue
+        except OSError:  # the job log went away (srun killed): keep the node's file and the run going
+            return
+
+
+def rank_of_worker(agent_pid: int, local_rank: int, attempt: int) -> int | None:
+    """The global rank torchrun gave a worker (with c10d the rendezvous picks it), read from the worker's
+    environment: a child of the agent with this LOCAL_RANK and TORCHELASTIC_RESTART_COUNT."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != agent_pid:
+                continue
+            env = dict(kv.split(b"=", 1) for kv in Path(entry.path, "environ").read_bytes().split(b"\0") if b"=" in kv)
+        except (OSError, ValueError, IndexError):
+            continue
+        if (
+            env.get(b"LOCAL_RANK") == str(local_rank).encode()
+            and env.get(b"TORCHELASTIC_RESTART_COUNT", b"0") == str(attempt).encode()
+        ):
+            rank = env.get(b"RANK", b"")
+            return int(rank) if rank.isdigit() else None
+    return None
+
+
+class RankFiles:
+    """Finds the rank files torchrun creates under the log dir (one set per restart attempt) and reads them."""
+
+    def __init__(self, root: Path, node: str, rank: Callable[[int, int], str], console: Callable[[int], bool]):
+        self.root, self.node, self.rank, self.console = root, node, rank, console
+        self.sources: dict[Path, Source] = {}
+
+    def poll(self, out: Labeller) -> None:
+        for path in self.root.glob("*/attempt_*/*/std*.log"):
+            if path not in self.sources and (m := RANK_FILE.search(path.as_posix())):
+                local, attempt = int(m["local"]), int(m["attempt"])
+                label = f"[{self.node} {self.rank(local, attempt)}] ".encode()
+                src = Source(label, 1 if m["stream"] == "stdout" else 2, self.console(local))
+                src.fh = open(path, "rb")  # noqa: SIM115 - read as it grows
+                self.sources[path] = src
+        for src in self.sources.values():
+            while data := src.fh.read(1 << 16):  # type: ignore[attr-defined]
+                out.feed(src, data)
+
+    def close(self, out: Labeller) -> None:
+        self.poll(out)
+        for src in self.sources.values():
+            out.close(src)
+            src.fh.close()  # type: ignore[attr-defined]
+
+
+def with_rank_logs(torchrun: Sequence[str], log_dir: str) -> list[str]:
+    """torchrun's command with every worker's stdout and stderr redirected into files under `log_dir`."""
+    at = list(torchrun).index("torch.distributed.run") + 1
+    return [*torchrun[:at], "--redirects=3", f"--log-dir={log_dir}", *torchrun[at:]]
+
+
+def run(torchrun: Sequence[str], nproc: int, dynamic: bool, env: dict[str, str], echo: bool = False) -> int:
+    node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    node_rank = int(env.get("SLURM_NODEID", "0"))
+    stem = log_stem(env)
+    user_dir = option_value(torchrun, "--log-dir", "--log_dir")
+    root = Path(user_dir) if user_dir else Path(tempfile.mkdtemp(prefix=f"multinode-{node}-"))
+    shown = option_value(torchrun, "--local-ranks-filter", "--local_ranks_filter")
+    shown_ranks = {int(r) for r in shown.split(",") if r.strip().isdigit()} if shown else None
+
+    def rank(local: int, attempt: int) -> str:
+        if not dynamic:  # static rendezvous: torchrun ranks node after node
+            return f"rank{node_rank * nproc + local}"
+        found = rank_of_worker(proc.pid, local, attempt)
+        return f"rank{found}" if found is not None else f"local_rank{local}"
+
+    cmd = torchrun if user_dir else with_rank_logs(torchrun, str(root))
+    # Unbuffered workers: a rank's lines reach its file (and the job log) as it prints them, not 8 KiB later.
+    child_env = {"PYTHONUNBUFFERED": "1", **env}
+    node_file = Path(protocol.node_log(stem, node)) if stem else None
+    if node_file:
+        node_file.parent.mkdir(parents=True, exist_ok=True)
+    out = Labeller(node_file, echo)
+    agent = (Source(f"[{node}] ".encode(), 1), Source(f"[{node}] ".encode(), 2))
+    out.write(agent[1], f"[multinode torchrun] launching on {node}, node_rank={node_rank}\n".encode())
+    proc = subprocess.Popen(list(cmd), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    pipes = {proc.stdout.fileno(): agent[0], proc.stderr.fileno(): agent[1]}
+    files = RankFiles(root, node, rank, lambda local: shown_ranks is None or local in shown_ranks)
+
+    def forward(signum: int, _frame: object) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)  # torchrun stops its workers; we keep reading until it is gone
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    try:
+        while pipes:
+            for fd in select.select(list(pipes), [], [], POLL_S)[0]:
+                data = os.read(fd, 1 << 16)
+                if data:
+                    out.feed(pipes[fd], data)
+                else:
+                    out.close(pipes.pop(fd))
+            files.poll(out)
+        code = proc.wait()
+        files.close(out)
+    finally:
+        if not user_dir:
+            shutil.rmtree(root, ignore_errors=True)
+    return code if code >= 0 else 128 - code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m snakemake_executor_multinode.nodelog", description=__doc__)
+    parser.add_argument("--nproc", type=int, required=True, help="worker processes on this node")
+    parser.add_argument("--dynamic", action="store_true", help="the rendezvous (c10d) assigns the ranks")
+    parser.add_argument("--echo", action="store_true", help="also write the lines to stdout/stderr (a user's step)")
+    parser.add_argument("torchrun", nargs=argparse.REMAINDER, help="-- and torchrun's command")
+    args = parser.parse_args(argv)
+    torchrun = args.torchrun[1:] if args.torchrun[:1] == ["--"] else args.torchrun
+    if not torchrun:
+        parser.error("no torchrun command after --")
+    # SLURM's --signal=USR2 reaches every process of the step: ignored here and by torchrun's agent (inherited);
+    # the workers install their own handler and checkpoint.
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    return run(torchrun, args.nproc, args.dynamic, dict(os.environ), args.echo)
+
+
+class Merger:
+    """On the head node: copies the nodes' labelled files into the job log (this process's stdout) as they grow,
+    whole lines only, from where each file ended when the launch began (an earlier launch's lines are already in
+    the log)."""
+
+    def __init__(self, stem: str, nodes: Sequence[str], out_fd: int = 1) -> None:
+        self.out_fd = out_fd
+        self.paths = [Path(protocol.node_log(stem, node)) for node in nodes]
+        self.offsets = {p: (p.stat().st_size if p.exists() else 0) for p in self.paths}
+        self.partial = {p: b"" for p in self.paths}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="multinode-log-merger", daemon=True)
+
+    def __enter__(self) -> Merger:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            self.copy()
+        self.copy()  # what the nodes wrote last
+
+    def copy(self) -> None:
+        for path in self.paths:
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(self.offsets[path])
+                    data = fh.read()
+            except OSError:
+                continue  # not created yet: the node has not started
+            if not data:
+                continue
+            self.offsets[path] += len(data)
+            whole, _, rest = (self.partial[path] + data).rpartition(b"\n")
+            self.partial[path] = rest
+            if whole:
+                _write_all(self.out_fd, whole + b"\n")
+
+
+def log_stem(env: Mapping[str, str]) -> str:
+    """Where this job's node files go: beside the job log; outside SLURM, nowhere (the terminal has the lines)."""
+    if stem := env.get(protocol.LOG_STEM_VAR):
+        return stem
+    if job := env.get("SLURM_JOB_ID"):
+        return os.path.join(env.get("SLURM_SUBMIT_DIR", "."), f"slurm-{job}")
+    return ""
+
+
+# torchrun's summary of a failed node names the rank that failed first: "Root Cause ...", then "  rank : 3 (...)".
+ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+
+
+def failing_rank_lines(text: str, node: str, count: int = 12) -> tuple[str, list[str]]:
+    """The last lines of the rank that failed first on `node` (read from the node's labelled lines in a job log:
+    torchrun's own root-cause summary names the rank), as (label, lines); the node's last lines where no rank is
+    named; ("", []) where the node wrote nothing."""
+    node_prefix, rank = f"[{node}] ", None
+    in_root_cause = False
+    for line in text.splitlines():
+        if not line.startswith(node_prefix):
+            continue
+        body = line[len(node_prefix) :]
+        if body.startswith("Root Cause"):
+            in_root_cause = True
+        elif in_root_cause and (m := ROOT_CAUSE_RANK.match(body)):
+            rank, in_root_cause = m[1], False
+    label = f"[{node} rank{rank}] " if rank is not None else f"[{node} rank"
+    lines = [line for line in text.splitlines() if line.startswith(label)]
+    return (label.strip("[] ") if rank is not None else node, lines[-count:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

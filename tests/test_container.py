@@ -1,0 +1,254 @@
+"""Containers per environment profile: validation, the job script's variables, and each runtime's rendering.
+
+The podman rendering runs for real in test_container_cluster.py; pyxis and apptainer are checked here as rendered.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from snakemake_executor_multinode import container, environment, launch, protocol
+from snakemake_executor_multinode.cli import main
+from snakemake_executor_multinode.container import ContainerError, parse, wrap
+from snakemake_executor_multinode.request import RequestError, refuse_container_directive
+
+ALLOC = launch.Allocation(
+    "42", ("node1", "node2"), gpus_per_node=4, cpus_per_task=8, master_addr="10.0.0.1", master_port=24242
+)
+TORCHRUN = ["/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes=2", "train.py"]
+
+
+def spec(**kw: object) -> container.ContainerSpec:
+    box = parse({"runtime": "podman", "image": "localhost/train:1"} | kw, "t.container")
+    assert box is not None
+    return box
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("podman", "t.container: must be a mapping"),
+        (
+            {"runtime": "docker", "image": "x"},
+            "t.container.runtime: 'docker' is not a container runtime; allowed: pyxis",
+        ),
+        ({"runtime": "podman"}, "t.container.image: None is invalid"),
+        ({"runtime": "podman", "image": "-x"}, "t.container.image: '-x' is invalid"),
+        ({"runtime": "podman", "image": "a b"}, "t.container.image: 'a b' is invalid"),
+        ({"runtime": "podman", "image": "x", "volumes": []}, "unknown key(s) ['volumes']; allowed: runtime, image"),
+        ({"runtime": "podman", "image": "x", "mounts": "/a"}, "t.container.mounts: must be a list of strings"),
+        ({"runtime": "podman", "image": "x", "mounts": ["data:/d"]}, "t.container.mounts: 'data:/d' is invalid"),
+        ({"runtime": "podman", "image": "x", "mounts": ["/a:/b:z"]}, "SRC[:DST[:ro|rw]]"),
+        ({"runtime": "podman", "image": "x", "mounts": ["/a,b:/b"]}, "without spaces, ',' or ':'"),
+        ({"runtime": "podman", "image": "x", "flags": ["x"]}, "t.container.flags: 'x' is invalid: one option"),
+        ({"runtime": "podman", "image": "x", "flags": ["--network=none"]}, "--network is set by the launcher"),
+        ({"runtime": "podman", "image": "x", "flags": ["-v=/a:/a"]}, "use the key `mounts`"),
+        ({"runtime": "apptainer", "image": "x", "flags": ["--nv"]}, "use the key `gpus`"),
+        ({"runtime": "pyxis", "image": "x", "flags": ["--nodes=3"]}, "only srun's --container-*/--no-container-*"),
+        ({"runtime": "pyxis", "image": "x", "flags": ["--container-image=y"]}, "use the key `image`"),
+        (
+            {"runtime": "pyxis", "image": "x", "gpus": "none"},
+            "gpus: 'none' is invalid for runtime pyxis; allowed: auto",
+        ),
+        ({"runtime": "apptainer", "image": "x", "gpus": "cdi"}, "allowed: auto, none"),
+        ({"runtime": "podman", "image": "x", "gpus": True}, "gpus: True is invalid for runtime podman"),
+        ({"runtime": "podman", "image": "x", "workdir": "rel"}, "t.container.workdir: 'rel' is invalid"),
+        ({"runtime": "podman", "image": "x", "python": "py thon"}, "t.container.python: 'py thon' is invalid"),
+        ({"runtime": "podman", "image": "x", "env": ["A-B"]}, "t.container.env: 'A-B' is invalid"),
+        ({"runtime": "apptainer", "image": "x", "env": ["A"]}, "only for runtime podman"),
+    ],
+)
+def test_every_bad_value_is_refused_naming_the_key_and_what_is_allowed(value, message):
+    with pytest.raises(ContainerError) as err:
+        parse(value, "t.container")
+    assert message in str(err.value)
+
+
+def test_a_profile_file_error_names_the_file_the_profile_and_the_key(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("profiles:\n  box:\n    container: {runtime: podman, image: x, mounts: [relative]}\n")
+    with pytest.raises(environment.EnvProfileError) as err:
+        environment.load_profiles(path)
+    assert str(err.value).startswith(f"{path}: profiles.box.container.mounts: 'relative' is invalid")
+
+
+def profiles(tmp_path: Path, body: str) -> environment.ProfileSet:
+    path = tmp_path / "p.yaml"
+    path.write_text(body)
+    return environment.load_profiles(path)
+
+
+def test_the_job_script_exports_the_container_and_the_launcher_reads_it_back(tmp_path):
+    ps = profiles(
+        tmp_path,
+        "profiles:\n  box:\n    extends: ethernet\n    env: {WANDB_MODE: offline}\n"
+        "    container: {runtime: podman, image: 'localhost/t:1', mounts: ['/data:/data:ro', /scratch],\n"
+        "                flags: ['--security-opt=label=disable', '--annotation=a b'], python: /opt/py/bin/python,\n"
+        "                gpus: devices, env: [HF_*]}\n",
+    )
+    lines = environment.render_lines(environment.resolve(ps, "box"))
+    exported = [line for line in lines if "MULTINODE_CONTAINER_" in line]
+    assert all(line.startswith("export MULTINODE_CONTAINER_") for line in exported)
+    env: dict[str, str] = {}
+    for line in exported:  # what bash makes of the lines
+        name, value = line.removeprefix("export ").split("=", 1)
+        env[name] = shlex.split(value)[0]
+    assert set(env) <= set(protocol.CONTAINER_VARIABLES)
+    assert env[protocol.CONTAINER_ENV_VAR] == "HF_* WANDB_MODE"  # the profile's own variables pass in by name
+    back = container.from_env(env)
+    assert back == container.ContainerSpec(
+        "podman",
+        "localhost/t:1",
+        ("/data:/data:ro", "/scratch"),
+        ("--security-opt=label=disable", "--annotation=a b"),
+        None,
+        "/opt/py/bin/python",
+        "devices",
+        ("HF_*", "WANDB_MODE"),
+    )
+
+
+def test_a_later_profile_turns_the_container_off_and_bad_variables_end_the_launcher(tmp_path):
+    ps = profiles(tmp_path, "profiles:\n  box: {container: {runtime: podman, image: x}}\n  bare: {container: null}\n")
+    assert not any("CONTAINER" in line for line in environment.render_lines(environment.resolve(ps, "box,bare")))
+    assert container.from_env({}) is None
+    with pytest.raises(SystemExit, match="MULTINODE_CONTAINER_\\* variables: container.runtime: 'docker'"):
+        container.from_env({protocol.CONTAINER_RUNTIME_VAR: "docker", protocol.CONTAINER_IMAGE_VAR: "x"})
+
+
+def test_podman_runs_torchrun_on_the_node_network_with_the_job_variables_gpus_and_the_relay(tmp_path):
+    for i in range(2):
+        (tmp_path / f"nvidia{i}").touch()
+    w = wrap(
+        spec(mounts=["/data:/data:ro"], gpus="devices"),
+        TORCHRUN,
+        workdir="/w",
+        gpus_per_node=2,
+        uid=0,
+        dev_glob=str(tmp_path / "nvidia*"),
+    )
+    assert w.srun_flags == []
+    assert w.argv[:5] == ["podman", "run", "--rm", "--network=host", "--ipc=host"]
+    assert "--userns=keep-id" not in w.argv  # rootful: root's ids
+    for name in ("MASTER_ADDR", "MASTER_PORT", "MULTINODE_*", "SLURM_*", "NCCL_*", "CUDA_VISIBLE_DEVICES"):
+        assert f"--env={name}" in w.argv
+    assert "--volume=/w:/w" in w.argv and "--volume=/data:/data:ro" in w.argv and "--workdir=/w" in w.argv
+    assert [a for a in w.argv if a.startswith("--device")] == [
+        f"--device={tmp_path}/nvidia0",
+        f"--device={tmp_path}/nvidia1",
+    ]
+    at = w.argv.index("localhost/train:1")
+    assert w.argv[at + 1 : at + 4] == ["sh", "-c", container.RELAY] and w.argv[at + 5 :] == TORCHRUN
+    cdi = wrap(spec(), TORCHRUN, workdir="/w", gpus_per_node=8, uid=1000).argv
+    assert "--device=nvidia.com/gpu=all" in cdi and "--userns=keep-id" in cdi
+    assert not any(a.startswith("--device") for a in wrap(spec(), TORCHRUN, workdir="/w", gpus_per_node=0).argv)
+    assert not any(
+        a.startswith("--device") for a in wrap(spec(gpus="none"), TORCHRUN, workdir="/w", gpus_per_node=8).argv
+    )
+
+
+def test_apptainer_binds_the_mounts_and_adds_nv_only_where_the_job_has_gpus():
+    box = parse({"runtime": "apptainer", "image": "/img/t.sif", "mounts": ["/data"], "flags": ["--cleanenv"]}, "t")
+    with_gpus = wrap(box, TORCHRUN, workdir="/w", gpus_per_node=4).argv
+    at = with_gpus.index("/img/t.sif")
+    assert with_gpus[:at] == [
+        "apptainer",
+        "exec",
+        "--nv",
+        "--bind",
+        "/w:/w",
+        "--bind",
+        "/data",
+        "--pwd",
+        "/w",
+        "--cleanenv",
+    ]
+    assert with_gpus[at + 1 :] == ["sh", "-c", container.IGNORE_USR2, "multinode-agent", *TORCHRUN]
+    assert "--nv" not in wrap(box, TORCHRUN, workdir="/w", gpus_per_node=0).argv
+    sing = parse({"runtime": "singularity", "image": "/img/t.sif", "gpus": "none"}, "t")
+    assert wrap(sing, TORCHRUN, workdir="/w", gpus_per_node=4).argv[:3] == ["singularity", "exec", "--bind"]
+
+
+def test_pyxis_adds_srun_flags_and_runs_the_node_task_with_the_image_python(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    box = parse(
+        {
+            "runtime": "pyxis",
+            "image": "nvcr.io#nvidia/pytorch:24.05-py3",
+            "mounts": ["/data:/data:ro"],
+            "flags": ["--container-remap-root"],
+            "python": "/usr/bin/python",
+        },
+        "t",
+    )
+    argv = launch.plan(ALLOC, [], ["train.py"], box=box)
+    at = argv.index("bash")
+    package = Path(container.__file__).parent
+    assert argv[at - 4 : at] == [
+        "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
+        f"--container-mounts={tmp_path}:{tmp_path},/data:/data:ro,{package}:/opt/multinode-launcher/{package.name}:ro",
+        f"--container-workdir={tmp_path}",
+        "--container-remap-root",
+    ]
+    task = argv[at + 2]
+    assert task.startswith('trap "" USR2; exec /usr/bin/python -c ')  # the labeller, in the image
+    assert "from snakemake_executor_multinode.nodelog import main" in task
+    assert "/usr/bin/python -m torch.distributed.run --nnodes=2" in task and '--node_rank="$SLURM_NODEID"' in task
+
+
+def test_the_launcher_wraps_torchrun_and_keeps_the_node_rank_and_the_usr2_ignore(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    argv = launch.plan(ALLOC, ["--nproc_per_node=2"], ["train.py", "--lr", "3e-4"], box=spec(python="/opt/py/python"))
+    task = argv[argv.index("bash") + 2]
+    assert task.startswith('trap "" USR2; exec ')
+    words = shlex.split(task.split("exec ", 1)[1])
+    assert "snakemake_executor_multinode.nodelog" in words  # the labeller stays on the node, around podman
+    assert words[words.index("podman") + 1] == "run"
+    assert "--node_rank=$SLURM_NODEID" in words  # the node's shell fills it in, outside the container
+    torchrun = words[words.index("/opt/py/python") :]
+    assert torchrun[:3] == ["/opt/py/python", "-m", "torch.distributed.run"]
+    assert torchrun[-3:] == ["train.py", "--lr", "3e-4"]
+
+
+def test_preview_shows_the_wrapped_per_node_line(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text("profiles:\n  box: {container: {runtime: apptainer, image: /img/t.sif}}\n")
+    code = main(
+        [
+            "preview",
+            "--env-profiles",
+            str(path),
+            "--workdir",
+            str(tmp_path),
+            "nodes=2",
+            "gpus=2",
+            "env_profile=box",
+            "--",
+            "multinode",
+            "torchrun",
+            "train.py",
+            "--epochs",
+            "3",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "export MULTINODE_CONTAINER_RUNTIME=apptainer" in out and "apptainer exec" not in out  # stdout: the script
+    assert "`multinode torchrun`'s step" in err and "in apptainer image /img/t.sif" in err
+    assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1" in err
+    assert "apptainer exec --nv --bind" in err and "train.py --epochs 3" in err and "$MASTER_PORT" in err
+    assert main(["preview", "nodes=2", "--", "echo", "hi"]) == 0
+    assert "torchrun's step" not in capsys.readouterr().err  # no launcher, no step
+
+
+def test_the_container_directive_is_refused_for_multi_node_rules_and_the_launcher():
+    with pytest.raises(RequestError) as err:
+        refuse_container_directive("train", "docker://pytorch/pytorch:2.3.0", 2, "python train.py")
+    assert "rule 'train': the container: directive ('docker://pytorch/pytorch:2.3.0')" in str(err.value)
+    assert "`container: {runtime: apptainer, image: docker://pytorch/pytorch:2.3.0}`" in str(err.value)
+    with pytest.raises(RequestError):
+        refuse_container_directive("one", "x.sif", 1, "multinode torchrun train.py")
+    refuse_container_directive("prep", "x.sif", 1, "python prep.py")  # one node, no launcher: Snakemake's business

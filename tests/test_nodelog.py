@@ -1,0 +1,106 @@
+"""Labelled output: a line is written whole, once, with the node and rank that wrote it (cluster runs in
+test_torchrun_cluster.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from snakemake_executor_multinode import nodelog
+from snakemake_executor_multinode.nodelog import Labeller, Merger, Source, failing_rank_lines, with_rank_logs
+
+
+def test_a_line_written_in_pieces_comes_out_whole_and_labelled(tmp_path):
+    out = Labeller(tmp_path / "n.out")
+    a, b = Source(b"[n1 rank0] ", 1), Source(b"[n1 rank1] ", 1)
+    out.feed(a, b"hello ")
+    out.feed(b, b"other line\nsecond ")  # another rank writes while rank 0's line is unfinished
+    out.feed(a, b"world\n")
+    out.feed(b, b"half")
+    out.close(b)  # a stream's last line without its newline still comes out, whole
+    assert (tmp_path / "n.out").read_text().splitlines() == [
+        "[n1 rank1] other line",
+        "[n1 rank0] hello world",
+        "[n1 rank1] second half",
+    ]
+
+
+def test_ranks_outside_the_local_ranks_filter_are_not_shown(tmp_path):
+    out = Labeller(tmp_path / "n.out")
+    out.feed(Source(b"[n1 rank1] ", 1, console=False), b"hidden\n")
+    out.feed(Source(b"[n1 rank0] ", 1), b"shown\n")
+    assert (tmp_path / "n.out").read_text() == "[n1 rank0] shown\n"
+
+
+def test_the_merger_copies_whole_lines_written_after_the_launch_began(tmp_path):
+    stem = str(tmp_path / "job")
+    first = tmp_path / "job.a.out"
+    first.write_text("[a rank0] from an earlier launch: already in the log\n")
+    read, write = os.pipe()
+    with Merger(stem, ["a", "b"], out_fd=write) as merger:
+        with open(first, "a") as fh:
+            fh.write("[a rank0] new line, in two pie")
+            fh.flush()
+            merger.copy()
+            fh.write("ces\n")
+        (tmp_path / "job.b.out").write_text("[b rank1] from node b\n")
+    os.close(write)
+    with os.fdopen(read) as fh:
+        assert sorted(fh.read().splitlines()) == ["[a rank0] new line, in two pieces", "[b rank1] from node b"]
+
+
+LOG = """\
+[node2 rank3] loading shard 7
+[node2 rank2] loading shard 6
+[node2 rank3] RuntimeError: corrupt shard
+[node2] Root Cause (first observed failure):
+[node2] [0]:
+[node2]   host      : node2
+[node2]   rank      : 3 (local_rank: 1)
+[node1 rank0] RuntimeError: Connection closed by peer
+"""
+
+
+def test_the_failing_rank_is_the_one_torchrun_names_as_root_cause():
+    assert failing_rank_lines(LOG, "node2") == (
+        "node2 rank3",
+        ["[node2 rank3] loading shard 7", "[node2 rank3] RuntimeError: corrupt shard"],
+    )
+    label, lines = failing_rank_lines("[node1 rank0] killed mid-line\n", "node1")
+    assert (label, lines) == ("node1", ["[node1 rank0] killed mid-line"])  # no summary: the node's ranks' lines
+    assert failing_rank_lines("unlabelled\n", "node9") == ("node9", [])
+
+
+def test_rank_files_are_asked_of_torchrun_right_after_its_module():
+    cmd = ["py", "-m", "torch.distributed.run", "--nnodes=2", "t.py"]
+    assert with_rank_logs(cmd, "/tmp/d") == [
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--redirects=3",
+        "--log-dir=/tmp/d",
+        "--nnodes=2",
+        "t.py",
+    ]
+
+
+def test_outside_slurm_the_labelled_lines_go_to_the_terminal(tmp_path):
+    script = tmp_path / "w.py"
+    script.write_text("import os, sys\nsys.stdout.write('rank ' + os.environ['RANK'])\nsys.stdout.write(' here\\n')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MULTINODE_"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake_executor_multinode.cli", "torchrun", "--nproc_per_node=2", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    node = nodelog.socket.gethostname().split(".")[0]
+    assert sorted(line for line in proc.stdout.splitlines() if "here" in line) == [
+        f"[{node} rank0] rank 0 here",
+        f"[{node} rank1] rank 1 here",
+    ]
+    assert not list(tmp_path.glob("*.out"))  # no node file outside a job
