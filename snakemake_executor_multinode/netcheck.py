@@ -44,6 +44,7 @@ EXIT_FAILED = 1
 QUOTED_LINES = 12  # backend lines (NCCL_DEBUG, c10d) quoted in a failure, the last ones
 LINE_LIMIT = 900  # srun splits longer lines (about 1 KiB) and interleaves the pieces with other nodes' lines
 STORE_TRY_S = 2.0  # each store operation after the connection
+PEER_NOTICE_S = 3.0  # a failing node waits this long at most for the store, so the others stop at once
 FINAL_WAIT_S = 10.0  # the head waits this long at most for every node to see the final barrier pass
 
 # Linux ioctls for an interface's flags and IPv4 address (per network namespace, unlike /sys/class/net, whose view
@@ -299,6 +300,7 @@ class Node:
         self.backend = "gloo"
         self.store: Any = None
         self.store_error = ""
+        self.connecting: Any = None  # the thread reaching the head's store (not the head)
         self.workers: list[tuple[Any, Any]] = []
         self.nccl_logs: list[Path] = []
         self.tmp = tempfile.mkdtemp(prefix="multinode-netcheck-")
@@ -309,6 +311,8 @@ class Node:
         message = failure_message(c.node, c.node_rank, self.backend, self.iface(), error, lines)
         log(message)
         c.blame(c.node)
+        if self.store is None and self.connecting is not None:  # tell the peers if the store is moments away
+            self.connecting.join(timeout=min(PEER_NOTICE_S, c.left()))
         if self.store is not None:
             try:
                 self.store.set(f"fail/{c.node_rank}", message.splitlines()[0])
@@ -331,10 +335,11 @@ class Node:
     # steps
     def run(self) -> int:
         c = self.check
+        if self.route.error:  # the store's client would retry this until the limit: say it now (the route is in the
+            os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # interface part; c10d's error is quoted once)
+            return self.fail(f"c10d: {self.c10d_error()}")
         # c10d logs every failed connection attempt with a C++ stack; its errors (and the exception we quote) stay
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        if self.route.error:  # the store's client would retry this until the limit: say it now
-            return self.fail(f"{self.route.text()}; c10d: {self.c10d_error()}")
         import torch  # once per node: the workers are forked from here
 
         os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # asks NVML: the forked workers may use CUDA
@@ -405,7 +410,8 @@ class Node:
             except Exception as err:  # noqa: BLE001 - quoted if the limit passes
                 self.store_error = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
-        threading.Thread(target=attempt, daemon=True).start()
+        self.connecting = threading.Thread(target=attempt, daemon=True)
+        self.connecting.start()
 
     def watch(self) -> int:
         c = self.check

@@ -141,6 +141,24 @@ class RankFiles:
             src.fh.close()  # type: ignore[attr-defined]
 
 
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (torchrun's workers run in sessions of their own: a process group misses them)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                ppid = int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def with_rank_logs(torchrun: Sequence[str], log_dir: str) -> list[str]:
     """torchrun's command with every worker's stdout and stderr redirected into files under `log_dir`."""
     at = list(torchrun).index("torch.distributed.run") + 1
@@ -180,8 +198,19 @@ def run(torchrun: Sequence[str], nproc: int, dynamic: bool, env: dict[str, str],
         if proc.poll() is None:
             proc.send_signal(signum)  # torchrun stops its workers; we keep reading until it is gone
 
+    def pass_on(signum: int, _frame: object) -> None:
+        # torchrun's agent ignores it (inherited) and its workers checkpoint; a container runtime's client (podman)
+        # passes it into the container, whose processes are not this process's descendants
+        for pid in (proc.pid, *descendants(proc.pid)):
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
+    # torchrun started with USR2 ignored (set in main, inherited); from here on this process passes it on
+    signal.signal(signal.SIGUSR2, pass_on)
     try:
         while pipes:
             for fd in select.select(list(pipes), [], [], POLL_S)[0]:
@@ -209,8 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     torchrun = args.torchrun[1:] if args.torchrun[:1] == ["--"] else args.torchrun
     if not torchrun:
         parser.error("no torchrun command after --")
-    # SLURM's --signal=USR2 reaches every process of the step: ignored here and by torchrun's agent (inherited);
-    # the workers install their own handler and checkpoint.
+    # SLURM's --signal=USR2 (and scancel --signal) reaches every process of the step with proctrack/linuxproc, but
+    # only the step's task (this process) with proctrack/cgroup, most production clusters. So torchrun starts with
+    # USR2 ignored (its agent must not die of it), and this process passes it on to the workers (run: pass_on);
+    # under linuxproc a worker gets it twice, which its flag-setting handler absorbs.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     return run(torchrun, args.nproc, args.dynamic, dict(os.environ), args.echo)
 

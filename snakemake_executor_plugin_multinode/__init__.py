@@ -5,6 +5,7 @@ Snakemake reports); SLURM, the plan, the job script, the environment and the sta
 Importing this module stays cheap: Snakemake imports every installed executor plugin at every start.
 """
 
+import glob
 import os
 import time
 import typing
@@ -111,6 +112,7 @@ class Executor(RemoteExecutor):
         self.external_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)
         self.failed_nodes: dict[tuple[str, ...], tuple[str, ...]] = {}  # job outputs -> nodes its attempts failed on
         self._warned: set[str] = set()
+        self._cancelled: set[str] = set()  # job ids this run has cancelled
         self._validate_planned_jobs()
 
     @property  # type: ignore[override]
@@ -317,6 +319,8 @@ class Executor(RemoteExecutor):
             return
         async with self.status_rate_limiter:
             outcomes = self.tracker.poll([j.external_jobid for j in active_jobs])
+        running: list[SubmittedJobInfo] = []
+        failed = False
         for info in active_jobs:
             outcome = outcomes[info.external_jobid]
             if outcome.note:
@@ -324,6 +328,7 @@ class Executor(RemoteExecutor):
             if not outcome.finished:
                 if line := self.progress.line(info.external_jobid, info.job.name, info.aux.get("log")):
                     self.logger.info(line)
+                running.append(info)
                 yield info
                 continue
             self.tracker.forget(info.external_jobid)
@@ -334,14 +339,27 @@ class Executor(RemoteExecutor):
                     key = tuple(str(f) for f in info.job.output)
                     self.failed_nodes[key] = (*self.failed_nodes.get(key, ()), outcome.failed_node)
                 log = info.aux.get("log")
-                tail = _last_lines(Path(log)) if log else ""
+                tail = _failure_lines(Path(log), outcome.failed_node) if log else ""
                 self.report_job_error(
                     info,
                     msg=f"SLURM job {info.external_jobid} failed: {outcome.describe()}; log: {log}{tail} ",
                     aux_logs=[str(log)] if log else [],
                 )
+                failed = True
+        if failed and not self.workflow.execution_settings.keep_going:
+            # Snakemake itself would wait for every running job (days, for a training) and only then exit on the
+            # error; nobody wants their results any more: end them now, and Snakemake exits once they are reported.
+            with self.lock:  # jobs submitted since this cycle began
+                newer = list(self.active_jobs)
+            self._cancel({j.external_jobid for j in (*running, *newer)}, "a job failed and --keep-going is off")
 
     def shutdown(self) -> None:
+        with self.lock:
+            left = list(self.active_jobs)
+        if left and not self.workflow.remote_execution_settings.immediate_submit:
+            # Snakemake exits on an executor error (sbatch refused a job) with jobs still running: no one would
+            # watch them (snakemake-executor-plugin-slurm #320). Nothing is left after a normal end.
+            self._cancel({j.external_jobid for j in left}, "Snakemake is exiting on an error")
         super().shutdown()
         if self.settings.efficiency_report:  # after the last job: its sacct record is (nearly) final
             queued = self.workflow.remote_execution_settings.immediate_submit
@@ -352,17 +370,19 @@ class Executor(RemoteExecutor):
         """Ctrl-C, or Snakemake ending on an error: cancel exactly this run's jobs. The registry also knows a job
         whose sbatch was still in flight (found by its unique name) and jobs Snakemake no longer tracks."""
         ids = {j.external_jobid for j in active_jobs}
-        names = []
-        for sub in self.registry.mine():
-            if sub.jobid is not None:
-                ids.add(sub.jobid)
-            else:
-                names.append(sub.job_name)
+        ids |= {sub.jobid for sub in self.registry.mine() if sub.jobid is not None}
+        self._cancel(ids)
+
+    def _cancel(self, ids: set[str], why: str = "") -> None:
+        """scancel these jobs of this run, and any of its jobs whose sbatch reply has not come (by unique name);
+        each job once per run."""
+        names = [sub.job_name for sub in self.registry.mine() if sub.jobid is None]
         ids |= set(self.client.find_by_names(names)) if names else set()
-        if ids:
-            ordered = sorted(ids, key=int)
-            self.logger.info(f"cancelling SLURM jobs {' '.join(ordered)}")
-            self.client.cancel(ordered)
+        todo = sorted(ids - self._cancelled, key=int)
+        if todo:
+            self._cancelled |= set(todo)
+            self.logger.info(f"cancelling SLURM jobs {' '.join(todo)}" + (f" ({why})" if why else ""))
+            self.client.cancel(todo)
 
 
 def _last_lines(log: Path, count: int = 12) -> str:
@@ -374,6 +394,19 @@ def _last_lines(log: Path, count: int = 12) -> str:
     except OSError:
         return ""
     return "\nlast lines of the log:\n" + "\n".join(f"    {line}" for line in lines) if lines else ""
+
+
+def _failure_lines(log: Path, node: str | None) -> str:
+    """The failing node's own last lines (its labelled output beside the job log, of the newest run), then the end
+    of the job log (the launcher's verdict); the job log's end alone when there is no node file."""
+    ours = sorted(
+        log.parent.glob(f"{glob.escape(log.name.removesuffix('.log'))}*.{glob.escape(node)}.out") if node else (),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if not ours:
+        return _last_lines(log)
+    lines = _last_lines(ours[-1], 8).replace("last lines of the log:", f"last lines of {node} ({ours[-1]}):", 1)
+    return lines + _last_lines(log, 5)
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -106,6 +106,7 @@ def test_two_node_job_runs_every_rank_inside_the_podman_image_and_usr2_reaches_t
         stderr=subprocess.STDOUT,
         text=True,
     )
+    jobid = None
     try:
 
         def waiting() -> Path | None:
@@ -120,6 +121,8 @@ def test_two_node_job_runs_every_rank_inside_the_podman_image_and_usr2_reaches_t
     finally:
         if proc.poll() is None:
             proc.kill()
+            if jobid:  # a failed wait leaves no job running on the shared cluster
+                slurm_cluster.run("scancel", jobid, check=False)
     assert proc.returncode == 0, out
     got = reports(tmp_path)
     assert [r["rank"] for r in got] == [0, 1, 2, 3] and {r["world"] for r in got} == {4}

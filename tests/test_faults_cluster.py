@@ -679,3 +679,54 @@ def test_slurmdbd_outage_gives_no_false_failure_and_jobs_ending_without_a_marker
         false_failures=0,
         killed_job=err_killed.split("failed: ", 1)[-1][:80],
     )
+
+
+# --- 6. Snakemake exiting on a job's error cancels exactly this run's jobs ---------------------------------------
+ON_ERROR = f"""
+rule fail:
+    output: "{{run}}/fail.txt"
+    shell: "touch started-fail-{{wildcards.run}}; while [ ! -e fail-now ]; do sleep 0.2; done; exit 3"
+rule long:
+    output: "{{run}}/long.txt"
+    resources: nodes=2
+    shell: "touch started-long-{{wildcards.run}}; {WAIT_FOR}; echo {{wildcards.run}} > {{output}}"
+"""
+
+
+def test_exiting_on_a_failed_job_cancels_this_runs_running_jobs_not_others(slurm_cluster, workflow):
+    wd = workflow
+    snakefile(wd, ON_ERROR)
+    # a job of the same user submitted by hand from the same folder: never this run's
+    hand = slurm_cluster.run(
+        "sbatch", "--parsable", "-o", "/dev/null", "--wrap", f"touch started-hand; {WAIT_FOR}", cwd=wd
+    ).stdout.strip()
+    run_a = Snakemake(wd, "a/fail.txt", "a/long.txt", jobs=2)  # without --keep-going
+    run_b = Snakemake(wd, "b/long.txt")
+    try:
+        for name in ("started-fail-a", "started-long-a", "started-long-b", "started-hand"):
+            wait_for(lambda name=name: (wd / name).exists(), name, 300)
+        recs = records(wd)
+        job = {(r["wildcards"]["run"], r["rule"]): r["jobid"] for r in recs}
+        long_a, fail_a, long_b = job["a", "long"], job["a", "fail"], job["b", "long"]
+        assert set(squeue_states(slurm_cluster, [long_a, fail_a, long_b, hand]).values()) == {"RUNNING"}
+        (wd / "fail-now").touch()  # the fault: run A's `fail` job exits 3 while its `long` job runs
+        failed, _ = run_a.wait_line(f"SLURM job {fail_a} failed", timeout=180)
+        rc_a = run_a.wait(180)  # Snakemake exits on the error, not after the long job
+        ended = time.monotonic()
+        cancel = run_a.wait_line("cancelling SLURM jobs", timeout=5)[1]
+        assert cancel.split("cancelling SLURM jobs ", 1)[1].split(" (")[0].split() == [long_a], cancel
+        assert "(a job failed and --keep-going is off)" in cancel
+        assert squeue_states(slurm_cluster, [long_a]) == {long_a: "CANCELLED"}
+        assert squeue_states(slurm_cluster, [long_b, hand]) == {long_b: "RUNNING", hand: "RUNNING"}
+        assert run_b.alive(), run_b.text
+        (wd / "release").touch()
+        rc_b = run_b.wait()
+        wait_for(lambda: squeue_states(slurm_cluster, [hand]).get(hand) == "COMPLETED", "the hand job COMPLETED", 120)
+    finally:
+        run_a.stop()
+        run_b.stop()
+    assert rc_a != 0 and rc_b == 0, run_a.text + run_b.text
+    assert not run_b.matching("cancelling")
+    assert lines(wd / "b/long.txt") == ["b"] and not (wd / "a/long.txt").exists()
+    assert jobs_from(slurm_cluster, wd) == {long_a, fail_a, long_b, hand}
+    figures("exit on error", error_to_snakemake_exit_s=round(ended - failed, 1), other_jobs_cancelled=0)

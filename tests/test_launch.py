@@ -230,7 +230,9 @@ def test_the_launcher_reads_its_options_without_importing_torch():
         "import sys\n"
         "from snakemake_executor_multinode.cli import main\n"
         "from snakemake_executor_multinode.launch import split_torchrun_args, plan, Allocation\n"
-        "opts, script = split_torchrun_args(['--nproc_per_node=2', '--rdzv_backend=c10d', '--max-restarts', '1', 'train.py'])\n"
+        "opts, script = split_torchrun_args(\n"
+        "    ['--nproc_per_node=2', '--rdzv_backend=c10d', '--max-restarts', '1', 'train.py']\n"
+        ")\n"
         "plan(Allocation('1', ('a', 'b'), 2, 4, '10.0.0.1', 20004), opts, script)\n"
         "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')], 'torch imported'\n"
     )
@@ -411,3 +413,45 @@ def test_a_container_the_launcher_cannot_apply_is_an_error_not_ignored(monkeypat
     where = "inside your own srun step" if step else "outside SLURM"
     with pytest.raises(SystemExit, match=f"{where} the profile's container .* cannot be applied"):
         main(["train.py"])
+
+
+def test_a_node_that_does_not_answer_is_blamed_not_the_live_node_whose_rank_failed_first(tmp_path, monkeypatch, capfd):
+    # A node died: the live node's rank fails first (its peer vanished) and srun names the live node.
+    asked: list[tuple[list[str], int]] = []
+    monkeypatch.setattr(launch.liveness, "slurmd_port", lambda env: 6818)
+    monkeypatch.setattr(
+        launch.liveness, "unreachable", lambda nodes, port: asked.append((list(nodes), port)) or ["node2"]
+    )
+    monkeypatch.setattr(launch.socket, "gethostname", lambda: "node1")
+    marker = tmp_path / "failed-node"
+    srun = fake_srun(tmp_path, "echo 'srun: error: node1: task 0: Exited with exit code 1' >&2; exit 1")
+    code = run_step(srun, {protocol.FAILED_NODE_FILE_VAR: str(marker)}, ["node1", "node2", "node3"])
+    assert code == 1 and marker.read_text() == "node2\n"
+    assert asked == [(["node2", "node3"], 6818)]  # every node but the launcher's own, once
+    err = capfd.readouterr().err
+    assert "node node2 (node_rank 1) does not answer" in err and "node node1 failed after it" in err
+    assert "FAILED: node node2 (node_rank 1) does not answer: the node is down" in err
+
+
+def test_when_every_node_answers_srun_s_failing_node_is_blamed(monkeypatch):
+    failed = launch.Failure("node2", 1, 3, "Exited with exit code 3")
+    monkeypatch.setattr(launch.liveness, "slurmd_port", lambda env: 6818)
+    assert launch.blame(failed, ("node1", "node2"), {}, find_dead=lambda nodes, port: []) == failed
+    assert launch.blame(failed, ("node1", "node2"), {}, find_dead=lambda nodes, port: ["node2"]) == failed
+
+
+def test_a_node_answers_when_its_slurmd_port_accepts_and_a_name_that_does_not_resolve_is_no_evidence():
+    import socket
+
+    from snakemake_executor_multinode import liveness
+
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: a connect is refused, as on a node whose slurmd died
+        assert liveness.answers("127.0.0.1", listening.getsockname()[1])
+        assert not liveness.answers("127.0.0.1", closed.getsockname()[1])
+    assert liveness.answers("no-such-node.invalid", 6818)
+    start = time.monotonic()
+    found = liveness.unreachable(["a", "b", "c"], 1, probe=lambda node, port: (time.sleep(0.3), node == "b")[1])
+    assert found == ["a", "c"] and time.monotonic() - start < 0.8  # asked in parallel

@@ -64,7 +64,6 @@ def test_the_check_is_on_in_the_builtin_infiniband_profile_only():
     assert f"export {VAR}=60" in render_lines(resolve(builtin, "infiniband"))
     for other in ("ethernet", "debug"):
         assert not any(VAR in line for line in render_lines(resolve(builtin, other)))
-    assert f"export {VAR}=0" in render_lines(resolve(builtin, "infiniband")) or True
 
 
 def test_a_later_profile_turns_the_check_off_or_changes_its_limit(tmp_path):
@@ -197,7 +196,7 @@ def node(rank: int, port: int, nnodes: int, timeout: int = 60, **env: str) -> su
     args = ["--master-addr=127.0.0.1", f"--port={port}", f"--nnodes={nnodes}", "--nproc=2", f"--timeout={timeout}"]
     return subprocess.Popen(
         [sys.executable, "-m", netcheck.MODULE, *args, "--nodes=nodeA,nodeB"],
-        env=os.environ | {"SLURM_NODEID": str(rank), "SLURMD_NODENAME": "AB"[rank].join(("node", "")), **env},
+        env=os.environ | {"SLURM_NODEID": str(rank), "SLURMD_NODENAME": f"node{'AB'[rank]}", **env},
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -215,7 +214,7 @@ def test_two_nodes_pass_and_each_says_so_in_one_line():
 
 
 @pytest.mark.slow
-def test_a_node_told_to_use_a_missing_interface_fails_with_glooss_own_error_and_the_other_stops(tmp_path):
+def test_a_node_told_to_use_a_missing_interface_fails_with_gloos_own_error_and_the_other_stops(tmp_path):
     port, failed = free_port(), tmp_path / "failed-node"
     head = node(0, port, 2, **{protocol.FAILED_NODE_FILE_VAR: str(failed)})
     bad = node(1, port, 2, GLOO_SOCKET_IFNAME="mnpf-missing0", **{protocol.FAILED_NODE_FILE_VAR: str(failed)})

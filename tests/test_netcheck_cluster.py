@@ -109,9 +109,10 @@ def test_a_node_with_a_broken_interface_ends_the_job_at_once_naming_it(slurm_clu
             restore(slurm_cluster, marker.read_text().split()[0], ip)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output
-    host, faulted_at = marker.read_text().split()
     log = job_logs(wd, "train")[0]
     text = log.read_text()
+    assert marker.exists(), f"the fault was never injected (no preflight ran on node_rank 1):\n{text}"
+    host, faulted_at = marker.read_text().split()
     assert f"failing node {host}" in output, output  # Snakemake's error names the node
     failed = [line for line in text.splitlines() if line.startswith(f"{PREFIX} FAILED on {host} (node_rank 1)")]
     assert failed, text

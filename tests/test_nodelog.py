@@ -4,6 +4,7 @@ test_torchrun_cluster.py)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -104,3 +105,34 @@ def test_outside_slurm_the_labelled_lines_go_to_the_terminal(tmp_path):
         f"[{node} rank1] rank 1 here",
     ]
     assert not list(tmp_path.glob("*.out"))  # no node file outside a job
+
+
+def test_usr2_to_the_node_process_reaches_the_workers_and_spares_torchruns_agent(tmp_path):
+    """With proctrack/cgroup SLURM signals only the step's task (the labeller), not its children: the labeller
+    passes SLURM's pre-time-limit USR2 on; torchrun's agent ignores it, the worker's own handler sees it."""
+    worker = tmp_path / "w.py"
+    worker.write_text(
+        "import os, signal, threading\n"
+        "got = threading.Event()\n"
+        "signal.signal(signal.SIGUSR2, lambda *_: got.set())\n"
+        "print('WAITING', flush=True)\n"
+        "print('GOT USR2' if got.wait(120) else 'NO USR2', flush=True)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MULTINODE_"))}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(worker)]
+    proc = subprocess.Popen(
+        ["bash", "-c", 'trap "" USR2; exec "$@"', "task", sys.executable, "-m", nodelog.__name__, "--nproc=1", "--"]
+        + cmd,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:  # waits for the event, not for a time
+        lines.append(line)
+        if "WAITING" in line:
+            proc.send_signal(signal.SIGUSR2)
+    assert proc.wait(timeout=120) == 0, lines  # the agent survived it and the worker ended well
+    assert any(line.rstrip().endswith("] GOT USR2") for line in lines), lines

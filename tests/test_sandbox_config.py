@@ -112,3 +112,10 @@ def test_each_node_starts_in_its_own_slot_named_cgroup_and_mounts_the_tree_roote
     assert prefix[2].endswith('exec "$@"')
     mount = cgroups.remount_inside()
     assert mount == "umount /sys/fs/cgroup/freezer && mount -t cgroup -o freezer cgroup /sys/fs/cgroup/freezer"
+
+
+def test_process_tracking_is_cgroup_unless_linuxproc_is_asked_for():
+    assert ClusterSpec(dir=Path("/x")).proctrack == "cgroup"
+    assert ClusterSpec(dir=Path("/x"), proctrack="linuxproc").proctrack == "linuxproc"
+    with pytest.raises(ClusterError, match="proctrack must be 'cgroup' or 'linuxproc', got 'pgid'"):
+        ClusterSpec(dir=Path("/x"), proctrack="pgid")

@@ -2,11 +2,11 @@
 autocast, fused AdamW, optionally torch.compile; no ColossalAI. One process on one GPU.
 
     python benchmarks/gpu/plain_torch.py --data-dir DATA --config-json '{...}' [--compile] [--steps 30]
-        [--model-impl native|hf] [--kernels none|liger] [--profile]
+        [--model-impl native|hf] [--kernels K1,K2] [--micro-batch N] [--profile]
 
 --model-impl picks lm.py's NativeLlama or transformers' LlamaForCausalLM (same config, same init scheme).
---kernels liger patches transformers' Llama with Liger's Triton kernels (RMSNorm, SwiGLU, RoPE, fused linear +
-cross entropy); hf only, and only where the liger-kernel package is importable.
+--kernels: train.py's `kernels` config (workflows/scripts/kernels.py: Liger's Triton kernels in the native model;
+"liger" = all four); needs the liger-kernel package.
 --profile adds a torch.profiler summary of 3 steps after the timed ones: CUDA time per kernel family.
 
 Prints one JSON line: tokens/s and MFU (6 * N * tokens/s / 989e12, N = parameters in matmuls) over the median
@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflows" / "scripts"))
+import kernels  # noqa: E402
 import lm  # noqa: E402
 import plugins  # noqa: E402
 
@@ -86,20 +87,20 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--model-impl", choices=("native", "hf"), default="native")
-    ap.add_argument("--kernels", choices=("none", "liger"), default="none")
+    ap.add_argument("--kernels", default="", help="comma list of kernels.KERNELS, or liger (all)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script only")
     args = ap.parse_args()
-    cfg = lm.merge_config(json.loads(args.config_json) | {"plugin": "torch_ddp", "model_impl": args.model_impl})
+    names = [k for k in args.kernels.split(",") if k]
+    names = list(kernels.KERNELS) if names == ["liger"] else names
+    overrides = {"plugin": "torch_ddp", "model_impl": args.model_impl, "kernels": names}
+    cfg = lm.merge_config(json.loads(args.config_json) | overrides)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     cuda = args.device == "cuda"
-    if args.kernels == "liger":
-        if args.model_impl != "hf":
-            raise SystemExit("--kernels liger needs --model-impl hf")
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
-
-        apply_liger_kernel_to_llama()  # before the model is built: patches transformers' Llama classes
+    problem = kernels.problem(names, cuda, args.model_impl)
+    if problem:
+        raise SystemExit(problem)
     model = lm.build_model(cfg, cuda=cuda).to(args.device)
     opt = plugins.make_optimizer(cfg, model, cuda=cuda)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -136,7 +137,7 @@ def main() -> int:
     peak_mem = round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None
     variant = "plain+compile" if args.compile else "plain"
     variant += "" if args.model_impl == "native" else "+hf"
-    variant += "" if args.kernels == "none" else f"+{args.kernels}"
+    variant += "".join(f"+{k}" for k in names) + f"+mb{rows}"
     rec: dict[str, Any] = {
         "variant": variant,
         "step_ms": round(1000 * med, 1),

@@ -3,10 +3,12 @@
 #   plain PyTorch (eager, compiled) and train.py with each ColossalAI plugin, same model and data.
 # Needs ColossalAI 0.5.0 + its transformers 4.51.3 stack as wheels in .whl/ (see README.md here); liger-kernel's
 # wheel there too for the +liger variants (optional: without it those variants fail alone).
-# Env: MODEL (JSON model keys), STEPS, VARIANTS, DEADLINE (seconds; later variants are skipped past it).
+# Env: MODEL (JSON model keys), STEPS, VARIANTS, DEADLINE (seconds; later variants are skipped past it),
+# VARIANT_TIMEOUT (seconds one plain variant may take).
 # Variant names:
-#   plain[+compile][+hf][+liger][+prof]   benchmarks/gpu/plain_torch.py (+hf: transformers' LlamaForCausalLM instead
-#                                          of lm.NativeLlama; +liger: Liger's kernels patched in; +prof: profile)
+#   plain[+compile][+hf][+KERNEL...][+mbN][+prof]   benchmarks/gpu/plain_torch.py (+hf: transformers' LlamaForCausalLM
+#        instead of lm.NativeLlama; +liger: all of Liger's kernels in the native model, or one at a time with
+#        +liger_fused_ce, +liger_rms_norm, +liger_swiglu, +liger_rope; +mbN: micro-batch N; +prof: profile summary)
 #   PLUGIN[+compile][+hf]                  workflows/scripts/train.py with that plugin (+hf: model_impl hf)
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -31,9 +33,13 @@ for v in $VARIANTS; do
     flags=""
     has "$v" compile && flags="$flags --compile"
     has "$v" hf && flags="$flags --model-impl hf"
-    has "$v" liger && flags="$flags --kernels liger"
+    ks=$(tr '+' '\n' <<<"$v" | grep -E '^liger' | paste -sd, -)
+    [ -n "$ks" ] && flags="$flags --kernels $ks"
+    mb=$(tr '+' '\n' <<<"$v" | sed -n 's/^mb\([0-9]*\)$/\1/p')
+    [ -n "$mb" ] && flags="$flags --config-json {$COMMON,\"micro_batch\":$mb}"
     has "$v" prof && flags="$flags --profile"
-    python3 benchmarks/gpu/plain_torch.py --data-dir $OUT/data --config-json "{$COMMON}" --steps $STEPS $flags \
+    [[ "$flags" == *--config-json* ]] || flags="$flags --config-json {$COMMON}"
+    timeout ${VARIANT_TIMEOUT:-600} python3 benchmarks/gpu/plain_torch.py --data-dir $OUT/data --steps $STEPS $flags \
       >> $OUT/results.jsonl 2> $OUT/$v.log || echo "{\"variant\": \"$v\", \"error\": \"$(tail -1 $OUT/$v.log | tr -d '"\\')\"}" >> $OUT/results.jsonl
   else
     comp=false; impl=auto

@@ -1,12 +1,13 @@
 """Per-node cgroup trees: every sandbox slurmd tracks its jobs with proctrack/cgroup without meeting the others.
 
-SLURM puts a job's processes in /sys/fs/cgroup/freezer/slurm/uid_U/job_J/step_S and, when the step ends, freezes
-that cgroup and kills every pid in it, also those that left the process tree (setsid, double fork, nohup). Several
-slurmd on one host would share that `slurm` tree and remove each other's cgroups. So each node's slurmd starts in a
-cgroup of its own (freezer:/mn<slot>-node<i>, made here) and unshares a cgroup namespace there; in its private
-mount namespace it mounts the freezer hierarchy afresh, and such a mount's root is the namespace's root. SLURM's
-usual paths then land under the node's cgroup, and the paths in /proc/<pid>/cgroup (which SLURM also reads) agree
-with the mount. Nothing else changes on the host: the other hierarchies and their mounts are left alone.
+SLURM puts a job's processes in /sys/fs/cgroup/freezer/slurm_<node>/uid_U/job_J/step_S (Debian builds SLURM for
+several slurmd per host, hence the node name) and, when the step ends, kills every pid in it, also those that left
+the process tree (setsid, double fork, nohup). Two sandbox clusters both have a node1, and would share slurm_node1.
+So each node's slurmd starts in a cgroup of its own (freezer:/mn<slot>-node<i>, made here) and unshares a cgroup
+namespace there; in its private mount namespace it mounts the freezer hierarchy afresh, and such a mount's root is
+the namespace's root. SLURM's usual paths then land under the node's cgroup, and the paths in /proc/<pid>/cgroup
+(which SLURM also reads) agree with the mount. Nothing else changes on the host: the other hierarchies and their
+mounts are left alone.
 """
 
 from __future__ import annotations

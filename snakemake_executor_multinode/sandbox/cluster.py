@@ -162,13 +162,14 @@ def up(spec: ClusterSpec) -> None:
         _prepare_dirs(spec)
         _network_up(spec)
         first_job_id = _next_job_id(spec)
-        no_cgroups = cgroups.unavailable_reason()
+        no_cgroups = cgroups.unavailable_reason() if spec.proctrack == "cgroup" else None
         if no_cgroups:
             say(
                 f"process tracking falls back to proctrack/linuxproc: {no_cgroups}; processes that leave a job's "
                 "process tree (setsid, double fork) outlive the job"
             )
-        _write_configs(spec, first_job_id, no_cgroups is None)
+        with_cgroups = spec.proctrack == "cgroup" and no_cgroups is None
+        _write_configs(spec, first_job_id, with_cgroups)
         spec.save()
         _munge_up(spec)
         if spec.accounting:
@@ -176,7 +177,7 @@ def up(spec: ClusterSpec) -> None:
             _slurmdbd_up(spec)
             recorded = _max_recorded_job_id(spec)
             if recorded >= first_job_id:
-                _write_configs(spec, recorded + 1, no_cgroups is None)
+                _write_configs(spec, recorded + 1, with_cgroups)
         _slurmctld_up(spec)
         _slurmd_up(spec)
         say(f'ready: {spec.nodes} idle nodes with gpu:{spec.gpus}; use it with: eval "$(multinode cluster env)"')
@@ -427,7 +428,7 @@ def _slurmd_up(spec: ClusterSpec) -> None:
     say(f"{len(want)} slurmd nodes idle")
 
 
-def restart_node(spec: ClusterSpec, i: int, timeout: float = 120) -> None:
+def restart_node(spec: ClusterSpec, i: int, timeout: float = 180) -> None:
     """Bring one node back after a fault test killed it (its slurmd and every process in its namespace): start its
     slurmd as `up` does, resume it in slurmctld, and wait until it takes jobs again."""
     node = spec.node_name(i)
@@ -437,7 +438,13 @@ def restart_node(spec: ClusterSpec, i: int, timeout: float = 120) -> None:
     # A node slurmctld marked DOWN (not responding) stays down until resumed; an idle one refuses the resume.
     update = ["scontrol", "update", f"nodename={node}", "state=resume"]
     subprocess.run(update, capture_output=True, env=slurm_env(spec), timeout=30)
-    if not ps.wait_for(lambda: node in nodes_in(spec, "idle,alloc,mix"), timeout, 0.5):
+
+    def takes_jobs() -> bool:  # exactly these states: `sinfo -t idle` also lists a node still completing a job
+        sinfo = ["sinfo", "-h", "-n", node, "-o", "%T"]
+        out = subprocess.run(sinfo, capture_output=True, text=True, env=slurm_env(spec), timeout=10).stdout
+        return out.strip() in ("idle", "mixed", "allocated")
+
+    if not ps.wait_for(takes_jobs, timeout, 0.5):
         raise ClusterError(f"{node} did not take jobs again within {timeout:.0f} s; see {spec.dir / 'logs'}")
     say(f"{node} back")
 

@@ -39,6 +39,11 @@ class ClusterSpec:
     sched_interval: int = 2
     kill_wait: int = 30
     min_job_age: int = 300
+    # How slurmd tracks a job's processes: "cgroup" (a job's end kills all of them; the fallback where the host has
+    # no cgroup v1 freezer is linuxproc, see cgroups.py) or "linuxproc" (the process tree only, as before).
+    # Beware: under proctrack/cgroup, SLURM's non-KILL signals (scancel --signal, --signal=USR2@T) reach only each
+    # step's task processes, not their children; under linuxproc they reach every process of the tree.
+    proctrack: str = "cgroup"
     # The cluster's network identity: subnet, bridge, namespace and link names and daemon ports. Derived from the
     # folder (see `slot_for`), so that clusters in different folders (a user's sandbox and the test suite's) run
     # side by side and `down` of one never touches the other's network. Saved in cluster.json with the rest.
@@ -49,6 +54,8 @@ class ClusterSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise ClusterError(f"--{name.replace('_', '-')} must be an integer in {low}..{high}, got {value!r}")
+        if self.proctrack not in ("cgroup", "linuxproc"):
+            raise ClusterError(f"proctrack must be 'cgroup' or 'linuxproc', got {self.proctrack!r}")
         if self.slot == -1:
             object.__setattr__(self, "slot", slot_for(self.dir))
         if not isinstance(self.slot, int) or not SLOTS[0] <= self.slot < SLOTS[1]:
@@ -144,7 +151,7 @@ def render_configs(
     spec: ClusterSpec, first_job_id: int, ctl_host: str | None = None, cgroups: bool = True
 ) -> dict[str, str]:
     """Config file name (relative to <dir>/etc) -> content. cgroups: track processes with proctrack/cgroup (else
-    proctrack/linuxproc, for a host without a cgroup v1 freezer; see cgroups.py)."""
+    proctrack/linuxproc: asked for by spec.proctrack, or a host without a cgroup v1 freezer; see cgroups.py)."""
     ctl_host = ctl_host or socket.gethostname().split(".")[0]  # slurmctld refuses any other name
     values = {f.name: getattr(spec, f.name) for f in fields(spec)}
     values.update(
@@ -158,7 +165,7 @@ def render_configs(
         node_range=spec.node_range,
         first_job_id=first_job_id,
         last_gpu=max(spec.gpus - 1, 0),
-        proctrack="proctrack/cgroup" if cgroups else "proctrack/linuxproc",
+        proctrack_type="proctrack/cgroup" if cgroups else "proctrack/linuxproc",
         task_plugin="task/cgroup" if cgroups else "task/none",
     )
     values["accounting_block"] = _template(

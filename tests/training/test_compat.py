@@ -25,8 +25,8 @@ def test_the_patch_still_applies_colossalai_makes_the_call_it_fixes(name: str) -
 def test_patched_cpu_accelerator_gives_rng_state_seeds_and_synchronizes() -> None:
     from colossalai.accelerator.cpu_accelerator import CpuAccelerator
 
-    compat.apply_cpu_patches()
-    compat.apply_cpu_patches()  # idempotent
+    compat.apply_patches(cuda=False)
+    compat.apply_patches(cuda=False)  # idempotent
     acc = CpuAccelerator()
     acc.manual_seed(5)
     state = acc.get_rng_state()
@@ -45,3 +45,21 @@ def test_cpu_accelerator_keeps_the_stock_methods_the_patches_do_not_touch() -> N
     # set_rng_state and manual_seed_all were patched once; set_rng_state works stock and manual_seed_all has no
     # caller on the training path, so neither is patched (a patch must earn its test above).
     assert {"set_rng_state", "manual_seed_all"}.isdisjoint(name.split(".")[-1] for name in PATCHES)
+
+
+def test_patched_sharded_loading_puts_a_fused_optimizers_step_on_the_parameter_device() -> None:
+    from colossalai.checkpoint_io import general_checkpoint_io, utils
+
+    compat.apply_patches(cuda=False)
+    stock = compat._STOCK["sharded_optimizer_loading_epilogue"]
+    assert general_checkpoint_io.sharded_optimizer_loading_epilogue is not stock
+    param = torch.nn.Parameter(torch.zeros(2, device="meta"))
+    optimizer = torch.optim.AdamW([param], fused=True)
+    utils.load_states_into_optimizer(optimizer, {0: {"step": torch.tensor(3.0)}}, {0: param})
+    general_checkpoint_io.sharded_optimizer_loading_epilogue(optimizer)
+    step = optimizer.state[param]["step"]
+    assert (step.device, step.dtype) == (param.device, torch.float32)
+
+
+def test_on_cuda_only_the_device_independent_patches_apply() -> None:
+    assert [p.name for p in compat.PATCHES if not p.cpu_only] == ["sharded_optimizer_loading_epilogue"]

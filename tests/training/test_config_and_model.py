@@ -67,6 +67,8 @@ INVALID = {
     "seq_len_not_divisible_by_sp": {"plugin": "hybrid", "sp": 2, "seq_len": 63},
     "vocab_below_the_data_vocab": {"vocab": 200},
     "vocab_not_divisible_by_tp": {"plugin": "hybrid", "tp": 2, "vocab": 321},
+    "gpu_kernels_on_cpu": {"kernels": ["liger_fused_ce"]},
+    "hybrid_with_the_native_model": {"plugin": "hybrid", "model_impl": "native"},
 }
 
 

@@ -1,4 +1,6 @@
-"""Runtime patches that hold ColossalAI 0.5.0 and torch 2.13 (CPU) together. Applied on CPU only, never on GPU.
+"""Runtime patches that hold ColossalAI 0.5.0 and torch >= 2.11 together (ColossalAI pins torch <= 2.5.1).
+
+Most are for ColossalAI's CPU accelerator (applied on CPU only); one fixes sharded optimizer loading on any device.
 
 Each `Patch` knows how to probe the stock behaviour it works around (`needed`) and where ColossalAI still makes
 the call it fixes (`call_site`). tests/training/test_compat.py asserts both for every patch, so a test fails once a
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +61,49 @@ def _add_is_hccl_available() -> None:
 _TORCH_HAS_IS_HCCL_AVAILABLE = hasattr(torch.distributed, "is_hccl_available")
 
 
+def _move_steps_to_param_device(optimizer: torch.optim.Optimizer) -> None:
+    """What torch's own Optimizer.load_state_dict does: a fused or capturable optimizer keeps `step` as a float32
+    tensor on the parameter's device (its CUDA kernels read it there)."""
+    for group in optimizer.param_groups:
+        if not (group.get("fused") or group.get("capturable")):
+            continue
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if isinstance(step, torch.Tensor) and step.device != p.device:
+                optimizer.state[p]["step"] = step.to(p.device, torch.float32)
+
+
+def _patch_loading_epilogue() -> None:
+    import colossalai.booster.plugin  # noqa: F401  (every module that imports the epilogue by name)
+    from colossalai.checkpoint_io import utils
+
+    original = _STOCK.setdefault("sharded_optimizer_loading_epilogue", utils.sharded_optimizer_loading_epilogue)
+
+    def epilogue(optimizer: torch.optim.Optimizer) -> None:
+        original(optimizer)
+        _move_steps_to_param_device(optimizer)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "sharded_optimizer_loading_epilogue", None) is original:
+            module.sharded_optimizer_loading_epilogue = epilogue  # type: ignore[attr-defined]
+
+
+def _sharded_load_leaves_step_off_the_param_device() -> bool:
+    """Load a fused AdamW's state through ColossalAI's stock loader, the parameter on the meta device: the stock
+    loader leaves `step` on the CPU it was read to."""
+    from colossalai.checkpoint_io import utils
+
+    for patch in PATCHES:  # the loader calls the accelerator's synchronize (unsupported stock on CPU)
+        if patch.name == "CpuAccelerator.synchronize" and patch.needed():
+            patch.apply()
+    param = torch.nn.Parameter(torch.zeros(2, device="meta"))
+    optimizer = torch.optim.AdamW([param], fused=True)
+    state = {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(2), "exp_avg_sq": torch.zeros(2)}}
+    utils.load_states_into_optimizer(optimizer, state, {0: param})
+    _STOCK.get("sharded_optimizer_loading_epilogue", utils.sharded_optimizer_loading_epilogue)(optimizer)
+    return optimizer.state[param]["step"].device != param.device
+
+
 @dataclass(frozen=True)
 class Patch:
     name: str
@@ -65,6 +111,7 @@ class Patch:
     needed: Callable[[], bool]  # True while the stock behaviour is still broken
     call_site: tuple[str, str]  # (module, source text): ColossalAI still makes the call this patch fixes
     apply: Callable[[], None]
+    cpu_only: bool = True
 
     def applies(self) -> bool:
         module, text = self.call_site
@@ -102,10 +149,20 @@ PATCHES: tuple[Patch, ...] = (
         call_site=("colossalai.pipeline.p2p", "torch.distributed.is_hccl_available()"),
         apply=_add_is_hccl_available,
     ),
+    Patch(
+        name="sharded_optimizer_loading_epilogue",
+        why="ColossalAI's sharded optimizer load keeps `step` where it was read (CPU), unlike torch's own "
+        "load_state_dict; a fused AdamW on CUDA then fails at its next step. The epilogue moves it to the device",
+        needed=_sharded_load_leaves_step_off_the_param_device,
+        call_site=("colossalai.checkpoint_io.utils", 'if key != "step":'),
+        apply=_patch_loading_epilogue,
+        cpu_only=False,
+    ),
 )
 
 
-def apply_cpu_patches() -> None:
-    """Apply every patch (idempotent). Only for ColossalAI's CPU accelerator: the GPU path needs none."""
+def apply_patches(cuda: bool) -> None:
+    """Apply the patches this device needs (idempotent): all on CPU, the device-independent ones on CUDA."""
     for patch in PATCHES:
-        patch.apply()
+        if not (cuda and patch.cpu_only):
+            patch.apply()

@@ -1,6 +1,8 @@
-"""Shared code of the training scripts: config, model, data, ColossalAI glue and checkpoints.
+"""Shared code of the training scripts: config, model, data, lr schedule and the Booster set-up (`boost`).
 
-Imported by preprocess.py, train.py and evaluate.py (they sit in the same directory) and by the tests.
+Imported by preprocess.py, train.py and evaluate.py (they sit in the same directory) and by the tests. What each
+plugin needs is plugins.py's table; checkpoints are checkpoint.py; version patches compat.py; optional kernels
+kernels.py.
 ColossalAI is imported lazily: it costs seconds, and config errors must be reported before it loads.
 """
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kernels
 import numpy as np
 import plugins
 import torch
@@ -63,6 +66,11 @@ CONFIG_SPEC: dict[str, tuple[Any, str]] = {
     "ckpt_every": (50, "checkpoint every N steps (0: only on SIGUSR2, stop_after and at the end)"),
     "keep_ckpts": (2, "complete checkpoints kept in --ckpt-dir"),
     "seed": (1234, "seeds model init, data order and RNGs"),
+    "kernels": (
+        [],
+        "optional fused kernels (CUDA, native model, package liger-kernel): any of liger_rms_norm, "
+        "liger_swiglu, liger_rope, liger_fused_ce",
+    ),
     "compile": (False, "torch.compile the model (GPU; torch_ddp/low_level_zero only, ignored otherwise)"),
     "log_every": (10, "metrics line + progress line every N steps"),
 }
@@ -70,7 +78,7 @@ DEFAULT_CONFIG: dict[str, Any] = {key: spec[0] for key, spec in CONFIG_SPEC.item
 
 # Keys that may differ between a checkpoint and the run resuming it; any other difference is refused.
 # The data-parallel size may change (a different node count), the model/optimizer layout may not.
-RESUME_MUTABLE_KEYS = {"stop_after", "ckpt_every", "keep_ckpts", "log_every", "compile"}
+RESUME_MUTABLE_KEYS = {"stop_after", "ckpt_every", "keep_ckpts", "log_every", "compile", "kernels"}
 MODEL_KEYS = ("n_layer", "n_head", "d_model", "d_ff", "seq_len", "vocab", "rope_theta")
 
 
@@ -128,6 +136,9 @@ def validate_config(cfg: dict[str, Any], cuda: bool, world_size: int) -> None:
             f"plugin {name!r} needs model_impl {' | '.join(spec.model_kinds)} (shardformer only knows transformers "
             f"models), not {cfg['model_impl']!r}"
         )
+    kernel_problem = kernels.problem(cfg["kernels"], cuda, model_impl(cfg))
+    if kernel_problem:
+        raise ConfigError(kernel_problem)
     own_sp_axis = cfg["sp_mode"] == "all_to_all"
     if sp > 1 and not own_sp_axis and sp != tp:
         raise ConfigError(f"sp_mode {cfg['sp_mode']!r} shares the tp group: set sp equal to tp ({tp})")
@@ -187,8 +198,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.kernel: Any = None  # kernels.install: a fused replacement
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel(x, self.weight, self.eps)
         # fp32 statistics, like LlamaRMSNorm, so both implementations agree.
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -209,6 +223,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.v_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.kernel: Any = None  # kernels.install: a fused RoPE
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -217,8 +232,11 @@ class Attention(nn.Module):
             for proj in (self.q_proj, self.k_proj, self.v_proj)
         )
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        if self.kernel is not None:
+            q, k = self.kernel(q, k, cos, sin)
+        else:
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         # is_causal=True: SDPA picks flash/efficient kernels on GPU and never sees a dense mask.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, d))
@@ -230,8 +248,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+        self.kernel: Any = None  # kernels.install: a fused silu(gate) * up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.down_proj(self.kernel(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -259,7 +280,7 @@ class Decoder(nn.Module):
 class Output:
     """Minimal stand-in for transformers' CausalLMOutput (attribute access, cheap under torch.compile)."""
 
-    def __init__(self, logits: torch.Tensor, loss: torch.Tensor | None) -> None:
+    def __init__(self, logits: torch.Tensor | None, loss: torch.Tensor | None) -> None:
         self.logits = logits
         self.loss = loss
 
@@ -276,6 +297,7 @@ class NativeLlama(nn.Module):
         # Non-persistent: the state dict holds only parameters, exactly like LlamaForCausalLM's.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.fused_ce: Any = None  # kernels.install: loss from hidden states, lm_head weight, labels
         self.apply(init_weights)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **_: Any) -> Output:
@@ -284,7 +306,10 @@ class NativeLlama(nn.Module):
         cos, sin = self.rope_cos[:t], self.rope_sin[:t]
         for block in self.model.layers:
             x = block(x, cos, sin)
-        logits = self.lm_head(self.model.norm(x))
+        h = self.model.norm(x)
+        if self.fused_ce is not None and labels is not None:  # the logits are never materialized
+            return Output(None, self.fused_ce(h, self.lm_head.weight, labels))
+        logits = self.lm_head(h)
         loss = causal_lm_loss(logits, labels) if labels is not None else None
         return Output(logits, loss)
 
@@ -334,7 +359,9 @@ def build_model(train_cfg: dict[str, Any], cuda: bool) -> nn.Module:
     torch.manual_seed(train_cfg["seed"])
     mcfg = ModelConfig.from_train_config(train_cfg)
     if model_impl(train_cfg) == "native":
-        return NativeLlama(mcfg)
+        model = NativeLlama(mcfg)
+        kernels.install(model, train_cfg["kernels"])
+        return model
     # Without ColossalAI's flash attention (CPU), shardformer's attention takes the mask transformers builds;
     # with "sdpa" that mask is None (causality left to SDPA's is_causal) and the replaced attention ignores
     # causality. "eager" makes transformers build an explicit causal mask.
@@ -418,13 +445,13 @@ class WarmupCosine:
 # ColossalAI glue
 # ----------------------------------------------------------------------------------------------------------
 def init_colossalai(cuda: bool, seed: int) -> None:
-    """ColossalAI's distributed start (under torchrun); on CPU its CPU accelerator plus compat.py's patches."""
+    """ColossalAI's distributed start (under torchrun), with compat.py's patches (on CPU: its CPU accelerator)."""
     import colossalai
     import compat
 
     if not cuda:
         colossalai.accelerator.set_accelerator("cpu")
-        compat.apply_cpu_patches()
+    compat.apply_patches(cuda)
     colossalai.launch_from_torch(seed=seed)
 
 

@@ -25,6 +25,8 @@ Config keys (--config-json, a JSON object; omitted keys take the defaults printe
     weight_decay, beta1, beta2, grad_clip (0: off), optimizer (adamw | hybrid_adam)
     ckpt_every    checkpoint every N steps (0: only on SIGUSR2 / stop_after / end); keep_ckpts: how many kept
     seed          model init, data order, RNGs
+    kernels       optional fused kernels for the native model on CUDA, from the liger-kernel package (a list of
+                  liger_rms_norm, liger_swiglu, liger_rope, liger_fused_ce; default []: none, no package needed)
     compile       torch.compile the model (CUDA, torch_ddp / low_level_zero; ignored otherwise)
     log_every     metrics line + progress line every N steps
 

@@ -1,0 +1,141 @@
+"""A node dies under a running 2-node torch job: the dead node is named, not the live one whose rank failed first.
+
+The fault is a node's death as the sandbox can make it: its slurmd and every process in its network namespace
+SIGKILLed by pid (the slurmd pid from its pid file, the others from `ip netns pids`). The live node's gloo rank
+fails at once (its peer vanished) and srun names that live node; the launcher asks every node's slurmd before
+blaming one, and the dead node does not answer. SLURM itself would mark the node only after SlurmdTimeout (300 s).
+Afterwards the node is brought back (its slurmd restarted, resumed), so later tests have every node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from snakemake_executor_multinode.sandbox import cluster
+from tests.conftest import Cluster
+from tests.test_faults_cluster import Snakemake, alive, figures, records, sacct_jobs, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+# Every rank says it is ready (a file, and a line), then all_reduces until `release` exists.
+RING = """
+import os, pathlib, socket, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, host, job = dist.get_rank(), socket.gethostname(), os.environ["SLURM_JOB_ID"]
+print(f"rank {rank} ready on {host}", flush=True)
+pathlib.Path(f"ready-{job}-{rank}-{host}").touch()
+x = torch.ones(1)
+while not pathlib.Path("release").exists():
+    dist.all_reduce(x)
+    time.sleep(0.1)
+dist.barrier()
+if rank == 0:
+    with open(sys.argv[1], "a") as fh:
+        fh.write(job + "\\n")
+dist.destroy_process_group()
+"""
+
+SNAKEFILE = """
+rule train:
+    output: "out.txt"
+    resources: nodes=2, gpus=1
+    shell: "multinode torchrun ring.py {output}"
+"""
+
+
+def node_index(cl: Cluster, name: str) -> int:
+    return next(i for i in cl.spec.node_indices if cl.spec.node_name(i) == name)
+
+
+def kill_node(cl: Cluster, name: str) -> float:
+    """SIGKILL the node's slurmd (its pid file, checked in /proc) and every process of its network namespace;
+    returns when none is left (time.monotonic())."""
+    i = node_index(cl, name)
+    slurmd = int((cl.spec.dir / "run" / f"slurmd-{name}.pid").read_text().split()[0])
+    assert alive(slurmd, "slurmd"), f"the pid file of {name} names no running slurmd"
+
+    def pids() -> list[int]:
+        out = subprocess.run(["ip", "netns", "pids", cl.spec.netns(i)], capture_output=True, text=True, check=True)
+        return [int(p) for p in out.stdout.split()]
+
+    victims = [slurmd, *(p for p in pids() if p != slurmd)]
+    assert len(victims) > 2, f"{name} runs no job processes: {victims}"  # slurmd, slurmstepd, workers
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    killed = time.monotonic()
+    wait_for(lambda: not pids(), f"every process of {name} gone", 30, interval=0.05)
+    return killed
+
+
+@pytest.fixture
+def restore_nodes(slurm_cluster: Cluster) -> Iterator[list[str]]:
+    """The test puts the names of the nodes it kills here; each is brought back afterwards."""
+    dead: list[str] = []
+    yield dead
+    for name in dead:
+        cluster.restart_node(slurm_cluster.spec, node_index(slurm_cluster, name))
+
+
+def test_a_dead_node_is_named_and_the_retry_runs_without_it(slurm_cluster, tmp_path, restore_nodes):
+    wd = tmp_path / "wf"
+    wd.mkdir()
+    (wd / "ring.py").write_text(RING)
+    (wd / "Snakefile").write_text(SNAKEFILE)
+    sm = Snakemake(wd, "--retries", "1")
+    try:
+        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
+        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        ready = wait_for(lambda: len(r := sorted(wd.glob(f"ready-{job}-*"))) == 2 and r, "both ranks ready", 300)
+        # and their lines in the job log: what the node printed last must be there to be quoted
+        wait_for(lambda: joblog.read_text().count(" ready on ") == 2, "both ready lines in the job log", 60)
+        # ready-<job>-<rank>-<host>: rank 0 runs on the head node (the batch script, the launcher)
+        head, other = (p.name.split("-", 3)[3] for p in ready)
+        restore_nodes.append(other)
+        killed = kill_node(slurm_cluster, other)  # the fault
+        noticed, error = sm.wait_line(f"SLURM job {job} failed", timeout=300)
+        (wd / "release").touch()
+        rc = sm.wait(600)
+    finally:
+        (wd / "release").touch()
+        sm.stop()
+    assert rc == 0, sm.text
+    assert f"failing node {other}" in error and f"failing node {head}" not in error, error
+    # the launcher's verdict, and the dead node's own last lines, in Snakemake's error message
+    text = sm.text
+    message = text.split(f"SLURM job {job} failed", 1)[1]
+    assert f"FAILED: node {other} (node_rank 1) does not answer" in message, text
+    assert f"[{other} rank1] rank 1 ready on {other}" in message, text  # the dead node's last words
+    log = Path(error.split("log: ", 1)[1].split()[0]).read_text()
+    assert f"node {other} (node_rank 1) does not answer" in log and f"node {head} failed after it" in log, log
+    recs = sorted(records(wd), key=lambda r: r["attempt"])
+    assert [r["attempt"] for r in recs] == [1, 2], recs
+    first, retry = (Path(r["script"]).read_text().splitlines() for r in recs)
+    assert not [x for x in first if "--exclude" in x]
+    assert f"#SBATCH --exclude={other}" in retry
+    second = recs[1]["jobid"]
+    assert (wd / "out.txt").read_text().split() == [second]  # written once, by the retry
+    hosts = slurm_cluster.run("squeue", "-h", "-t", "all", "-j", second, "-o", "%N").stdout.strip()
+    assert other not in slurm_cluster.run("scontrol", "show", "hostnames", hosts).stdout.split()
+    runs = sacct_jobs(slurm_cluster, {r["job_name"] for r in recs}, {job, second})
+    assert runs[job][-1] != "COMPLETED" and runs[second] == ["COMPLETED"] and len(runs) == 2, runs
+    figures(
+        "node death",
+        kill_to_snakemake_error_s=round(noticed - killed, 1),
+        dead=other,
+        blamed=error.split("failing node ", 1)[1].split(";")[0],
+        jobs_lost=0,
+        duplicates=0,
+    )
