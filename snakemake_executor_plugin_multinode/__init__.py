@@ -22,6 +22,7 @@ from snakemake_interface_executor_plugins.settings import CommonSettings, Execut
 
 from snakemake_executor_multinode import environment, preflight
 from snakemake_executor_multinode import report as efficiency
+from snakemake_executor_multinode.nodelog import failing_rank_lines
 from snakemake_executor_multinode.plan import (
     STATE_DIR,
     JobPlan,
@@ -397,16 +398,26 @@ def _last_lines(log: Path, count: int = 12) -> str:
 
 
 def _failure_lines(log: Path, node: str | None) -> str:
-    """The failing node's own last lines (its labelled output beside the job log, of the newest run), then the end
-    of the job log (the launcher's verdict); the job log's end alone when there is no node file."""
+    """The last lines of the rank that failed first on the failing node (torchrun's root cause names it; its
+    labelled lines are in the node's file beside the job log, of the newest run), then the end of the job log (the
+    launcher's verdict); the job log's end alone when there is no node file."""
     ours = sorted(
         log.parent.glob(f"{glob.escape(log.name.removesuffix('.log'))}*.{glob.escape(node)}.out") if node else (),
         key=lambda p: p.stat().st_mtime,
     )
-    if not ours:
+    if not ours or node is None:
         return _last_lines(log)
-    lines = _last_lines(ours[-1], 8).replace("last lines of the log:", f"last lines of {node} ({ours[-1]}):", 1)
-    return lines + _last_lines(log, 5)
+    try:
+        with open(ours[-1], "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 65536))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return _last_lines(log)
+    who, lines = failing_rank_lines(text, node, 10)
+    if not lines:
+        return _last_lines(log)
+    quoted = "\n".join(f"    {line}" for line in lines)
+    return f"\nlast lines of {who} ({ours[-1]}):\n{quoted}" + _last_lines(log, 5)
 
 
 def _write_private(path: Path, text: str) -> None:

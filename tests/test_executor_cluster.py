@@ -245,6 +245,7 @@ def test_failing_node_stops_the_others_and_is_named(slurm_cluster, tmp_path):
         "if os.environ['GROUP_RANK'] == '1':\n"
         "    while not Path('survivor.pid').exists():\n"
         "        time.sleep(0.2)\n"
+        "    print('rank 1: giving up, the shard is unreadable', flush=True)\n"
         "    sys.exit(3)\n"
         "Path('survivor.tmp').write_text(str(os.getpid()))\n"
         "os.replace('survivor.tmp', 'survivor.pid')\n"
@@ -259,6 +260,10 @@ def test_failing_node_stops_the_others_and_is_named(slurm_cluster, tmp_path):
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
     assert "failing node node2" in text
+    # Snakemake's error quotes the rank torchrun names as the root cause, from node2's own labelled file
+    assert (
+        "last lines of node2 rank1 (" in text and "    [node2 rank1] rank 1: giving up, the shard is unreadable" in text
+    )
     log = job_logs(wd, "train")[0]
     assert "node node2 (node_rank 1) failed" in log.read_text()
     job = log.name.split(".")[0]

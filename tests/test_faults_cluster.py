@@ -17,17 +17,16 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
 from snakemake_executor_multinode.sandbox import cluster
+from tests.background import Snakemake, wait_for
 from tests.conftest import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # each takes 10-100 s: job starts, SLURM's requeue delay
@@ -35,114 +34,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # each takes 10-100 s: job
 WAIT_FOR = "while [ ! -e release ]; do sleep 0.2; done"  # a job's only way on: the test creates `release`
 END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
-T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float = 180, interval: float = 0.2) -> T:
-    """Poll until `check()` gives something true and return it; the timeout only stops a hang."""
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout:.0f} s")
-        time.sleep(interval)
-    return found
-
 
 def figures(test: str, **values: object) -> None:
     print(f"\n[figures] {test}: " + ", ".join(f"{k}={v}" for k, v in values.items()), flush=True)
-
-
-class Snakemake:
-    """`snakemake --executor multinode` in the background; a reader thread collects its output line by line (and
-    copies it to <tmp>/snakemake-<n>.out) so that the test can wait for a line as an event."""
-
-    count = 0
-
-    def __init__(self, workdir: Path, *args: str, jobs: int = 1) -> None:
-        Snakemake.count += 1
-        self.workdir = workdir
-        self.copy = workdir.parent / f"snakemake-{Snakemake.count}.out"
-        cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", str(jobs)]
-        self.proc = subprocess.Popen(
-            [*cmd, "--latency-wait", "5", *args],
-            cwd=workdir,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=os.environ | {"PYTHONUNBUFFERED": "1"},
-        )
-        self.lines: list[tuple[float, str]] = []  # (time.monotonic() when read, line)
-        self._eof = False
-        self._changed = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        with self.copy.open("w") as copy:
-            for line in self.proc.stdout:
-                copy.write(line)
-                copy.flush()
-                with self._changed:
-                    self.lines.append((time.monotonic(), line.rstrip("\n")))
-                    self._changed.notify_all()
-        with self._changed:
-            self._eof = True
-            self._changed.notify_all()
-
-    @property
-    def text(self) -> str:
-        with self._changed:
-            return "\n".join(line for _, line in self.lines)
-
-    def matching(self, *words: str) -> list[tuple[float, str]]:
-        with self._changed:
-            return [(t, line) for t, line in self.lines if all(w in line for w in words)]
-
-    def wait_line(self, *words: str, timeout: float = 180) -> tuple[float, str]:
-        """The first output line that contains every word, and when the reader got it."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while True:
-                for t, line in self.lines:
-                    if all(w in line for w in words):
-                        return t, line
-                if self._eof:
-                    self.proc.wait()
-                    raise AssertionError(
-                        f"snakemake ended (exit {self.proc.returncode}) without a line with {words}:\n{self.text}"
-                    )
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"no line with {words} within {timeout:.0f} s:\n{self.text}")
-                self._changed.wait(min(left, 1.0))
-
-    def wait(self, timeout: float = 300) -> int:
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired as err:
-            raise AssertionError(f"snakemake still running after {timeout:.0f} s:\n{self.text}") from err
-        self._reader.join(timeout=30)
-        return rc
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        """Ctrl-C if still running (Snakemake cancels its jobs), then make sure it is gone."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._reader.join(timeout=30)
 
 
 # --- what the workflow folder and SLURM say --------------------------------------------------------------------------

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.sandbox import cluster
+from tests.background import Snakemake, wait_for
 from tests.conftest import Cluster
-from tests.test_faults_cluster import Snakemake, alive, figures, records, sacct_jobs, wait_for
+from tests.test_faults_cluster import alive, figures, records, sacct_jobs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

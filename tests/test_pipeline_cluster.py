@@ -18,6 +18,7 @@ from typing import TypeVar
 import pytest
 import yaml
 
+from tests.background import background
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -179,21 +180,13 @@ def test_usr2_during_training_checkpoints_requeues_and_the_rerun_resumes_at_that
     cfg["train_resources"].update(nodes=2, gpus=1, cpus_per_task=1, runtime=60)  # no time-limit signal in the test
     cfg_path.write_text(yaml.safe_dump(cfg))
     logdir = wd / ".snakemake/multinode/logs/rule_train"
-    with (tmp_path / "snakemake.out").open("w") as out:
-        proc = subprocess.Popen(
-            [*SNAKEMAKE, "results/model/final.pt"], cwd=wd, stdout=out, stderr=subprocess.STDOUT, text=True
-        )
-    try:
-        script = wait_for(lambda: next(logdir.rglob("*.attempt1.sh"), None), "the train job", 300, proc)
+    with background(wd, "results/model/final.pt", command=SNAKEMAKE) as sm:  # left early: Ctrl-C, jobs cancelled
+        script = wait_for(lambda: next(logdir.rglob("*.attempt1.sh"), None), "the train job", 300, sm.proc)
         job = script.name.split(".")[0]
-        frozen_step = usr2_to_frozen_ranks(slurm_cluster, job, wd, proc)
+        frozen_step = usr2_to_frozen_ranks(slurm_cluster, job, wd, sm.proc)
         assert 5 <= frozen_step <= steps - 3, frozen_step
-        proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # Snakemake cancels its jobs
-            proc.wait(timeout=60)
-    assert proc.returncode == 0, (tmp_path / "snakemake.out").read_text()[-5000:]
+        rc = sm.wait(600)
+    assert rc == 0, sm.text[-5000:]
     logs = sorted(logdir.rglob("*.log"))
     assert [p.name for p in logs] == [f"{job}.attempt1.log", f"{job}.attempt1.restart1.log"]  # one log per run
     first, rerun = (p.read_text() for p in logs)

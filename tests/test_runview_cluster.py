@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -27,6 +23,7 @@ import pytest
 
 from snakemake_executor_multinode import report, runview
 from snakemake_executor_multinode.slurm import ACTIVE_STATES
+from tests.background import background
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.cluster
@@ -80,60 +77,6 @@ def cell(row: list[str], column: str) -> str:
     return row[["RULE", "JOBID", "STATE", "NODESxGPUS", "ELAPSED/LIMIT", "RESTARTS", "PROGRESS", "LOG"].index(column)]
 
 
-class Background:
-    """Snakemake in the background; a reader thread collects its output lines so that a test can wait for one."""
-
-    def __init__(self, wd: Path, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [*SNAKEMAKE, "--jobs", "2", *args],
-            cwd=wd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=os.environ | {"PYTHONUNBUFFERED": "1"},
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def matching(self, *words: str) -> list[str]:
-        return [line for line in list(self.lines) if all(w in line for w in words)]
-
-    def wait_line(self, *words: str) -> str:
-        def found() -> str | None:
-            if self.proc.poll() is not None and not self._reader.is_alive() and not self.matching(*words):
-                raise AssertionError(f"snakemake ended (exit {self.proc.returncode}) without {words}:\n" + self.text)
-            return next(iter(self.matching(*words)), None)
-
-        return wait_for(found, f"output line with {words}")
-
-    @property
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
-
-@contextmanager
-def background(wd: Path, *args: str) -> Iterator[Background]:
-    """If the test leaves early, Ctrl-C makes Snakemake cancel its jobs: nothing keeps running on the shared cluster."""
-    sm = Background(wd, *args)
-    try:
-        yield sm
-    finally:
-        if sm.proc.poll() is None:
-            sm.proc.send_signal(signal.SIGINT)
-            try:
-                sm.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                sm.proc.kill()
-                sm.proc.wait()
-
-
 def sacct(cl, jobid: str, *fields: str, steps: bool = False) -> dict[str, str]:
     """The job's line in sacct; with `steps`, from a query with its steps (whose TotalCPU then counts the steps': with
     -X sacct leaves them out)."""
@@ -143,9 +86,9 @@ def sacct(cl, jobid: str, *fields: str, steps: bool = False) -> dict[str, str]:
 
 def test_status_and_progress_lines_while_a_normal_run_trains_and_after_it_ended(slurm_cluster, tmp_path):
     wd = workflow(tmp_path)
-    with background(wd, "--multinode-progress-seconds", "1") as sm:
+    with background(wd, "--multinode-progress-seconds", "1", jobs=2) as sm:
         # The training wrote three metrics lines and waits: Snakemake's output says where it is, once.
-        line = sm.wait_line("train (SLURM job", "step 3/10")
+        _, line = sm.wait_line("train (SLURM job", "step 3/10")
         assert "loss 4.7 184k tok/s ETA" in line
         rows = table(wd)
         train = rows["train"]
