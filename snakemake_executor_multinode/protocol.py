@@ -32,6 +32,7 @@ GPUS_PER_NODE_VAR = "MULTINODE_GPUS_PER_NODE"
 CPUS_PER_TASK_VAR = "MULTINODE_CPUS_PER_TASK"
 OMP_THREADS_VAR = "MULTINODE_OMP_NUM_THREADS"  # CPUs per GPU process, for rules that start their own workers
 REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run handed over to its requeued rerun
+COMMAND_VAR = "MULTINODE_COMMAND"  # internal to the job script: the rule's command (its process group's id)
 # Training: write your metrics JSON lines here, or make this path a link to your own metrics file. It lies beside
 # the job's log (so it outlives the run), and `multinode status` and the progress lines read its last line.
 METRICS_FILE_VAR = "MULTINODE_METRICS_FILE"
@@ -74,6 +75,7 @@ VARIABLES = (
     CPUS_PER_TASK_VAR,
     OMP_THREADS_VAR,
     REQUEUED_VAR,
+    COMMAND_VAR,
     METRICS_FILE_VAR,
     LOG_STEM_VAR,
     *CONTAINER_VARIABLES,

@@ -233,10 +233,11 @@ def test_a_process_that_escaped_the_batch_shell_ends_with_the_job(slurm_cluster,
     with proctrack/cgroup it stays in the job's freezer cgroup and SLURM kills it with the job."""
     token = f"{900 + time.time_ns() % 100}.{os.getpid()}{time.time_ns() % 10**6}"  # sleep's argument, unique
     pidfile = tmp_path / "escaped.pid"
+    release = tmp_path / "release"
     script = tmp_path / "escape.sbatch"
     script.write_text(
-        ESCAPE_SCRIPT.format(pidfile=pidfile, token=token, then="exit 0" if how == "job ends" else "sleep 300")
-    )
+        ESCAPE_SCRIPT.format(pidfile=pidfile, token=token, then=f"while [ ! -e {release} ]; do sleep 0.1; done")
+    )  # the job ends (or is ended) only after the test has seen its escapee alive
     # A node going down hits only this job, which ends NODE_FAIL instead of being requeued elsewhere.
     extra = ["--exclusive", "--no-requeue"] if how == "node set DOWN" else []
     job = slurm_cluster.run("sbatch", "--parsable", *extra, "-o", str(tmp_path / "out.log"), str(script)).stdout.strip()
@@ -246,7 +247,9 @@ def test_a_process_that_escaped_the_batch_shell_ends_with_the_job(slurm_cluster,
         assert _wait_for(lambda: _read(pidfile).strip().isdigit(), 90), f"job {job} never started its escapee"
         pid = int(pidfile.read_text())
         assert _escaped_alive(pid, token)
-        if how == "scancel":
+        if how == "job ends":
+            release.touch()
+        elif how == "scancel":
             slurm_cluster.run("scancel", job)
         elif how == "node set DOWN":
             node = slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()

@@ -95,7 +95,15 @@ export OMP_NUM_THREADS=1 GOTO_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export MKL_NUM_THREADS=1 VECLIB_MAXIMUM_THREADS=1 NUMEXPR_NUM_THREADS=1
 cd /work/project
 rc=0
-bash -c 'multinode torchrun train.py --data results/data/train.bin --out results/model/final.pt' || rc=$?
+# In the background, in a process group of its own, so that a SIGTERM (scancel, time limit, requeue, preemption)
+# reaches all of it at once: with proctrack/cgroup SLURM signals only this shell, and a shell runs its TERM trap
+# only after its foreground command has ended; the command would hold the job until KillWait's SIGKILL.
+set -m
+bash -c 'multinode torchrun train.py --data results/data/train.bin --out results/model/final.pt' &
+MULTINODE_COMMAND=$!
+set +m
+trap 'kill -TERM -- -"$MULTINODE_COMMAND" 2>/dev/null; wait "$MULTINODE_COMMAND"; exit 143' TERM
+wait "$MULTINODE_COMMAND" || rc=$?
 
 # ==== 5. checkpointed before the time limit? requeue, so the rerun resumes ========================
 if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
