@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,11 @@ from snakemake_executor_multinode.sandbox import cluster
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A suite started in the background (`cmd &`, nohup, some CI runners) inherits SIGINT ignored, and so would every
+# Snakemake it starts: the Ctrl-C tests could not interrupt it. A handled SIGINT here resets to the default in the
+# children at exec.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 TEST_CLUSTER_DIR = Path(os.environ.get("MULTINODE_TEST_CLUSTER_DIR", "/var/tmp/multinode-test-cluster"))
 
 
