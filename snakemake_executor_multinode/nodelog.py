@@ -93,18 +93,26 @@ def _write_all(fd: int, data: bytes) -> None:
             return
 
 
+def _children() -> dict[int, list[int]]:
+    """Every process's children, from one pass over /proc (ppid is the 4th field of /proc/<pid>/stat)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                ppid = int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
 def rank_of_worker(agent_pid: int, local_rank: int, attempt: int) -> int | None:
     """The global rank torchrun gave a worker (with c10d the rendezvous picks it), read from the worker's
     environment: a child of the agent with this LOCAL_RANK and TORCHELASTIC_RESTART_COUNT."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for pid in _children().get(agent_pid, []):
         try:
-            stat = Path(entry.path, "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) != agent_pid:
-                continue
-            env = dict(kv.split(b"=", 1) for kv in Path(entry.path, "environ").read_bytes().split(b"\0") if b"=" in kv)
-        except (OSError, ValueError, IndexError):
+            env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
+        except OSError:
             continue
         if (
             env.get(b"LOCAL_RANK") == str(local_rank).encode()
@@ -143,14 +151,7 @@ class RankFiles:
 
 def descendants(root: int) -> list[int]:
     """Every process below `root` (torchrun's workers run in sessions of their own: a process group misses them)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                ppid = int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
+    children = _children()
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
