@@ -2,15 +2,19 @@
 autocast, fused AdamW, optionally torch.compile; no ColossalAI. One process on one GPU.
 
     python benchmarks/gpu/plain_torch.py --data-dir DATA --config-json '{...}' [--compile] [--steps 30]
-        [--model-impl native|hf] [--kernels K1,K2] [--micro-batch N] [--profile]
+        [--model-impl native|hf] [--kernels K1,K2] [--inductor-tuning] [--profile]
 
 --model-impl picks lm.py's NativeLlama or transformers' LlamaForCausalLM (same config, same init scheme).
---kernels: train.py's `kernels` config (workflows/scripts/kernels.py: Liger's Triton kernels in the native model;
-"liger" = all four); needs the liger-kernel package.
+--kernels: train.py's `kernels` config (workflows/scripts/kernels.py: Liger's Triton kernels, FlashAttention for
+Hopper; "liger" = Liger's four); needs their packages.
+--inductor-tuning: Inductor's coordinate-descent tuning of its generated Triton kernels (longer first compile).
 --profile adds a torch.profiler summary of 3 steps after the timed ones: CUDA time per kernel family.
 
 Prints one JSON line: tokens/s and MFU (6 * N * tokens/s / 989e12, N = parameters in matmuls) over the median
-step time after warm-up, and the peak memory.
+step time after warm-up (each step timed alone, synchronized), the same over a window of steps run back to back
+with one synchronize at the end (`window_*`: the CPU runs ahead as in train.py, which never synchronizes a
+step), mfu_attn (the window's MFU counting attention's 12 * layers * d_model * seq FLOPs per token too, PaLM's
+definition), and the peak memory.
 """
 
 from __future__ import annotations
@@ -88,23 +92,28 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--model-impl", choices=("native", "hf"), default="native")
     ap.add_argument("--kernels", default="", help="comma list of kernels.KERNELS, or liger (all)")
+    ap.add_argument("--inductor-tuning", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script only")
     args = ap.parse_args()
     names = [k for k in args.kernels.split(",") if k]
-    names = list(kernels.KERNELS) if names == ["liger"] else names
+    names = kernels.LIGER_KERNELS if names == ["liger"] else names
     overrides = {"plugin": "torch_ddp", "model_impl": args.model_impl, "kernels": names}
     cfg = lm.merge_config(json.loads(args.config_json) | overrides)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     cuda = args.device == "cuda"
-    problem = kernels.problem(names, cuda, args.model_impl)
+    problem = kernels.problem(names, cuda, args.model_impl, "bf16")
     if problem:
         raise SystemExit(problem)
     model = lm.build_model(cfg, cuda=cuda).to(args.device)
     opt = plugins.make_optimizer(cfg, model, cuda=cuda)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     n_matmul = lm.matmul_params(model)
+    if args.inductor_tuning:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.coordinate_descent_tuning = True
     step_fn = torch.compile(model) if args.compile else model
     tokens = lm.load_tokens(args.data_dir, "train")
     rows, seq = cfg["micro_batch"], cfg["seq_len"]
@@ -134,16 +143,27 @@ def main() -> int:
             times.append(time.perf_counter() - t0)
     med = statistics.median(times)
     tps = rows * seq / med
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        run_step()
+    sync()
+    window_tps = rows * seq * args.steps / (time.perf_counter() - t0)
+    attn_flops = 12 * cfg["n_layer"] * cfg["d_model"] * seq
     peak_mem = round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None
     variant = "plain+compile" if args.compile else "plain"
     variant += "" if args.model_impl == "native" else "+hf"
     variant += "".join(f"+{k}" for k in names) + f"+mb{rows}"
+    variant += "+cdt" if args.inductor_tuning else ""
+    variant += "+hybrid_adam" if cfg["optimizer"] == "hybrid_adam" else ""
     rec: dict[str, Any] = {
         "variant": variant,
         "step_ms": round(1000 * med, 1),
         "step_ms_min_max": [round(1000 * min(times), 1), round(1000 * max(times), 1)],
         "tokens_per_s": round(tps),
         "mfu": round(6 * n_matmul * tps / PEAK, 4),
+        "window_tokens_per_s": round(window_tps),
+        "window_mfu": round(6 * n_matmul * window_tps / PEAK, 4),
+        "mfu_attn": round((6 * n_matmul + attn_flops) * window_tps / PEAK, 4),
         "params_matmul": n_matmul,
         "first_step_s": round(first, 1),
         "loss": round(float(state["loss"].item()), 3),

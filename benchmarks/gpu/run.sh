@@ -1,21 +1,29 @@
 #!/bin/bash
 # Training throughput on one GPU, every variant in one run (run by the device tool from the repo root):
 #   plain PyTorch (eager, compiled) and train.py with each ColossalAI plugin, same model and data.
-# Needs ColossalAI 0.5.0 + its transformers 4.51.3 stack as wheels in .whl/ (see README.md here); liger-kernel's
-# wheel there too for the +liger variants (optional: without it those variants fail alone).
+# Needs ColossalAI 0.5.0 + its transformers 4.51.3 stack as wheels in $WHEELS (default .whl/; see README.md here);
+# the optional kernels' wheels there too (liger-kernel; flash-attn-4 and its CuTe DSL stack): without them only
+# the variants that use them fail. MERGE_SITE: a folder of unpacked package files copied over the installed wheels
+# (nvidia-cutlass-dsl-libs-cu13 is larger than one device call carries: an earlier call unpacks it there).
 # Env: MODEL (JSON model keys), STEPS, VARIANTS, DEADLINE (seconds; later variants are skipped past it),
 # VARIANT_TIMEOUT (seconds one plain variant may take).
 # Variant names:
-#   plain[+compile][+hf][+KERNEL...][+mbN][+prof]   benchmarks/gpu/plain_torch.py (+hf: transformers' LlamaForCausalLM
-#        instead of lm.NativeLlama; +liger: all of Liger's kernels in the native model, or one at a time with
-#        +liger_fused_ce, +liger_rms_norm, +liger_swiglu, +liger_rope; +mbN: micro-batch N; +prof: profile summary)
-#   PLUGIN[+compile][+hf]                  workflows/scripts/train.py with that plugin (+hf: model_impl hf)
+#   plain[+compile][+hf][+KERNEL...][+mbN][+cdt][+hybrid_adam][+prof]   benchmarks/gpu/plain_torch.py
+#        +hf: transformers' LlamaForCausalLM instead of lm.NativeLlama; +liger: all of Liger's kernels in the
+#        native model, or one at a time with +liger_fused_ce, +liger_rms_norm, +liger_swiglu, +liger_rope;
+#        +flash_attn_hopper: FlashAttention for Hopper; +mbN: micro-batch N; +cdt: Inductor's coordinate-descent
+#        tuning; +hybrid_adam: ColossalAI's fused CUDA Adam instead of torch's fused AdamW; +prof: profile summary
+#   PLUGIN[+compile][+hf][+KERNEL...]      workflows/scripts/train.py with that plugin (+hf: model_impl hf)
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$(mktemp -d)}
 SITE=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || exit 1
+WHEELS=${WHEELS:-.whl}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE $WHEELS/*.whl || exit 1
+[ -n "${MERGE_SITE:-}" ] && cp -a "$MERGE_SITE"/. $SITE/
 export PYTHONPATH=$SITE
+# pip --target leaves .pth files unread; nvidia-cutlass-dsl's adds this folder (where `import cutlass` lives).
+[ -d $SITE/nvidia_cutlass_dsl/dsl_packages ] && PYTHONPATH=$PYTHONPATH:$SITE/nvidia_cutlass_dsl/dsl_packages
 MODEL=${MODEL:-'"n_layer":24,"n_head":16,"d_model":1024,"seq_len":1024,"vocab":50304,"micro_batch":16'}
 STEPS=${STEPS:-30}
 DEADLINE=${DEADLINE:-540}
@@ -25,6 +33,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c 'import torch, colossalai, transformers; print("torch", torch.__version__, "colossalai", colossalai.__version__, "transformers", transformers.__version__)' | tee -a $OUT/gpu.txt
 python3 workflows/scripts/preprocess.py --out-dir $OUT/data --num-docs 4000 > /dev/null || exit 1
 has() { [[ "+$1+" == *"+$2+"* ]]; }
+kernels_of() { tr '+' '\n' <<<"$1" | grep -E '^(liger|flash_attn)' | paste -sd, -; }
 for v in $VARIANTS; do
   if [ $SECONDS -gt $DEADLINE ]; then echo "skip $v: past the deadline"; continue; fi
   t0=$SECONDS
@@ -33,21 +42,25 @@ for v in $VARIANTS; do
     flags=""
     has "$v" compile && flags="$flags --compile"
     has "$v" hf && flags="$flags --model-impl hf"
-    ks=$(tr '+' '\n' <<<"$v" | grep -E '^liger' | paste -sd, -)
+    ks=$(kernels_of "$v")
     [ -n "$ks" ] && flags="$flags --kernels $ks"
+    extra=""
     mb=$(tr '+' '\n' <<<"$v" | sed -n 's/^mb\([0-9]*\)$/\1/p')
-    [ -n "$mb" ] && flags="$flags --config-json {$COMMON,\"micro_batch\":$mb}"
+    [ -n "$mb" ] && extra="$extra,\"micro_batch\":$mb"
+    has "$v" hybrid_adam && extra="$extra,\"optimizer\":\"hybrid_adam\""
+    has "$v" cdt && flags="$flags --inductor-tuning"
     has "$v" prof && flags="$flags --profile"
-    [[ "$flags" == *--config-json* ]] || flags="$flags --config-json {$COMMON}"
+    flags="$flags --config-json {$COMMON$extra}"
     timeout ${VARIANT_TIMEOUT:-600} python3 benchmarks/gpu/plain_torch.py --data-dir $OUT/data --steps $STEPS $flags \
       >> $OUT/results.jsonl 2> $OUT/$v.log || echo "{\"variant\": \"$v\", \"error\": \"$(tail -1 $OUT/$v.log | tr -d '"\\')\"}" >> $OUT/results.jsonl
   else
     comp=false; impl=auto
     has "$v" compile && comp=true
     has "$v" hf && impl=hf
+    ks=$(kernels_of "$v" | sed 's/\([^,]*\)/"\1"/g')
     python3 -m torch.distributed.run --standalone --nproc_per_node=1 workflows/scripts/train.py \
       --data-dir $OUT/data --out $OUT/$v/model.pt --ckpt-dir $OUT/$v/ckpt --metrics $OUT/$v/metrics.jsonl \
-      --config-json "{$COMMON,\"plugin\":\"$base\",\"compile\":$comp,\"model_impl\":\"$impl\"}" > $OUT/$v.log 2>&1
+      --config-json "{$COMMON,\"plugin\":\"$base\",\"compile\":$comp,\"model_impl\":\"$impl\",\"kernels\":[$ks]}" > $OUT/$v.log 2>&1
     python3 benchmarks/gpu/summarize.py "$v" $OUT/$v/metrics.jsonl >> $OUT/results.jsonl
   fi
   echo "== $v $((SECONDS - t0)) s: $(tail -1 $OUT/results.jsonl | cut -c1-600)"

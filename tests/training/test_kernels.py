@@ -27,15 +27,30 @@ def test_no_kernels_needs_nothing() -> None:
         ("liger_rope", True, "native", "kernels must be a list drawn from"),
         (["liger_rope"], True, "hf", "set model_impl native"),
         (["liger_rope"], False, "native", "no CUDA"),
+        (["flash_attn_hopper"], False, "native", "no CUDA"),
     ],
 )
 def test_kernels_that_cannot_run_are_refused_naming_why(names: object, cuda: bool, impl: str, says: str) -> None:
     assert says in (kernels.problem(names, cuda, impl) or "")  # type: ignore[arg-type]
 
 
-def test_a_missing_package_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: None)
-    assert "pip install liger-kernel" in (kernels.problem(["liger_fused_ce"], cuda=True, impl="native") or "")
+@pytest.mark.parametrize(("name", "package"), [("liger_fused_ce", "liger-kernel"), ("flash_attn_hopper", "flash-attn-4")])
+def test_a_missing_package_is_named(monkeypatch: pytest.MonkeyPatch, name: str, package: str) -> None:
+    monkeypatch.setattr(kernels, "_installed", lambda module: False)
+    assert f"pip install {package}" in (kernels.problem([name], cuda=True, impl="native") or "")
+
+
+def test_flash_attention_for_hopper_is_refused_on_older_gpus_and_in_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "_installed", lambda module: True)
+    monkeypatch.setattr(kernels.torch.cuda, "get_device_capability", lambda: (8, 0))
+    assert "compute capability 9.0+" in (kernels.problem(["flash_attn_hopper"], cuda=True, impl="native") or "")
+    assert "bf16 only" in (kernels.problem(["flash_attn_hopper"], True, "native", precision="fp32") or "")
+    monkeypatch.setattr(kernels.torch.cuda, "get_device_capability", lambda: (9, 0))
+    assert kernels.problem(["flash_attn_hopper"], cuda=True, impl="native") is None
+
+
+def test_a_missing_parent_package_reads_as_not_installed() -> None:
+    assert kernels._installed("no_such_package_here.cute") is False
 
 
 def reference_functional() -> types.ModuleType:
@@ -68,9 +83,66 @@ def test_each_kernel_replaces_its_op_and_the_loss_is_unchanged(monkeypatch: pyte
     cfg = lm.merge_config({**TINY, "seq_len": 32})
     ids = torch.randint(0, lm.DATA_VOCAB, (2, 32))
     plain = lm.build_model(cfg, cuda=False)
-    fused = lm.build_model({**cfg, "kernels": list(kernels.KERNELS)}, cuda=False)
+    fused = lm.build_model({**cfg, "kernels": kernels.LIGER_KERNELS}, cuda=False)
     assert all(m.kernel is not None for m in fused.modules() if type(m).__name__ in ("RMSNorm", "MLP", "Attention"))
     assert fused.fused_ce is not None and plain.fused_ce is None
     out = fused(input_ids=ids, labels=ids)
     assert out.logits is None  # fused linear + cross entropy never materializes the logits
     torch.testing.assert_close(out.loss, plain(input_ids=ids, labels=ids).loss, rtol=0, atol=1e-5)
+
+
+def reference_flash_interface() -> types.ModuleType:
+    """flash_attn.cute.interface's forward and backward entry points, in plain PyTorch: (b, s, h, d) tensors, causal,
+    the log-sum-exp as (b, h, s) float32, as the package documents them."""
+    mod = types.ModuleType("flash_attn.cute.interface")
+
+    def scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:  # (b, h, s, s), masked, scaled
+        s = q.transpose(1, 2) @ k.permute(0, 2, 3, 1) / q.shape[-1] ** 0.5
+        return s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+
+    def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, return_lse: bool) -> tuple:
+        assert causal and return_lse
+        s = scores(q, k)
+        out = (s.softmax(-1) @ v.transpose(1, 2)).transpose(1, 2).contiguous()
+        return out, s.float().logsumexp(-1), None, None, None
+
+    def bwd(q, k, v, out, dout, lse, causal):  # type: ignore[no-untyped-def]
+        # Written out, as the kernel does (autograd cannot record inside a custom op): P from the saved lse.
+        assert causal
+        p = torch.exp(scores(q, k) - lse[..., None])
+        do, vt = dout.transpose(1, 2), v.transpose(1, 2)
+        dv = p.transpose(-1, -2) @ do
+        ds = p * (do @ vt.transpose(-1, -2) - (do * out.transpose(1, 2)).sum(-1, keepdim=True))
+        ds = ds / q.shape[-1] ** 0.5
+        dq, dk = ds @ k.transpose(1, 2), ds.transpose(-1, -2) @ q.transpose(1, 2)
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+    mod._flash_attn_fwd = fwd  # type: ignore[attr-defined]
+    mod._flash_attn_bwd = bwd  # type: ignore[attr-defined]
+    return mod
+
+
+def test_flash_attention_for_hopper_is_one_compilable_op_with_sdpa_s_loss_and_gradients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    interface = reference_flash_interface()
+    cute = types.ModuleType("flash_attn.cute")
+    cute.interface = interface  # type: ignore[attr-defined]
+    package = types.ModuleType("flash_attn")
+    package.cute = cute  # type: ignore[attr-defined]
+    for name, mod in (("flash_attn", package), ("flash_attn.cute", cute), ("flash_attn.cute.interface", interface)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    cfg = lm.merge_config({**TINY, "seq_len": 32})
+    ids = torch.randint(0, lm.DATA_VOCAB, (2, 32))
+    plain = lm.build_model(cfg, cuda=False)
+    fused = lm.build_model({**cfg, "kernels": ["flash_attn_hopper"]}, cuda=False)
+    assert all(m.attend is not None for m in fused.modules() if type(m).__name__ == "Attention")
+    # fullgraph=True fails on any graph break: the op and its backward stay inside one compiled graph.
+    compiled = torch.compile(fused, fullgraph=True, backend="aot_eager")
+    loss = compiled(input_ids=ids, labels=ids).loss
+    ref = plain(input_ids=ids, labels=ids).loss
+    torch.testing.assert_close(loss, ref, rtol=0, atol=1e-5)
+    loss.backward()
+    ref.backward()
+    for (name, p), q in zip(fused.named_parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -68,8 +68,8 @@ CONFIG_SPEC: dict[str, tuple[Any, str]] = {
     "seed": (1234, "seeds model init, data order and RNGs"),
     "kernels": (
         [],
-        "optional fused kernels (CUDA, native model, package liger-kernel): any of liger_rms_norm, "
-        "liger_swiglu, liger_rope, liger_fused_ce",
+        "optional fused kernels (CUDA, native model): any of liger_rms_norm, liger_swiglu, liger_rope, "
+        "liger_fused_ce (package liger-kernel), flash_attn_hopper (flash-attn-4, Hopper GPU, bf16)",
     ),
     "compile": (False, "torch.compile the model (GPU; torch_ddp/low_level_zero only, ignored otherwise)"),
     "log_every": (10, "metrics line + progress line every N steps"),
@@ -136,7 +136,7 @@ def validate_config(cfg: dict[str, Any], cuda: bool, world_size: int) -> None:
             f"plugin {name!r} needs model_impl {' | '.join(spec.model_kinds)} (shardformer only knows transformers "
             f"models), not {cfg['model_impl']!r}"
         )
-    kernel_problem = kernels.problem(cfg["kernels"], cuda, model_impl(cfg))
+    kernel_problem = kernels.problem(cfg["kernels"], cuda, model_impl(cfg), cfg["precision"])
     if kernel_problem:
         raise ConfigError(kernel_problem)
     own_sp_axis = cfg["sp_mode"] == "all_to_all"
@@ -224,6 +224,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.kernel: Any = None  # kernels.install: a fused RoPE
+        self.attend: Any = None  # kernels.install: causal attention, (b, h, s, d) in and out, like SDPA
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -237,8 +238,10 @@ class Attention(nn.Module):
         else:
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-        # is_causal=True: SDPA picks flash/efficient kernels on GPU and never sees a dense mask.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.attend is not None:
+            y = self.attend(q, k, v)
+        else:  # is_causal=True: SDPA picks flash/efficient kernels on GPU and never sees a dense mask.
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, d))
 
 
