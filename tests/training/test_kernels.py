@@ -34,7 +34,9 @@ def test_kernels_that_cannot_run_are_refused_naming_why(names: object, cuda: boo
     assert says in (kernels.problem(names, cuda, impl) or "")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("name", "package"), [("liger_fused_ce", "liger-kernel"), ("flash_attn_hopper", "flash-attn-4")])
+@pytest.mark.parametrize(
+    ("name", "package"), [("liger_fused_ce", "liger-kernel"), ("flash_attn_hopper", "flash-attn-4")]
+)
 def test_a_missing_package_is_named(monkeypatch: pytest.MonkeyPatch, name: str, package: str) -> None:
     monkeypatch.setattr(kernels, "_installed", lambda module: False)
     assert f"pip install {package}" in (kernels.problem([name], cuda=True, impl="native") or "")
