@@ -51,8 +51,11 @@ for v in $VARIANTS; do
     has "$v" cdt && flags="$flags --inductor-tuning"
     has "$v" prof && flags="$flags --profile"
     flags="$flags --config-json {$COMMON$extra}"
+    # Only the JSON line goes to the results (ColossalAI's JIT builds print to stdout too).
+    : > $OUT/$v.log
     timeout ${VARIANT_TIMEOUT:-600} python3 benchmarks/gpu/plain_torch.py --data-dir $OUT/data --steps $STEPS $flags \
-      >> $OUT/results.jsonl 2> $OUT/$v.log || echo "{\"variant\": \"$v\", \"error\": \"$(tail -1 $OUT/$v.log | tr -d '"\\')\"}" >> $OUT/results.jsonl
+      2>> $OUT/$v.log | tee -a $OUT/$v.log | grep '^{' >> $OUT/results.jsonl \
+      || echo "{\"variant\": \"$v\", \"error\": \"$(tail -1 $OUT/$v.log | tr -d '"\\')\"}" >> $OUT/results.jsonl
   else
     comp=false; impl=auto
     has "$v" compile && comp=true

@@ -6,6 +6,8 @@
 # Usage, from the repo root, with ColossalAI 0.5.0 + transformers 4.51.3 importable:
 #   bash tests/training/gpu_smoke.sh [NPROC] [PLUGINS...]     (results under $OUT, default a temp dir)
 #   PLUGINS: ddp (compiled) llz hybrid gemini ddp_resume (torch_ddp sharded stop/resume, not compiled)
+#            ddp_kernels (compiled torch_ddp stop/resume with the optional kernels liger_fused_ce and
+#            flash_attn_hopper: needs liger-kernel, flash-attn-4 and a Hopper GPU; adds their causality check)
 # Exit code: the number of failed checks.
 set -uo pipefail
 NPROC=${1:-1}; shift || true
@@ -57,11 +59,14 @@ for p in $PLUGINS; do
     llz) stop_resume llz '"plugin":"low_level_zero"' ;;
     hybrid) train hybrid '"plugin":"hybrid"'; evaluate hybrid ;;
     gemini) stop_resume gemini '"plugin":"gemini"' ;;
+    ddp_kernels) stop_resume ddp_kernels '"plugin":"torch_ddp","compile":true,"kernels":["liger_fused_ce","flash_attn_hopper"]' ;;
   esac
 done
 C='"n_layer":2,"n_head":4,"d_model":128,"seq_len":64,"precision":"bf16"'
+K=()
+[[ " $PLUGINS " == *" ddp_kernels "* ]] && K=("ddp_bf16_flash_hopper={$C,\"n_head\":2,\"kernels\":[\"flash_attn_hopper\"]}")
 $TR tests/training/causality_check.py "$OUT/causality.json" "ddp_bf16={$C}" "llz_bf16={$C,\"plugin\":\"low_level_zero\"}" \
-  "hybrid_bf16_flash={$C,\"plugin\":\"hybrid\"}" >"$OUT/causality.log" 2>&1 || FAILED=$((FAILED + 1))
+  "hybrid_bf16_flash={$C,\"plugin\":\"hybrid\"}" "${K[@]}" >"$OUT/causality.log" 2>&1 || FAILED=$((FAILED + 1))
 echo "== causality: $(tr -d '\n ' <"$OUT/causality.json" 2>/dev/null)"
 echo "== failed checks: $FAILED"
 exit $FAILED
