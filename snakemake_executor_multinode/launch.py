@@ -273,11 +273,13 @@ def torchrun_command(
     return [*cmd, *_strip_built(opts), *script]
 
 
-def labelled(torchrun: Sequence[str], nproc: int, python: str = sys.executable, echo: bool = False) -> list[str]:
+def labelled(
+    torchrun: Sequence[str], nproc: int, opts: Sequence[str], python: str = sys.executable, echo: bool = False
+) -> list[str]:
     """torchrun under the node's labeller (nodelog.py): every line says which node and rank wrote it, kept in the
     node's own file, which the launcher copies into the job log (`echo`: the labeller writes to stdout itself, for
-    a user's own srun step)."""
-    flags = ["--dynamic"] if any(t == "--rdzv_backend=c10d" for t in torchrun) else []
+    a user's own srun step). Under c10d (from the user's `opts`) the rendezvous, not the node order, gives ranks."""
+    flags = ["--dynamic"] if rdzv_backend(opts) == "c10d" else []
     flags += ["--echo"] if echo else []
     return [python, "-m", "snakemake_executor_multinode.nodelog", f"--nproc={nproc}", *flags, "--", *torchrun]
 
@@ -309,7 +311,7 @@ def plan(
     # --- containers (container.py): `box` wraps each node's torchrun; pyxis adds srun flags instead ---
     bare = torchrun_command(opts, script, nproc=nproc, alloc=alloc, python=container.python(box, python))
     node = container.node_task(
-        box, bare, lambda t: labelled(t, nproc, python), workdir=os.getcwd(), gpus_per_node=alloc.gpus_per_node
+        box, bare, lambda t: labelled(t, nproc, opts, python), workdir=os.getcwd(), gpus_per_node=alloc.gpus_per_node
     )
     torchrun = node.argv
     srun = [
@@ -511,7 +513,7 @@ def step_command(
     nproc = nproc_for(alloc, opts)
     rank = int(env["SLURM_NODEID"])  # the step's nodes in the allocation's order, as in the launcher's own step
     cmd = torchrun_command(opts, script, nproc=nproc, alloc=alloc, node_rank=rank, python=python)
-    return labelled(cmd, nproc, python, echo=True), worker_env(alloc, nproc, env, opts)
+    return labelled(cmd, nproc, opts, python, echo=True), worker_env(alloc, nproc, env, opts)
 
 
 # What `--help` adds above torchrun's own options: the flags the launcher writes in an allocation.
@@ -555,7 +557,7 @@ def main(argv: Sequence[str]) -> int:
         log(f"no SLURM allocation: one-node torchrun with {local_nproc} process(es)")
         nproc = int(local_nproc) if local_nproc.isdigit() else 0  # gpu/cpu/auto: torchrun counts
         torchrun = torchrun_command(opts, script, nproc=local_nproc)
-        return subprocess.call(labelled(torchrun, nproc) if nproc else torchrun, env=env)
+        return subprocess.call(labelled(torchrun, nproc, opts) if nproc else torchrun, env=env)
     if env.get("SLURM_STEP_ID"):
         cmd, step_env = step_command(env, opts, script)
         if netcheck.limit_from_env(env):  # each task here sees only its own node: nothing to check against

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -384,20 +385,30 @@ def test_a_clean_run_after_a_checkpoint_exits_with_the_preempted_code(tmp_path, 
     assert main(["train.py"]) == 0
 
 
-def test_outside_slurm_it_is_a_one_node_torchrun(tmp_path):
+def test_outside_slurm_it_is_a_one_node_torchrun_whose_labelled_lines_go_to_the_terminal(tmp_path):
     script = tmp_path / "w.py"
-    script.write_text("import os; print('WORLD', os.environ['WORLD_SIZE'], os.environ['GROUP_RANK'])\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    # One line written in two pieces: the labeller still prints it whole, once.
+    script.write_text(
+        "import os, sys\nsys.stdout.write(f\"WORLD {os.environ['WORLD_SIZE']} {os.environ['GROUP_RANK']} \")\n"
+        "sys.stdout.write(f\"rank {os.environ['RANK']} here\\n\")\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MULTINODE_"))}
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake_executor_multinode.cli", "torchrun", "--nproc_per_node=2", str(script)],
         capture_output=True,
         text=True,
         env=env,
         timeout=120,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("WORLD 2 0") == 2
     assert "no SLURM allocation" in proc.stderr
+    node = socket.gethostname().split(".")[0]
+    assert sorted(line for line in proc.stdout.splitlines() if "here" in line) == [
+        f"[{node} rank0] WORLD 2 0 rank 0 here",
+        f"[{node} rank1] WORLD 2 0 rank 1 here",
+    ]
+    assert not list(tmp_path.glob("*.out"))  # no node file outside a job
 
 
 @pytest.mark.parametrize("step", [False, True], ids=["outside-slurm", "own-srun-step"])

@@ -86,27 +86,6 @@ def test_rank_files_are_asked_of_torchrun_right_after_its_module():
     ]
 
 
-def test_outside_slurm_the_labelled_lines_go_to_the_terminal(tmp_path):
-    script = tmp_path / "w.py"
-    script.write_text("import os, sys\nsys.stdout.write('rank ' + os.environ['RANK'])\nsys.stdout.write(' here\\n')\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MULTINODE_"))}
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake_executor_multinode.cli", "torchrun", "--nproc_per_node=2", str(script)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr
-    node = nodelog.socket.gethostname().split(".")[0]
-    assert sorted(line for line in proc.stdout.splitlines() if "here" in line) == [
-        f"[{node} rank0] rank 0 here",
-        f"[{node} rank1] rank 1 here",
-    ]
-    assert not list(tmp_path.glob("*.out"))  # no node file outside a job
-
-
 def test_usr2_to_the_node_process_reaches_the_workers_and_spares_torchruns_agent(tmp_path):
     """With proctrack/cgroup SLURM signals only the step's task (the labeller), not its children: the labeller
     passes SLURM's pre-time-limit USR2 on; torchrun's agent ignores it, the worker's own handler sees it."""
