@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,15 +52,20 @@ class Progress:
         return " ".join(parts)
 
 
-def last_records(path: Path, count: int = WINDOW) -> list[dict[str, Any]]:
-    """The last `count` complete JSON lines of the file, oldest first (a line being written is skipped)."""
+def read_tail(path: Path, limit: int) -> bytes | None:
+    """The file's last `limit` bytes (None: it cannot be read), without reading the rest: logs grow for days."""
     try:
         with path.open("rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            fh.seek(max(0, size - TAIL_BYTES))
-            tail = fh.read()
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - limit))
+            return fh.read()
     except OSError:
+        return None
+
+
+def last_records(path: Path, count: int = WINDOW) -> list[dict[str, Any]]:
+    """The last `count` complete JSON lines of the file, oldest first (a line being written is skipped)."""
+    tail = read_tail(path, TAIL_BYTES)
+    if tail is None:
         return []  # no metrics (yet), or a link to a file the training has not created
     lines = tail.split(b"\n")
     found: list[dict[str, Any]] = []

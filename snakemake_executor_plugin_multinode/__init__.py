@@ -32,7 +32,7 @@ from snakemake_executor_multinode.plan import (
     SettingsError,
     direct_command,
 )
-from snakemake_executor_multinode.progress import ProgressLines
+from snakemake_executor_multinode.progress import ProgressLines, read_tail
 from snakemake_executor_multinode.registry import Registry, Submission
 from snakemake_executor_multinode.request import JobRequest, RequestError, refuse_container_directive
 from snakemake_executor_multinode.slurm import RetryPolicy, SlurmClient, SubmitError
@@ -388,12 +388,8 @@ class Executor(RemoteExecutor):
 
 def _last_lines(log: Path, count: int = 12) -> str:
     """The end of the job's log (the failing rank's last words) for the error message, indented."""
-    try:
-        with open(log, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 16384))
-            lines = fh.read().decode(errors="replace").splitlines()[-count:]
-    except OSError:
-        return ""
+    tail = read_tail(log, 16384)
+    lines = tail.decode(errors="replace").splitlines()[-count:] if tail else []
     return "\nlast lines of the log:\n" + "\n".join(f"    {line}" for line in lines) if lines else ""
 
 
@@ -407,13 +403,10 @@ def _failure_lines(log: Path, node: str | None) -> str:
     )
     if not ours or node is None:
         return _last_lines(log)
-    try:
-        with open(ours[-1], "rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 65536))
-            text = fh.read().decode(errors="replace")
-    except OSError:
+    tail = read_tail(ours[-1], 65536)
+    if tail is None:
         return _last_lines(log)
-    who, lines = failing_rank_lines(text, node, 10)
+    who, lines = failing_rank_lines(tail.decode(errors="replace"), node, 10)
     if not lines:
         return _last_lines(log)
     quoted = "\n".join(f"    {line}" for line in lines)
