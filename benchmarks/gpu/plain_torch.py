@@ -91,7 +91,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--model-impl", choices=("native", "hf"), default="native")
-    ap.add_argument("--kernels", default="", help="comma list of kernels.KERNELS, or liger (all)")
+    ap.add_argument("--kernels", default="", help="comma list of kernels.KERNELS, or liger (its four)")
     ap.add_argument("--inductor-tuning", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script only")

@@ -60,7 +60,7 @@ for v in $VARIANTS; do
     comp=false; impl=auto
     has "$v" compile && comp=true
     has "$v" hf && impl=hf
-    ks=$(kernels_of "$v" | sed 's/\([^,]*\)/"\1"/g')
+    ks=$(kernels_of "$v" | sed '/./s/\([^,]*\)/"\1"/g')  # none: an empty list
     python3 -m torch.distributed.run --standalone --nproc_per_node=1 workflows/scripts/train.py \
       --data-dir $OUT/data --out $OUT/$v/model.pt --ckpt-dir $OUT/$v/ckpt --metrics $OUT/$v/metrics.jsonl \
       --config-json "{$COMMON,\"plugin\":\"$base\",\"compile\":$comp,\"model_impl\":\"$impl\",\"kernels\":[$ks]}" > $OUT/$v.log 2>&1

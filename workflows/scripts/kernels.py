@@ -8,6 +8,7 @@ works beside ColossalAI's transformers 4.51 pin). Effects measured on an H200: b
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from typing import Any
@@ -73,16 +74,12 @@ def _autocast_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
-_FLASH_OP: Any = None
-
-
+@functools.cache  # an op is registered once per process
 def flash_attention_op() -> Any:
     """Causal FlashAttention as one torch custom op with its backward, so torch.compile keeps the whole model in
     one graph (calling the package's autograd Function directly breaks the graph at every layer: the Liger hooks
-    measured -48% that way). Takes and returns (batch, seq, heads, head_dim)."""
-    global _FLASH_OP
-    if _FLASH_OP is not None:
-        return _FLASH_OP
+    measured -48% that way). The op works on (batch, seq, heads, head_dim); the function returned takes and
+    returns SDPA's (batch, heads, seq, head_dim)."""
     lib = "multinode_kernels"
 
     @torch.library.custom_op(f"{lib}::flash_attn_fwd", mutates_args=())
@@ -126,7 +123,6 @@ def flash_attention_op() -> Any:
         q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
         return fwd(q, k, v)[0].transpose(1, 2)
 
-    _FLASH_OP = attend
     return attend
 
 
