@@ -32,6 +32,10 @@ class Submission:
     adopted_from: str | None = None  # the run whose job this run reattached to
     fingerprint: str = ""  # the plan's script without its job name: a changed rule is never reattached
     submitted_at: float = field(default_factory=time.time)
+    # How the job ended, as the run that watched it reported it to Snakemake ("success", "failed"); None while no run
+    # has seen it end. A reported end is never adopted again (reattach.py).
+    ended: str | None = None
+    ended_at: float | None = None
 
 
 class Registry:
@@ -50,6 +54,14 @@ class Registry:
 
     def submitted(self, sub: Submission, jobid: str, log: str, script: str) -> Submission:
         return self.record(replace(sub, jobid=jobid, log=log, script=script))
+
+    def adopt(self, earlier: Submission) -> Submission:
+        """This run takes over an earlier run's job (reattach.py decides when)."""
+        return self.record(replace(earlier, run_id=self.run_id, adopted_from=earlier.run_id))
+
+    def ended(self, sub: Submission, how: str) -> Submission:
+        """Record that this run saw the job end and reports it to Snakemake now (written before the report)."""
+        return self.record(replace(sub, ended=how, ended_at=time.time()))
 
     def mine(self) -> list[Submission]:
         return list(_read_folder(self.folder))

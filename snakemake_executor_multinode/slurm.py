@@ -314,6 +314,15 @@ class SlurmClient:
                 )
         return states
 
+    def named(self, jobids: Iterable[str]) -> dict[str, tuple[str, str]]:
+        """slurmctld's (job name, state) of each job it knows (one squeue): whether a job id still belongs to the
+        submission that got it, and its current state (sacct's lags). QueryError when slurmctld does not answer."""
+        return {
+            row["JobID"].strip(): (row.get("Name", "").strip(), row.get("State", "").strip())
+            for row in self.queue(jobids, ("JobID", "Name", "State"))
+            if row.get("JobID", "").strip().isdigit()
+        }
+
     def find_by_names(self, names: Iterable[str]) -> list[str]:
         """Ids of the jobs with these (unique) names: a submission whose sbatch reply never came."""
         proc = self._patiently(

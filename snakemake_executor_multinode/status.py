@@ -68,6 +68,12 @@ class Tracker:
         self._stale: dict[str, str] = {}  # job -> exit marker text of a run SLURM requeued since
         self._noted: dict[str, str] = {}  # job -> requeue marker text already reported
         self._unknown: dict[str, int] = {}  # job -> sweeps in a row in which SLURM did not know it
+        self._names: dict[str, str] = {}  # job -> its job name, unique to the submission (expect())
+
+    def expect(self, jobid: str, job_name: str) -> None:
+        """Markers of `jobid` count only when the job of this name wrote them. A job id repeats when a cluster's
+        state is rebuilt: a marker an earlier job of the same id left in the state folder is not this job's."""
+        self._names[jobid] = job_name
 
     def marker(self, jobid: str) -> Path:
         return marker(self.state_dir, jobid, EXIT_MARKER)
@@ -82,7 +88,10 @@ class Tracker:
         text = self._read(jobid, EXIT_MARKER)
         if text is None or self._stale.get(jobid) == text:
             return None  # none yet, or the marker of a run that SLURM has requeued since
-        word = text.split()[0] if text else ""
+        words = text.split()
+        if jobid in self._names and len(words) > 2 and words[2] != self._names[jobid]:
+            return None  # another job's, of the same id
+        word = words[0] if words else ""
         code = int(word) if word.lstrip("-").isdigit() else 1
         return Outcome(jobid, True, code == 0, code, failed_node=self._read(jobid, FAILED_NODE_MARKER))
 
@@ -171,5 +180,6 @@ class Tracker:
         self._stale.pop(jobid, None)
         self._noted.pop(jobid, None)
         self._unknown.pop(jobid, None)
+        self._names.pop(jobid, None)
         for suffix in MARKERS:
             marker(self.state_dir, jobid, suffix).unlink(missing_ok=True)

@@ -7,11 +7,10 @@ Importing this module stays cheap: Snakemake imports every installed executor pl
 
 import glob
 import os
-import time
 import typing
 import uuid
 from collections.abc import AsyncGenerator, Iterator
-from dataclasses import dataclass, field, fields, make_dataclass, replace
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 
 from snakemake_interface_common.exceptions import WorkflowError
@@ -20,7 +19,7 @@ from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 from snakemake_interface_executor_plugins.settings import CommonSettings, ExecutorSettingsBase
 
-from snakemake_executor_multinode import environment, preflight
+from snakemake_executor_multinode import environment, preflight, reattach
 from snakemake_executor_multinode import report as efficiency
 from snakemake_executor_multinode.nodelog import failing_rank_lines
 from snakemake_executor_multinode.plan import (
@@ -37,7 +36,7 @@ from snakemake_executor_multinode.registry import Registry, Submission
 from snakemake_executor_multinode.request import JobRequest, RequestError, refuse_container_directive
 from snakemake_executor_multinode.slurm import RetryPolicy, SlurmClient, SubmitError
 from snakemake_executor_multinode.status import Tracker
-from snakemake_executor_plugin_multinode.facts import JobFacts, job_facts
+from snakemake_executor_plugin_multinode.facts import JobFacts, job_facts, rerun_reason
 
 
 def _executor_settings() -> type[ExecutorSettingsBase]:
@@ -230,7 +229,7 @@ class Executor(RemoteExecutor):
         req = plan.request
         self._warn(req)
         outputs = tuple(str(f) for f in job.output)
-        if (adopted := self._reattach(plan, outputs)) is not None:
+        if (adopted := self._reattach(job, plan, outputs)) is not None:
             self._submitted(job, plan, adopted)
             return
         # Written before sbatch (under a name of its own, owner-only: profiles may hold tokens) so that a refused
@@ -269,39 +268,25 @@ class Executor(RemoteExecutor):
             self.logger.info(
                 f"rule {req.rule}: SLURM job {sub.jobid} ({req.nodes} node(s) x {req.gpus} GPU(s)); log {sub.log}"
             )
-        aux = {"log": Path(sub.log), "script": Path(sub.script)}
+        self.tracker.expect(sub.jobid, sub.job_name)
+        aux = {"log": Path(sub.log), "script": Path(sub.script), "submission": sub}
         self.report_job_submission(SubmittedJobInfo(job, external_jobid=sub.jobid, aux=aux))
 
-    def _reattach(self, plan: JobPlan, outputs: tuple[str, ...]) -> Submission | None:
-        """A job an earlier, killed run submitted for the same outputs with the same script: adopt it while it is
-        pending or running, or when its marker says it succeeded; otherwise submit anew."""
-        if self.settings.no_reattach or not outputs:
-            return None
-        earlier = self.registry.latest_for(outputs)
-        if earlier is None or earlier.jobid is None:
-            return None
-        outcome = self.tracker.poll([earlier.jobid], force_sweep=True)[earlier.jobid]
-        alive = not outcome.finished and outcome.state is not None  # SLURM holds it: pending, running, requeued
-        if not alive and not (outcome.finished and outcome.success):
-            return None
-        if earlier.fingerprint != plan.fingerprint:
-            if not outcome.finished:
-                self.logger.warning(
-                    f"rule {plan.request.rule}: SLURM job {earlier.jobid} of an earlier run writes the same outputs "
-                    f"with another job script and is still {outcome.state.state if outcome.state else 'queued'}; "
-                    f"submitting anew (scancel {earlier.jobid} if it should stop)"
-                )
-            return None
-        age = _duration(time.time() - earlier.submitted_at)
-        what = (
-            "finished while Snakemake was away"
-            if outcome.finished
-            else (f"{outcome.state.state.lower() if outcome.state else 'queued'}, submitted {age} ago")
+    def _reattach(self, job: JobExecutorInterface, plan: JobPlan, outputs: tuple[str, ...]) -> Submission | None:
+        """An earlier run's job for the same outputs that this run adopts instead of submitting (reattach.py)."""
+        verdict = reattach.decide(
+            plan.request.rule,
+            outputs,
+            plan.fingerprint,
+            rerun_reason(job),
+            self.registry,
+            self.tracker,
+            self.workdir,
+            enabled=not self.settings.no_reattach,
         )
-        self.logger.info(
-            f"rule {plan.request.rule}: reattached to SLURM job {earlier.jobid} ({what}); log {earlier.log}"
-        )
-        return self.registry.record(replace(earlier, run_id=self.run_id, adopted_from=earlier.run_id))
+        if verdict.message:
+            (self.logger.warning if verdict.warning else self.logger.info)(verdict.message)
+        return verdict.adopt
 
     def _dependencies(self, job: JobExecutorInterface) -> list[str]:
         if not self.workflow.remote_execution_settings.immediate_submit:
@@ -333,6 +318,8 @@ class Executor(RemoteExecutor):
                 yield info
                 continue
             self.tracker.forget(info.external_jobid)
+            # Recorded before Snakemake hears of it: a reported end is never adopted by a later run (reattach.py)
+            self.registry.ended(info.aux["submission"], "success" if outcome.success else "failed")
             if outcome.success:
                 self.report_job_success(info)
             else:
@@ -417,8 +404,3 @@ def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
-
-
-def _duration(seconds: float) -> str:
-    minutes = int(seconds // 60)
-    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{int(seconds % 60):02d}s"

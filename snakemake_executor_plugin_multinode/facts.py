@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from snakemake_executor_multinode.reattach import RunReason
+
 # Output/input flags (snakemake.io: pipe(), service()) whose files only exist while a Snakemake process inside the
 # job manages them.
 _STREAM_FLAGS = ("pipe", "service")
@@ -145,3 +147,32 @@ def _inner_snakemake_reason(job: Any, shellcmd: str | None) -> str | None:
         if f.flags.get("touch"):
             return f"touch output {f}"
     return None
+
+
+def rerun_reason(job: Any) -> RunReason:
+    """Why Snakemake runs `job` (a Job or GroupJob) in this run, for the reattach decision.
+
+    Snakemake's own `Reason.forced` cannot tell `-F` from `--rerun-incomplete` (it adds the incomplete files to the
+    forced ones): the user's forcing is read from the rules and targets the DAG was told to force."""
+    dag = job.dag
+    settings = dag.workflow.dag_settings
+    members = list(job.jobs) if job.is_group() else [job]
+    forced = any(
+        (m.rule in dag.forcerules and m not in dag.omitforce) or (settings.forcetargets and m in dag.targetjobs)
+        for m in members
+    )
+    changed: list[str] = []
+    for m in members:
+        reason = dag.reason(m)
+        for what, found in (
+            ("updated input files", reason.updated_input),
+            ("a changed set of input files", reason.input_changed),
+            ("changed code", reason.code_changed),
+            ("changed params", reason.params_changed),
+            ("a changed software environment", reason.software_stack_changed),
+        ):
+            if found and what not in changed:
+                changed.append(what)
+    # Snakemake's incomplete marker names the SLURM job it last saw running for these outputs
+    incomplete = dag.workflow.persistence.external_jobids(job) if settings.force_incomplete else []
+    return RunReason(forced=forced, changed=tuple(changed), incomplete_jobids=tuple(str(j) for j in incomplete))

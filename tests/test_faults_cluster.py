@@ -295,6 +295,42 @@ def test_rerun_after_snakemake_was_killed_reattaches_to_the_running_job(slurm_cl
         jobs_lost=0,
         duplicate_jobs=len(runs) - 1,
     )
+    # The adopting run saw the job end and recorded it: a later rerun for a deleted output runs the job anew.
+    (wd / "out.txt").unlink()
+    again = snakemake_once(wd)
+    text = again.stdout + again.stderr
+    assert again.returncode == 0, text
+    assert f"not reattaching to SLURM job {job} of run" in text and "its end (success) was reported" in text, text
+    (new,) = [r for r in records(wd) if r["jobid"] != job]
+    assert new["adopted_from"] is None and lines(wd / "runs.txt") == [job, new["jobid"]]
+    assert lines(wd / "out.txt") == ["done"]
+
+
+def test_a_forced_rerun_while_the_old_job_runs_submits_anew_and_says_the_old_one_still_runs(slurm_cluster, workflow):
+    """-F asks for the job to run again: a job a killed run left running is not adopted for it, and the user is told
+    that it still runs (it writes the same output)."""
+    wd = workflow
+    snakefile(wd, REATTACH)
+    job, first_run, _ = kill_snakemake_while_its_job_runs(wd, slurm_cluster)
+    unlock(wd)
+    second = Snakemake(wd, "-F")
+    try:
+        _, warning = second.wait_line(f"SLURM job {job} of run {first_run} writes the same outputs", timeout=120)
+        assert "still running" in warning and "the job is forced" in warning and f"scancel {job}" in warning
+        _, line = second.wait_line("rule work: SLURM job", "node(s)", timeout=120)  # a new submission's line
+        new = line.split("SLURM job ")[1].split()[0]
+        assert new != job and not second.matching("reattached")
+        wait_for(lambda: new in lines(wd / "runs.txt"), "the new job running", 300)
+        (wd / "release").touch()
+        rc = second.wait()
+    finally:
+        second.stop()
+    assert rc == 0, second.text
+    assert lines(wd / "runs.txt") == [job, new] and lines(wd / "out.txt") == ["done"]
+    recs = {r["run_id"]: r for r in records(wd)}
+    assert len(recs) == 2 and recs[first_run]["jobid"] == job and recs[first_run]["ended"] is None
+    (rerun,) = set(recs) - {first_run}
+    assert recs[rerun]["jobid"] == new and recs[rerun]["adopted_from"] is None and recs[rerun]["ended"] == "success"
 
 
 def test_rerun_with_no_reattach_submits_a_new_job(slurm_cluster, workflow):
@@ -346,13 +382,19 @@ def test_rerun_takes_the_result_of_a_job_that_finished_while_snakemake_was_away(
     rerun = snakemake_once(wd, "--rerun-incomplete")
     text = rerun.stdout + rerun.stderr
     assert rerun.returncode == 0, text
-    assert f"reattached to SLURM job {job} (finished while Snakemake was away)" in text
+    assert f"reattached to SLURM job {job} (finished while Snakemake was away, submitted" in text, text
     assert lines(wd / "runs.txt") == [job] and lines(wd / "writes.txt") == [job]  # not run again
     assert lines(wd / "out.txt") == ["done"]
     assert {r["jobid"] for r in records(wd)} == {job} and jobs_from(slurm_cluster, wd) == {job}
     assert sacct_jobs(slurm_cluster, {r["job_name"] for r in records(wd)}, {job}) == {job: ["COMPLETED"]}
     again = snakemake_once(wd)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    forced = snakemake_once(wd, "-F")  # the adopted result was reported: -F runs the job again
+    text = forced.stdout + forced.stderr
+    assert forced.returncode == 0 and f"not reattaching to SLURM job {job} of run" in text, text
+    (new,) = [r for r in records(wd) if r["jobid"] != job]
+    assert new["adopted_from"] is None and lines(wd / "runs.txt") == [job, new["jobid"]]
+    assert lines(wd / "out.txt") == ["done"]
 
 
 # --- 3. Ctrl-C cancels exactly this run's jobs ------------------------------------------------------------------

@@ -187,3 +187,14 @@ def test_an_unanswered_query_never_counts_towards_a_lost_job(tmp_path):
     for _ in range(5):
         clock.now += 30
         assert not tracker.poll(["12"])["12"].finished
+
+
+def test_an_exit_marker_counts_only_for_the_submission_that_wrote_it(tmp_path):
+    """A rebuilt cluster counts job ids from 1 again: the marker an earlier job 7 left is not the new job 7's."""
+    client = FakeClient({"7": JobState("7", "RUNNING")})
+    tracker = Tracker(tmp_path, client, clock=Clock())
+    tracker.expect("7", "mn-new-run-work")
+    (tmp_path / "7.exit").write_text("0 0 mn-old-run-work\n")
+    assert not tracker.poll(["7"], force_sweep=True)["7"].finished
+    (tmp_path / "7.exit").write_text("0 0 mn-new-run-work\n")
+    assert tracker.poll(["7"])["7"].success

@@ -38,13 +38,16 @@ multinode_finish() {
     [ "$MULTINODE_REQUEUED" = 1 ] && return
     echo "[multinode] exit $rc, $(date -Is)"
     local marker="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit"
-    # atomic (never read half-written); the restart tells a requeued job's earlier runs from its last
-    printf '%s %s\n' "$rc" "${SLURM_RESTART_COUNT:-0}" >"$marker.tmp" && mv -f "$marker.tmp" "$marker"
+    # atomic (never read half-written); the restart tells a requeued job's earlier runs from its last, the job name
+    # (unique to the submission) this job's marker from one of an earlier job with the same id
+    printf '%s %s %s\n' "$rc" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_NAME" >"$marker.tmp" && mv -f "$marker.tmp" "$marker"
 }
 trap multinode_finish EXIT
 trap 'exit 143' TERM
 mkdir -p "$MULTINODE_STATE_DIR"
 rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE"
+# A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
+[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.requeued"
 
 # ==== 2. environment =============================================================================
 # CUDA: PATH keeps what it had; LD_LIBRARY_PATH and CUDA_HOME are replaced so CUDA versions never mix
