@@ -36,6 +36,9 @@ from . import protocol
 from .torchrun_flags import option_value
 
 POLL_S = 0.05  # how often new rank files are looked for and read: the delay a line may see, nothing more
+# Polls that a rank file's lines wait for its worker's rank before they go out labelled with the local rank only (the
+# worker ended before it was seen; at the end of the run they go out at once)
+RANK_WAIT_POLLS = 100
 # <log dir>/<run id>_<random>/attempt_<restart>/<local rank>/{stdout,stderr}.log: torchrun's layout (DefaultLogsSpecs)
 RANK_FILE = re.compile(r"attempt_(?P<attempt>\d+)/(?P<local>\d+)/(?P<stream>stdout|stderr)\.log$")
 
@@ -49,6 +52,18 @@ class Source:
     console: bool = True  # False: kept in the node's file only (torchrun's --local-ranks-filter)
     partial: bytes = b""
     fh: object = field(default=None, repr=False)
+
+
+@dataclass
+class RankFile(Source):
+    """A rank's file under torchrun's log dir. Its label waits for the worker's global rank (the file exists before
+    the worker does); what it wrote meanwhile is held, not lost."""
+
+    local: int = 0
+    attempt: int = 0
+    inode: int = 0  # the file this source reads: torchrun replaces a file under the same path (RankFiles.poll)
+    held: bytes = b""
+    waited: int = 0  # polls its held lines have waited for the rank
 
 
 class Labeller:
@@ -124,26 +139,63 @@ def rank_of_worker(agent_pid: int, local_rank: int, attempt: int) -> int | None:
 
 
 class RankFiles:
-    """Finds the rank files torchrun creates under the log dir (one set per restart attempt) and reads them."""
+    """Finds the rank files torchrun creates under the log dir (one set per restart attempt) and reads them.
 
-    def __init__(self, root: Path, node: str, rank: Callable[[int, int], str], console: Callable[[int], bool]):
+    torchrun numbers a set by its restart count, and a restart forced by a membership change (another node's agent
+    restarted and waits in the rendezvous) does not count: the workers start again under the same attempt number,
+    and torchrun deletes that attempt's folder and creates the files anew under the same paths. A file is therefore
+    known by its inode, not its path: a replaced file's source is drained to its end through the open handle (the
+    deleted file's lines are still there), then the new file is read as a new source with its worker's rank."""
+
+    def __init__(
+        self, root: Path, node: str, rank: Callable[[int, int], int | None], console: Callable[[int], bool]
+    ) -> None:
         self.root, self.node, self.rank, self.console = root, node, rank, console
-        self.sources: dict[Path, Source] = {}
+        self.sources: dict[Path, RankFile] = {}
 
-    def poll(self, out: Labeller) -> None:
+    def poll(self, out: Labeller, final: bool = False) -> None:
         for path in self.root.glob("*/attempt_*/*/std*.log"):
-            if path not in self.sources and (m := RANK_FILE.search(path.as_posix())):
-                local, attempt = int(m["local"]), int(m["attempt"])
-                label = f"[{self.node} {self.rank(local, attempt)}] ".encode()
-                src = Source(label, 1 if m["stream"] == "stdout" else 2, self.console(local))
-                src.fh = open(path, "rb")  # noqa: SIM115 - read as it grows
-                self.sources[path] = src
+            if not (m := RANK_FILE.search(path.as_posix())):
+                continue
+            known = self.sources.get(path)
+            try:
+                if known is not None and path.stat().st_ino == known.inode:
+                    continue
+                fh = open(path, "rb")  # noqa: SIM115 - read as it grows
+            except OSError:
+                continue  # removed meanwhile: its set is being replaced
+            if known is not None:
+                self._retire(known, out)
+            local = int(m["local"])
+            src = RankFile(b"", 1 if m["stream"] == "stdout" else 2, self.console(local), local=local)
+            src.attempt, src.fh, src.inode = int(m["attempt"]), fh, os.fstat(fh.fileno()).st_ino
+            self.sources[path] = src
         for src in self.sources.values():
-            while data := src.fh.read(1 << 16):  # type: ignore[attr-defined]
-                out.feed(src, data)
+            self._read(src, out, final)
+
+    def _read(self, src: RankFile, out: Labeller, final: bool) -> None:
+        data = b""
+        while chunk := src.fh.read(1 << 16):  # type: ignore[attr-defined]
+            data += chunk
+        if not src.label:
+            rank = self.rank(src.local, src.attempt)
+            src.held += data
+            src.waited += bool(src.held)
+            if rank is None and not final and src.waited < RANK_WAIT_POLLS:
+                return  # the worker is not found yet: its lines wait for their label
+            data, src.held = src.held, b""
+            who = f"rank{rank}" if rank is not None else f"local_rank{src.local}"  # the worker was gone too soon
+            src.label = f"[{self.node} {who}] ".encode()
+        if data:
+            out.feed(src, data)
+
+    def _retire(self, src: RankFile, out: Labeller) -> None:
+        self._read(src, out, final=True)
+        out.close(src)
+        src.fh.close()  # type: ignore[attr-defined]
 
     def close(self, out: Labeller) -> None:
-        self.poll(out)
+        self.poll(out, final=True)
         for src in self.sources.values():
             out.close(src)
             src.fh.close()  # type: ignore[attr-defined]
@@ -175,11 +227,10 @@ def run(torchrun: Sequence[str], nproc: int, dynamic: bool, env: dict[str, str],
     shown = option_value(torchrun, "--local-ranks-filter", "--local_ranks_filter")
     shown_ranks = {int(r) for r in shown.split(",") if r.strip().isdigit()} if shown else None
 
-    def rank(local: int, attempt: int) -> str:
+    def rank(local: int, attempt: int) -> int | None:
         if not dynamic:  # static rendezvous: torchrun ranks node after node
-            return f"rank{node_rank * nproc + local}"
-        found = rank_of_worker(proc.pid, local, attempt)
-        return f"rank{found}" if found is not None else f"local_rank{local}"
+            return node_rank * nproc + local
+        return rank_of_worker(proc.pid, local, attempt)  # the rendezvous picked it; None until the worker runs
 
     cmd = torchrun if user_dir else with_rank_logs(torchrun, str(root))
     # Unbuffered workers: a rank's lines reach its file (and the job log) as it prints them, not 8 KiB later.

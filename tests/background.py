@@ -140,3 +140,18 @@ def background(workdir: Path, *args: str, **kw) -> Iterator[Snakemake]:
         yield sm
     finally:
         sm.stop()
+
+
+@contextmanager
+def cpu_saturated(extra: int = 1) -> Iterator[list[int]]:
+    """One busy loop per core plus `extra`, for the block (a shared login node or CI runner); stopped by pid."""
+    loops = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+        for _ in range((os.cpu_count() or 1) + extra)
+    ]
+    try:
+        yield [p.pid for p in loops]
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()

@@ -4,6 +4,7 @@ test_torchrun_cluster.py)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -115,3 +116,52 @@ def test_usr2_to_the_node_process_reaches_the_workers_and_spares_torchruns_agent
             proc.send_signal(signal.SIGUSR2)
     assert proc.wait(timeout=120) == 0, lines  # the agent survived it and the worker ended well
     assert any(line.rstrip().endswith("] GOT USR2") for line in lines), lines
+
+
+def rank_file(root, attempt: int, local: int):
+    path = root / "run_x" / f"attempt_{attempt}" / str(local) / "stdout.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def test_a_restart_under_the_same_attempt_number_loses_no_line_and_relabels_its_ranks(tmp_path):
+    """torchrun restarts a healthy node's workers for a membership change without counting a restart: it deletes
+    attempt_0's folder and writes the new workers' files under the same paths (seen under load: the lines of the
+    second round were lost). Every line of both rounds comes out, labelled with the rank of the round that wrote it."""
+    root, workers = tmp_path / "logs", {(0, 0): 1}  # (local rank, attempt) -> the global rank c10d gave the worker
+    files = nodelog.RankFiles(root, "node1", lambda local, attempt: workers.get((local, attempt)), lambda _: True)
+    out = Labeller(tmp_path / "node1.out")
+    first = rank_file(root, 0, 0)
+    first.write_text("round 1 line 1\n")
+    files.poll(out)
+    with open(first, "a") as fh:
+        fh.write("round 1 line 2, written before the round ended\n")
+    shutil.rmtree(root / "run_x" / "attempt_0")  # torchrun's DefaultLogsSpecs.reify for the same attempt number
+    workers[(0, 0)] = 3  # the new rendezvous round gave the worker another rank
+    rank_file(root, 0, 0).write_text("round 2 line 1\n")
+    files.poll(out)
+    files.close(out)
+    assert (tmp_path / "node1.out").read_text().splitlines() == [
+        "[node1 rank1] round 1 line 1",
+        "[node1 rank1] round 1 line 2, written before the round ended",
+        "[node1 rank3] round 2 line 1",
+    ]
+
+
+def test_lines_wait_for_their_workers_rank_and_never_go_out_unlabelled(tmp_path):
+    """The file exists before its worker does (torchrun opens it first): its lines wait for the rank; a worker that
+    was never found (it ended before a poll saw it) gets its local rank at the end."""
+    root, workers = tmp_path / "logs", {}
+    files = nodelog.RankFiles(root, "node2", lambda local, attempt: workers.get((local, attempt)), lambda _: True)
+    out = Labeller(tmp_path / "node2.out")
+    rank_file(root, 1, 0).write_text("early line\n")
+    rank_file(root, 1, 1).write_text("a short-lived worker\n")
+    files.poll(out)
+    assert (tmp_path / "node2.out").read_text() == ""  # held, not lost, not mislabelled
+    workers[(0, 1)] = 2
+    files.poll(out)
+    files.close(out)
+    assert (tmp_path / "node2.out").read_text().splitlines() == [
+        "[node2 rank2] early line",
+        "[node2 local_rank1] a short-lived worker",
+    ]
