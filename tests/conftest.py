@@ -13,6 +13,7 @@ import pytest
 
 from snakemake_executor_multinode.sandbox import cluster
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
+from tests.background import cpu_saturated
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,6 +21,27 @@ REPO = Path(__file__).resolve().parents[1]
 # Snakemake it starts: the Ctrl-C tests could not interrupt it. A handled SIGINT here resets to the default in the
 # children at exec.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cpu-load",
+        action="store_true",
+        help="run the suite with the CPU saturated (one busy loop per core plus one, for the whole session): "
+        "a shared CI runner or login node. No verdict may depend on it.",
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_load(request: pytest.FixtureRequest) -> Iterator[list[int]]:
+    """The busy loops of --cpu-load (their pids), stopped by pid at the end of the session."""
+    if not request.config.getoption("--cpu-load"):
+        yield []
+        return
+    with cpu_saturated() as pids:
+        yield pids
+
+
 TEST_CLUSTER_DIR = Path(os.environ.get("MULTINODE_TEST_CLUSTER_DIR", "/var/tmp/multinode-test-cluster"))
 
 
