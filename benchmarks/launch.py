@@ -58,10 +58,10 @@ sys.path.insert(0, str(REPO))
 
 from snakemake_executor_multinode import protocol  # noqa: E402
 from snakemake_executor_multinode.launch import (  # noqa: E402
+    check_user_flags,
     log,
     nproc_for,
     read_allocation,
-    refuse_owned,
     split_torchrun_args,
     torchrun_command,
     worker_env,
@@ -78,7 +78,7 @@ WORKER = HERE / "launch_worker.py"
 
 def per_node_sruns(opts: Sequence[str], script: Sequence[str], env: Mapping[str, str]) -> list[tuple[str, list[str]]]:
     alloc = read_allocation(env)
-    refuse_owned(opts)
+    check_user_flags(alloc, opts)
     nproc = nproc_for(alloc, opts)
     out = []
     for rank, node in enumerate(alloc.nodes):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from . import __version__
@@ -60,6 +62,22 @@ def _run_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+# The commands that need Snakemake live in the adapter, which registers them under this entry point group: the core
+# never imports the adapter (tests/test_architecture.py).
+SNAKEMAKE_COMMANDS = "snakemake_executor_multinode.snakemake_commands"
+
+
+def _snakemake_command() -> Callable[[list[str]], int]:
+    """`multinode check` and `multinode preview --rule` (the real Snakefile), as the adapter registered them."""
+    found = entry_points(group=SNAKEMAKE_COMMANDS, name="check")
+    if not found:
+        raise SystemExit(
+            "multinode check: the Snakemake adapter (snakemake_executor_plugin_multinode) is not installed; "
+            "pip install snakemake-executor-plugin-multinode"
+        )
+    return next(iter(found)).load()  # type: ignore[no-any-return]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # torchrun's own options must pass through untouched, so it is dispatched before argparse.
@@ -71,9 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from .preview import uses_snakefile
 
     if argv[:1] == ["check"] or (argv[:1] == ["preview"] and uses_snakefile(argv[1:])):
-        from snakemake_executor_plugin_multinode.check import main as check_main
-
-        return check_main(argv)
+        return _snakemake_command()(argv)
     parser = argparse.ArgumentParser(prog="multinode", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

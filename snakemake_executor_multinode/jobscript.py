@@ -59,7 +59,7 @@ def sbatch_options(req: JobRequest, ctx: ScriptContext) -> list[str]:
     opts = [
         f"--job-name={safe_component(ctx.job_name, 120)}",
         f"--comment=rule_{safe_component(req.rule)}_wildcards_{safe_component(req.wildcards_str or '_')}",
-        f"--output={ctx.log_dir}/%j.attempt{req.attempt}.log",
+        f"--output={ctx.log_dir}/{protocol.log_stem('%j', req.attempt)}.log",
         "--open-mode=append",
         "--export=ALL",
         f"--nodes={req.nodes}",
@@ -101,13 +101,13 @@ def _sbatch_lines(opts: list[str]) -> str:
 
 def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
     q = shlex.quote
+    stem = protocol.log_stem('"$SLURM_JOB_ID"', req.attempt)
     values = {
         "title": inert(ctx.title or f"Snakemake rule {req.rule} {req.wildcards_str}".strip()),
         "sbatch": _sbatch_lines(sbatch_options(req, ctx)),
-        "log_stem": f'{q(str(ctx.log_dir))}/"$SLURM_JOB_ID".attempt{req.attempt}',
+        "log_stem": f"{q(str(ctx.log_dir))}/{stem}",
         # absolute: the training may change folders before it writes there
-        "metrics_file": f'{shell_quote(str(ctx.workdir / ctx.log_dir))}/"$SLURM_JOB_ID".attempt{req.attempt}'
-        + protocol.METRICS_SUFFIX,
+        "metrics_file": f"{shell_quote(str(ctx.workdir / ctx.log_dir))}/{stem}{protocol.METRICS_SUFFIX}",
         "rule_q": q(req.rule),
         "attempt": str(req.attempt),
         "state_dir": shell_quote(str(ctx.state_dir)),

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import container, liveness, netcheck, nodelog, protocol
+from .allocation import Allocation, allocation, count_devices, hostnames, read_allocation
 from .protocol import EXIT_PREEMPTED
 from .torchrun_flags import option_value, split_torchrun_args
 
@@ -58,77 +59,6 @@ DEAD_NODE_WAIT_S = 0.5  # time for srun's SIGKILL to reach the live nodes' tasks
 
 def log(msg: str) -> None:
     print(f"[multinode torchrun] {msg}", file=sys.stderr, flush=True)
-
-
-@dataclass(frozen=True)
-class Allocation:
-    job_id: str
-    nodes: tuple[str, ...]
-    gpus_per_node: int
-    cpus_per_task: int
-    master_addr: str
-    master_port: int
-
-
-def _count_devices(env: Mapping[str, str]) -> int:
-    for key in (protocol.GPUS_PER_NODE_VAR, "SLURM_GPUS_ON_NODE"):
-        value = env.get(key, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    per_node = env.get("SLURM_GPUS_PER_NODE", "").split(":")[-1]
-    if per_node.isdigit() and int(per_node) > 0:
-        return int(per_node)
-    visible = env.get("CUDA_VISIBLE_DEVICES", "")
-    if visible and visible not in ("-1", "NoDevFiles"):
-        return len([d for d in visible.split(",") if d])
-    return 0
-
-
-def hostnames(nodelist: str) -> list[str]:
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
-    return out.stdout.split()
-
-
-def head_address(head: str, peers: Sequence[str]) -> str:
-    """The head node's address as its peers reach it; never a loopback entry (Debian maps hostname to 127.0.1.1)."""
-    try:
-        addr = str(socket.getaddrinfo(head, None, socket.AF_INET)[0][4][0])
-        if not addr.startswith("127."):
-            return addr
-    except OSError:
-        pass
-    for peer in peers:
-        try:
-            peer_addr = socket.getaddrinfo(peer, None, socket.AF_INET)[0][4][0]
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((peer_addr, 9))  # UDP connect picks the route; nothing is sent
-                return str(s.getsockname()[0])
-        except OSError:
-            continue
-    return head
-
-
-def free_port(start: int, tries: int = 50) -> int:
-    """The first port from `start` that this (head) node can bind: a busy derived port moves on, not fails."""
-    for port in range(start, min(start + tries, 65536)):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("", port))
-                return port
-            except OSError:
-                continue
-    return start
-
-
-def read_allocation(env: Mapping[str, str]) -> Allocation:
-    job_id = env["SLURM_JOB_ID"]
-    nodes = tuple(env["NODELIST"].split()) if env.get("NODELIST") else tuple(hostnames(env["SLURM_JOB_NODELIST"]))
-    cpus = int(env.get(protocol.CPUS_PER_TASK_VAR) or env.get("SLURM_CPUS_PER_TASK") or 1)
-    addr = env.get("MASTER_ADDR") or head_address(nodes[0], nodes[1:])
-    port = int(env.get("MASTER_PORT") or protocol.master_port(int(job_id)))
-    if socket.gethostname().split(".")[0] == nodes[0]:
-        port = free_port(port)
-    return Allocation(job_id, nodes, _count_devices(env), cpus, addr, port)
 
 
 def _refuse(flag: str, why: str) -> SystemExit:
@@ -481,12 +411,7 @@ def report_failure(failed: Failure, env: Mapping[str, str]) -> None:
     else:
         how = f"with exit code {failed.code}" if EXITED.search(failed.what) else f"({failed.what})"
         log(f"node {failed.node} (node_rank {failed.rank}) failed {how}; stopping the other nodes")
-    if path := env.get(protocol.FAILED_NODE_FILE_VAR):
-        try:
-            with open(path, "x") as fh:  # an earlier launch's failure in this job wins
-                fh.write(f"{failed.node}\n")
-        except FileExistsError:
-            pass
+    protocol.record_failed_node(env.get(protocol.FAILED_NODE_FILE_VAR, ""), failed.node)
 
 
 def step_command(
@@ -499,16 +424,8 @@ def step_command(
             "multinode torchrun: inside an srun step, start one task per node "
             "(srun --ntasks-per-node=1 multinode torchrun ...)"
         )
-    job = env["SLURM_JOB_ID"]
-    alloc = Allocation(
-        job,
-        tuple(nodes),
-        _count_devices(env),
-        int(env.get("SLURM_CPUS_PER_TASK") or 1),
-        env.get("MASTER_ADDR") or head_address(nodes[0], nodes[1:]),
-        # the same on every node without talking to each other: job and step id
-        int(env.get("MASTER_PORT") or protocol.master_port(int(job), int(env.get("SLURM_STEP_ID", 0)))),
-    )
+    # the same on every node without talking to each other: the port from job and step id
+    alloc = allocation(env, nodes, int(env.get("SLURM_CPUS_PER_TASK") or 1), int(env.get("SLURM_STEP_ID", 0)))
     check_user_flags(alloc, opts)
     nproc = nproc_for(alloc, opts)
     rank = int(env["SLURM_NODEID"])  # the step's nodes in the allocation's order, as in the launcher's own step
@@ -553,7 +470,7 @@ def main(argv: Sequence[str]) -> int:
             "the step (the container comes from the environment profile)"
         )
     if outside:
-        local_nproc = option_value(opts, "--nproc_per_node", "--nproc-per-node") or str(max(_count_devices(env), 1))
+        local_nproc = option_value(opts, "--nproc_per_node", "--nproc-per-node") or str(max(count_devices(env), 1))
         log(f"no SLURM allocation: one-node torchrun with {local_nproc} process(es)")
         nproc = int(local_nproc) if local_nproc.isdigit() else 0  # gpu/cpu/auto: torchrun counts
         torchrun = torchrun_command(opts, script, nproc=local_nproc)

@@ -31,12 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import protocol
-
-if TYPE_CHECKING:
-    from .launch import Allocation
+from .allocation import Allocation, free_port
 
 PREFIX = "[multinode preflight]"
 MODULE = "snakemake_executor_multinode.netcheck"
@@ -92,8 +90,6 @@ def command(
     if contained:  # the check would run with the node's python, outside the image: not yet
         log(f"{PREFIX} skipped: the training runs in a container, and the check does not run in one yet")
         return []
-    from .launch import free_port  # launch imports this module: no cycle at import time
-
     port = free_port(protocol.netcheck_port(alloc.master_port))
     if port == alloc.master_port:  # only a user's own port >= the preflight range can meet it
         port = free_port(port + 1)
@@ -253,12 +249,7 @@ class Check:
 
     def blame(self, node: str) -> None:
         """The node to blame, in $MULTINODE_FAILED_NODE_FILE (the first writer in the job wins, as in launch.py)."""
-        if self.failed_node_file:
-            try:
-                with open(self.failed_node_file, "x") as fh:
-                    fh.write(f"{node}\n")
-            except OSError:
-                pass
+        protocol.record_failed_node(self.failed_node_file, node)
 
 
 def _worker(check: Check, backend: str, local_rank: int, conn: Any, nccl_log: str) -> None:

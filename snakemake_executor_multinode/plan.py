@@ -16,11 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any, Optional
 
-from . import environment, jobscript
+from . import environment, jobscript, protocol
 from .request import Defaults, JobRequest, RequestError, build_request
 
-# Bookkeeping lives under the working directory (the shared filesystem the jobs see), not in the log folder.
-STATE_DIR = PurePath(".snakemake/multinode/state")
 _NODE = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a node name as the launcher reports it
 _LOGDIR = re.compile(r"^[A-Za-z0-9_.+\-][A-Za-z0-9_./+\-]*$")
 
@@ -73,7 +71,7 @@ class Settings:
         },
     )
     logdir: str = field(
-        default=".snakemake/multinode/logs",
+        default=str(protocol.LOGS_DIR),
         metadata={
             "help": "Folder (relative to the working directory) for job scripts and logs: "
             "rule_<rule>/<wildcards>/<jobid>.attempt<n>.log and .sh."
@@ -174,11 +172,11 @@ class JobPlan:
         return hashlib.sha256(self.script.replace(self.job_name, "").encode()).hexdigest()[:16]
 
     def log_path(self, jobid: str) -> Path:
-        return self.workdir / self.log_dir / f"{jobid}.attempt{self.request.attempt}.log"
+        return self.workdir / self.log_dir / f"{protocol.log_stem(jobid, self.request.attempt)}.log"
 
     def script_path(self, jobid: str) -> Path:
         """Where the submitted script is kept, beside its log."""
-        return self.workdir / self.log_dir / f"{jobid}.attempt{self.request.attempt}.sh"
+        return self.workdir / self.log_dir / f"{protocol.log_stem(jobid, self.request.attempt)}.sh"
 
 
 class Planner:
@@ -238,7 +236,7 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
         req = replace(req, exclude=",".join(filter(None, [req.exclude, *avoid])))
     lines = environment.render_lines(environment.resolve(profiles, req.env_profile))
     log_dir = jobscript.log_dir_for(PurePath(planner.settings.logdir), req)
-    state_dir = planner.workdir / STATE_DIR
+    state_dir = planner.workdir / protocol.STATE_DIR
     name = jobscript.safe_component(f"mn-{planner.run_id}-{req.rule}" + (f"-{job.key}" if job.key else ""), 120)
     ctx = jobscript.ScriptContext(
         command=job.command, workdir=planner.workdir, log_dir=log_dir, state_dir=state_dir, job_name=name

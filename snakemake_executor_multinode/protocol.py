@@ -7,7 +7,21 @@ placeholders; the launcher and the status tracker import them; the training read
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePath
+
+# Where the plugin keeps what outlives a run, relative to the workflow's working directory (the shared filesystem).
+STATE_ROOT = PurePath(".snakemake/multinode")
+STATE_DIR = STATE_ROOT / "state"  # the markers below, named <jobid><suffix>
+RUNS_DIR = STATE_ROOT / "runs"  # the run registry (registry.py)
+REPORTS_DIR = STATE_ROOT / "reports"  # efficiency reports (report.py)
+LOGS_DIR = STATE_ROOT / "logs"  # job scripts and logs: the default of --multinode-logdir
+
+
+def log_stem(jobid: str, attempt: int) -> str:
+    """A job log's name without its suffix: <jobid>.attempt<n>. `jobid` may be sbatch's %j or the job script's
+    "$SLURM_JOB_ID"; the script (.sh), the log (.log), the metrics file and the node files share the stem."""
+    return f"{jobid}.attempt{attempt}"
+
 
 # Exit code of a job whose training checkpointed on the pre-time-limit signal and was not requeued: a rerun (or
 # Snakemake's --retries) resumes from the checkpoint. Chosen outside the shell's 126+ and signal ranges.
@@ -107,6 +121,17 @@ def netcheck_port(master_port: int) -> int:
 def master_port_shell(job_id_var: str = "SLURM_JOB_ID") -> str:
     """The same rule (step 0) as a bash arithmetic expression, for the job script."""
     return f"$(({PORT_BASE} + {job_id_var} * {PORTS_PER_JOB} % {PORT_SPAN}))"
+
+
+def record_failed_node(path: str, node: str) -> None:
+    """Name the node to blame in the job's failed-node file (path ""; none), once: the first failure in a job wins
+    (the network check's, or an earlier launch's), later ones leave it."""
+    if path:
+        try:
+            with open(path, "x") as fh:
+                fh.write(f"{node}\n")
+        except OSError:
+            pass
 
 
 def marker(state_dir: Path, job_id: str, suffix: str) -> Path:

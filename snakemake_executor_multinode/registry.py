@@ -13,9 +13,9 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path, PurePath
+from pathlib import Path
 
-RUNS_DIR = PurePath(".snakemake/multinode/runs")
+from .protocol import RUNS_DIR
 
 
 @dataclass(frozen=True)

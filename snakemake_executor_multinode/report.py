@@ -20,13 +20,13 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
+from pathlib import Path
 
+from .protocol import REPORTS_DIR
 from .registry import Submission
 from .runview import clock, minutes_to_seconds, run_table, tres_map
 from .slurm import ACTIVE_STATES, QueryError, SlurmClient, is_transient
 
-REPORTS_DIR = PurePath(".snakemake/multinode/reports")
 FIELDS = (
     "JobIDRaw",
     "State",

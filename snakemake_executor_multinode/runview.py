@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import progress
-from .plan import STATE_DIR
-from .protocol import EXIT_MARKER, marker
-from .registry import RUNS_DIR, Submission, runs
+from .protocol import EXIT_MARKER, RUNS_DIR, STATE_DIR, marker
+from .registry import Submission, runs
 from .slurm import ACTIVE_STATES, QueryError, SlurmClient
 
 SACCT_FIELDS = ("JobIDRaw", "State", "Reason", "ElapsedRaw", "TimelimitRaw", "NNodes", "AllocTRES", "ReqTRES")

@@ -23,7 +23,6 @@ from snakemake_executor_multinode import environment, preflight, reattach
 from snakemake_executor_multinode import report as efficiency
 from snakemake_executor_multinode.nodelog import failing_rank_lines
 from snakemake_executor_multinode.plan import (
-    STATE_DIR,
     JobPlan,
     Planner,
     RuleJob,
@@ -32,6 +31,7 @@ from snakemake_executor_multinode.plan import (
     direct_command,
 )
 from snakemake_executor_multinode.progress import ProgressLines, read_tail
+from snakemake_executor_multinode.protocol import STATE_DIR
 from snakemake_executor_multinode.registry import Registry, Submission
 from snakemake_executor_multinode.request import JobRequest, RequestError, refuse_container_directive
 from snakemake_executor_multinode.slurm import RetryPolicy, SlurmClient, SubmitError

@@ -20,6 +20,7 @@ from typing import Any
 
 from snakemake_executor_multinode import preflight
 from snakemake_executor_multinode.preview import launch_preview
+from snakemake_executor_multinode.progress import duration
 from snakemake_executor_multinode.request import JobRequest
 from snakemake_executor_plugin_multinode import Executor, KnownJobs
 from snakemake_executor_plugin_multinode.facts import job_facts
@@ -115,23 +116,15 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'s' if n != 1 else ''}"
 
 
-def duration(minutes: int) -> str:
-    days, rest = divmod(minutes, 1440)
-    hours, mins = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h" + (f" {mins}m" if mins else "")
-    return f"{hours}h {mins}m" if hours and mins else f"{hours}h" if hours else f"{mins}m"
-
-
 def describe(req: JobRequest, default_partition: str | None) -> str:
-    """One job as the check line shows it: `2 nodes x 8 GPUs, partition gpu_A6000, 14d 0h, env infiniband`."""
+    """One job as the check line shows it: `2 nodes x 8 GPUs, partition gpu_A6000, 14d00h, env infiniband`."""
     nodes = f"{req.nodes} node{'s' if req.nodes != 1 else ''}"
     size = f"{nodes} x {req.gpus} GPU{'s' if req.gpus != 1 else ''}" if req.gpus else f"{nodes}, no GPU"
     if req.partition:
         partition = f"partition {req.partition}"
     else:
         partition = f"partition {default_partition} (default)" if default_partition else "the default partition"
-    time = duration(req.runtime_min) if req.runtime_min else "the partition's time limit"
+    time = duration(req.runtime_min * 60) if req.runtime_min else "the partition's time limit"
     parts = [size, partition, time, f"env {req.env_profile or 'none'}"]
     return ", ".join(parts + ([f"account {req.account}"] if req.account else []))
 

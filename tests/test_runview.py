@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode import protocol, runcli, runview
-from snakemake_executor_multinode.plan import STATE_DIR
+from snakemake_executor_multinode.protocol import STATE_DIR
 from snakemake_executor_multinode.registry import Registry, Submission
 from snakemake_executor_multinode.slurm import QueryError, SlurmClient
 

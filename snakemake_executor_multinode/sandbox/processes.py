@@ -85,13 +85,29 @@ def pid_from(pidfile: Path, names: Iterable[str]) -> int | None:
 
 
 def stop(pids: Sequence[int], grace: float = 10.0) -> None:
-    """SIGTERM all at once (each slurm daemon takes ~2 s to exit), SIGKILL what is left after grace."""
+    """SIGTERM all at once (each slurm daemon takes ~2 s to exit), SIGKILL what is left after grace; return once each
+    is gone from the process table. The daemons are init's children (they daemonized): a dead one stays a zombie
+    until init reaps it (about a second here), and `pgrep` still lists it, so its exit alone is not "gone"."""
+    started = {pid: _start_time(pid) for pid in pids}
     for pid in pids:
         _signal(pid, signal.SIGTERM)
     if not wait_for(lambda: not any(_alive(p) for p in pids), grace):
         for pid in pids:
             _signal(pid, signal.SIGKILL)
         wait_for(lambda: not any(_alive(p) for p in pids), 5)
+    wait_for(lambda: all(_start_time(p) != started[p] for p in pids), REAP_WAIT_S)
+
+
+REAP_WAIT_S = 10.0  # how long `down` waits for init to reap the daemons it stopped
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/<pid>/stat): None once it is reaped, another value if its pid was
+    given to a new process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def _alive(pid: int) -> bool:

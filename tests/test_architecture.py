@@ -1,0 +1,129 @@
+"""The shape of the code, kept: no import circles in the core, the core never imports the adapter, and every
+script under benchmarks/ at least imports (or runs at a tiny size), so a rename cannot break one unseen."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CORE, ADAPTER = "snakemake_executor_multinode", "snakemake_executor_plugin_multinode"
+
+
+def imports(path: Path, package: str) -> set[str]:
+    """The modules of our two packages that `path` imports, at any depth of the file (function-level too)."""
+    module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+    is_pkg = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_pkg else 0)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            names = [f"{prefix}.{a.name}" for a in node.names] + [prefix]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] in (CORE, ADAPTER):
+                found.add(name)
+    return found
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    files = {
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in (REPO / package).rglob("*.py")
+    }
+    graph = {}
+    for name, path in files.items():
+        targets = set()
+        for imported in imports(path, package):
+            while imported and imported not in files:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and imported != package:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append([*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_the_core_has_no_import_circle():
+    assert cycles(module_graph(CORE)) == []
+
+
+def test_a_circle_would_be_found():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_the_core_never_imports_the_adapter():
+    offenders = {
+        str(p.relative_to(REPO)): sorted(n for n in imports(p, CORE) if n.startswith(ADAPTER))
+        for p in (REPO / CORE).rglob("*.py")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+BENCHMARK_MODULES = ["benchmarks/chain_overhead.py", "benchmarks/launch.py", "benchmarks/gpu/plain_torch.py"]
+
+
+@pytest.mark.parametrize("script", BENCHMARK_MODULES)
+def test_every_benchmark_script_imports(script):
+    spec = importlib.util.spec_from_file_location(Path(script).stem + "_under_test", REPO / script)
+    assert spec and spec.loader
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # its main() runs only as __main__
+
+
+def test_the_gpu_summary_runs_on_a_tiny_metrics_file(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    rows = [{"step": i, "step_ms": ms, "tokens_per_s": 10, "mfu": 0.4, "loss": 2.0} for i, ms in enumerate((9, 5, 7))]
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks/gpu/summarize.py"), "v", str(metrics)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert json.loads(out.stdout)["step_ms"] == 6.0
+
+
+@pytest.mark.parametrize(
+    "script", ["benchmarks/launch_worker.py", "benchmarks/launch_probe/sitecustomize.py", "benchmarks/gpu/run.sh"]
+)
+def test_scripts_that_run_only_inside_a_benchmark_job_compile(script):
+    path = REPO / script
+    if path.suffix == ".sh":
+        subprocess.run(["bash", "-n", str(path)], check=True)
+    else:
+        compile(path.read_text(), str(path), "exec")
+
+
+def test_every_benchmark_script_is_covered_here():
+    covered = {*BENCHMARK_MODULES, "benchmarks/gpu/summarize.py", "benchmarks/launch_worker.py"}
+    covered |= {"benchmarks/launch_probe/sitecustomize.py", "benchmarks/gpu/run.sh"}
+    scripts = {str(p.relative_to(REPO)) for p in (REPO / "benchmarks").rglob("*") if p.suffix in (".py", ".sh")}
+    assert scripts == covered
