@@ -57,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from snakemake_executor_multinode import protocol  # noqa: E402
-from snakemake_executor_multinode.launch import (  # noqa: E402
+from snakemake_executor_multinode.launching.launcher import (  # noqa: E402
     check_user_flags,
     log,
     nproc_for,
@@ -317,7 +317,9 @@ def run_job(launcher: str, nodes: int, mode: str, args: argparse.Namespace, work
 def split_flags_cost(repeats: int) -> dict:
     """Wall seconds of a fresh process splitting torchrun's options: torch's parser (before) vs the table (now)."""
     old = "from torch.distributed.run import get_args_parser; get_args_parser()"
-    new = "from snakemake_executor_multinode.launch import split_torchrun_args; split_torchrun_args(['x.py'])"
+    new = (
+        "from snakemake_executor_multinode.launching.launcher import split_torchrun_args; split_torchrun_args(['x.py'])"
+    )
     out = {}
     for name, code in (("torch_parser_s", old), ("static_table_s", new)):
         walls = []

@@ -19,28 +19,23 @@ from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 from snakemake_interface_executor_plugins.settings import CommonSettings, ExecutorSettingsBase
 
-from snakemake_executor_multinode import environment, preflight, reattach
-from snakemake_executor_multinode import report as efficiency
-from snakemake_executor_multinode.nodelog import failing_rank_lines
-from snakemake_executor_multinode.plan import (
-    JobPlan,
-    Planner,
-    RuleJob,
-    Settings,
-    SettingsError,
-    direct_command,
-)
-from snakemake_executor_multinode.progress import ProgressLines, read_tail
+from snakemake_executor_multinode.launching.nodelog import failing_rank_lines
+from snakemake_executor_multinode.planning import environment, submit_check
+from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, direct_command
+from snakemake_executor_multinode.planning.request import JobRequest, RequestError, refuse_container_directive
+from snakemake_executor_multinode.planning.settings import Settings, SettingsError
 from snakemake_executor_multinode.protocol import STATE_DIR
-from snakemake_executor_multinode.registry import Registry, Submission
-from snakemake_executor_multinode.request import JobRequest, RequestError, refuse_container_directive
-from snakemake_executor_multinode.slurm import RetryPolicy, SlurmClient, SubmitError
-from snakemake_executor_multinode.status import Tracker
+from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError
+from snakemake_executor_multinode.watching import reattach
+from snakemake_executor_multinode.watching import report as efficiency
+from snakemake_executor_multinode.watching.progress import ProgressLines, read_tail
+from snakemake_executor_multinode.watching.registry import Registry, Submission
+from snakemake_executor_multinode.watching.tracker import Tracker
 from snakemake_executor_plugin_multinode.facts import JobFacts, job_facts, rerun_reason
 
 
 def _executor_settings() -> type[ExecutorSettingsBase]:
-    """Snakemake's `--multinode-*` options, made from the core's one declaration of the settings (plan.Settings)."""
+    """Snakemake's `--multinode-*` options, made from the core's one declaration of the settings (settings.py)."""
     hints = typing.get_type_hints(Settings)
     spec = [
         (f.name, hints[f.name], field(default=f.default, metadata={**f.metadata, "env_var": True}))
@@ -82,7 +77,7 @@ class InputError(WorkflowError):
 class KnownJobs:
     """The jobs of a run that go to SLURM, as far as they can be planned before the first submission."""
 
-    planned: list[tuple[JobExecutorInterface, preflight.Planned]] = field(default_factory=list)
+    planned: list[tuple[JobExecutorInterface, submit_check.Planned]] = field(default_factory=list)
     later: list[tuple[str, str]] = field(default_factory=list)  # (rule, why it is planned only at submission)
     errors: list[str] = field(default_factory=list)  # plan errors, when collected rather than raised
 
@@ -144,14 +139,15 @@ class Executor(RemoteExecutor):
             raise WorkflowError(str(err)) from err
 
     def _validate_planned_jobs(self) -> None:
-        """Plan every job whose resources are known now and ask SLURM about all of them at once (the preflight: one
+        """Plan every job whose resources are known now and ask SLURM about all of them at once (the submission
+        check: one
         `sbatch --test-only` per resource shape, the account), so bad input stops the run before the first sbatch."""
         known = self.plan_known_jobs()
         for _, planned in known.planned:
             self._warn(planned.plan.request)
         if not known.planned:
             return
-        report = preflight.check([planned for _, planned in known.planned], self.client)
+        report = submit_check.check([planned for _, planned in known.planned], self.client)
         for warning in report.warnings:
             if warning not in self._warned:
                 self._warned.add(warning)
@@ -200,7 +196,7 @@ class Executor(RemoteExecutor):
                     raise InputError(str(err)) from None
                 known.errors.append(str(err))
                 continue
-            known.planned.append((job, preflight.Planned(plan, frozenset(facts.resources))))
+            known.planned.append((job, submit_check.Planned(plan, frozenset(facts.resources))))
         return known
 
     def _warn(self, req: JobRequest) -> None:

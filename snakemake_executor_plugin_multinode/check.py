@@ -4,7 +4,7 @@ Both take what a user gives `snakemake` (Snakefile, targets, --workflow-profile,
 --multinode-* settings ...), read it with Snakemake's own argument parser and run Snakemake as
 `snakemake --executor multinode` would, up to the construction of our Executor: the DAG is built exactly as for the
 run. There, instead of the first submission, `check` plans every job that goes to SLURM with the executor's own
-`plan_known_jobs` and asks SLURM about them (preflight.check: `sbatch --test-only`, which queues nothing), and
+`plan_known_jobs` and asks SLURM about them (submit_check.check: `sbatch --test-only`, which queues nothing), and
 `preview` renders one job's script with the executor's `plan_for`, its inner Snakemake command formatted for real.
 This module imports Snakemake; cli.py loads it only for these two commands.
 """
@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from snakemake_executor_multinode import preflight
-from snakemake_executor_multinode.preview import launch_preview
-from snakemake_executor_multinode.progress import duration
-from snakemake_executor_multinode.request import JobRequest
+from snakemake_executor_multinode.planning import submit_check
+from snakemake_executor_multinode.planning.preview import launch_preview
+from snakemake_executor_multinode.planning.request import JobRequest
+from snakemake_executor_multinode.watching.progress import duration
 from snakemake_executor_plugin_multinode import Executor, KnownJobs
 from snakemake_executor_plugin_multinode.facts import job_facts
 
@@ -100,14 +100,14 @@ def inspect(argv: Sequence[str], task: Callable[[Executor], Any]) -> Outcome:
 @dataclass
 class Checked:
     known: KnownJobs
-    report: preflight.Report
+    report: submit_check.Report
     warnings: list[str] = field(default_factory=list)
 
 
 def _check(executor: Executor) -> Checked:
     known = executor.plan_known_jobs(stop_at_error=False)
     planned = [p for _, p in known.planned]
-    report = preflight.check(planned, executor.client) if planned else preflight.Report()
+    report = submit_check.check(planned, executor.client) if planned else submit_check.Report()
     warnings = list(dict.fromkeys(w for p in planned for w in p.plan.request.warnings))
     return Checked(known, report, warnings + report.warnings)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from snakemake_executor_multinode.reattach import RunReason
+from snakemake_executor_multinode.watching.reattach import RunReason
 
 # Output/input flags (snakemake.io: pipe(), service()) whose files only exist while a Snakemake process inside the
 # job manages them.

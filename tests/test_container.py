@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import container, environment, launch, protocol
+from snakemake_executor_multinode import protocol
 from snakemake_executor_multinode.cli import main
-from snakemake_executor_multinode.container import ContainerError, parse, wrap
-from snakemake_executor_multinode.request import RequestError, refuse_container_directive
+from snakemake_executor_multinode.launching import container
+from snakemake_executor_multinode.launching import launcher as launch
+from snakemake_executor_multinode.launching.container import ContainerError, parse, wrap
+from snakemake_executor_multinode.planning import environment
+from snakemake_executor_multinode.planning.request import RequestError, refuse_container_directive
 
 ALLOC = launch.Allocation(
     "42", ("node1", "node2"), gpus_per_node=4, cpus_per_task=8, master_addr="10.0.0.1", master_port=24242
@@ -184,7 +187,7 @@ def test_pyxis_adds_srun_flags_and_runs_the_node_task_with_the_image_python(monk
         },
         "t",
     )
-    argv = launch.plan(ALLOC, [], ["train.py"], box=box)
+    argv = launch.srun_command(ALLOC, [], ["train.py"], box=box)
     at = argv.index("bash")
     package = Path(container.__file__).parent
     assert argv[at - 4 : at] == [
@@ -195,17 +198,19 @@ def test_pyxis_adds_srun_flags_and_runs_the_node_task_with_the_image_python(monk
     ]
     task = argv[at + 2]
     assert task.startswith('trap "" USR2; exec /usr/bin/python -c ')  # the labeller, in the image
-    assert "from snakemake_executor_multinode.nodelog import main" in task
+    assert "from snakemake_executor_multinode.launching.nodelog import main" in task
     assert "/usr/bin/python -m torch.distributed.run --nnodes=2" in task and '--node_rank="$SLURM_NODEID"' in task
 
 
 def test_the_launcher_wraps_torchrun_and_keeps_the_node_rank_and_the_usr2_ignore(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    argv = launch.plan(ALLOC, ["--nproc_per_node=2"], ["train.py", "--lr", "3e-4"], box=spec(python="/opt/py/python"))
+    argv = launch.srun_command(
+        ALLOC, ["--nproc_per_node=2"], ["train.py", "--lr", "3e-4"], box=spec(python="/opt/py/python")
+    )
     task = argv[argv.index("bash") + 2]
     assert task.startswith('trap "" USR2; exec ')
     words = shlex.split(task.split("exec ", 1)[1])
-    assert "snakemake_executor_multinode.nodelog" in words  # the labeller stays on the node, around podman
+    assert "snakemake_executor_multinode.launching.nodelog" in words  # the labeller stays on the node, around podman
     assert words[words.index("podman") + 1] == "run"
     assert "--node_rank=$SLURM_NODEID" in words  # the node's shell fills it in, outside the container
     torchrun = words[words.index("/opt/py/python") :]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from snakemake_executor_multinode.environment import EnvProfileError, load_profiles, render_lines, resolve
+from snakemake_executor_multinode.planning.environment import EnvProfileError, load_profiles, render_lines, resolve
 
 
 def lines_for(tmp_path, text: str, selection: str | None = None) -> list[str]:

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from snakemake_executor_multinode.environment import EnvProfileError
-from snakemake_executor_multinode.plan import Planner, RuleJob, Settings, SettingsError
-from snakemake_executor_multinode.quoting import shell_quote
+from snakemake_executor_multinode.planning.environment import EnvProfileError
+from snakemake_executor_multinode.planning.plan import Planner, RuleJob
+from snakemake_executor_multinode.planning.quoting import shell_quote
+from snakemake_executor_multinode.planning.settings import Settings, SettingsError
 
 HOSTILE = [
     "plain",

@@ -35,10 +35,7 @@ from snakemake_executor_plugin_multinode.facts import JobFacts, declared_nodes, 
 STORAGE = "mnfacts"  # provider name of the test storage plugin
 STORAGE_PLUGIN = f'''
 from snakemake_interface_storage_plugins.storage_object import StorageObjectRead, StorageObjectWrite
-from snakemake_interface_storage_plugins.storage_provider import (
-    StorageProviderBase,
-    StorageQueryValidationResult,
-)
+from snakemake_interface_storage_plugins.storage_provider import (StorageProviderBase, StorageQueryValidationResult, )
 
 
 class StorageProvider(StorageProviderBase):

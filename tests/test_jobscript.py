@@ -6,9 +6,9 @@ import os
 import subprocess
 from pathlib import Path, PurePath
 
-from snakemake_executor_multinode import environment, jobscript
 from snakemake_executor_multinode.cli import main
-from snakemake_executor_multinode.request import build_request
+from snakemake_executor_multinode.planning import environment, jobscript
+from snakemake_executor_multinode.planning.request import build_request
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -11,21 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import launch, protocol
-from snakemake_executor_multinode.launch import (
+from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.launching import launcher as launch
+from snakemake_executor_multinode.launching.launcher import (
     Allocation,
     StepWatch,
     main,
     nproc_for,
-    plan,
     read_allocation,
     run_step,
     split_torchrun_args,
+    srun_command,
     step_command,
     torchrun_command,
     worker_env,
 )
-from snakemake_executor_multinode.torchrun_flags import TAKES_VALUE
+from snakemake_executor_multinode.launching.torchrun_flags import TAKES_VALUE
 
 ALLOC = Allocation(
     "4242", ("node110", "node111"), gpus_per_node=8, cpus_per_task=64, master_addr="10.0.0.110", master_port=24242
@@ -53,7 +54,7 @@ def run_task(argv: list[str], node: str, nodeid: int, cwd: Path | None = None) -
 
 
 def test_one_srun_step_starts_every_node_and_each_node_takes_its_rank_from_slurm(tmp_path):
-    argv = plan(ALLOC, [], ["train.py", "--lr", "3e-4"], python=str(fake_python(tmp_path)))
+    argv = srun_command(ALLOC, [], ["train.py", "--lr", "3e-4"], python=str(fake_python(tmp_path)))
     assert argv[:9] == [
         "srun",
         "--nodes=2",
@@ -70,7 +71,8 @@ def test_one_srun_step_starts_every_node_and_each_node_takes_its_rank_from_slurm
         task = run_task(argv, node, rank)
         assert task.stdout.splitlines() == [
             "-m",
-            "snakemake_executor_multinode.nodelog",  # labels every line [node rankR], keeps the node's own file
+            # labels every line [node rankR], keeps the node's own file
+            "snakemake_executor_multinode.launching.nodelog",
             "--nproc=8",
             "--",
             python,
@@ -90,7 +92,7 @@ def test_one_srun_step_starts_every_node_and_each_node_takes_its_rank_from_slurm
 
 def test_script_arguments_reach_torchrun_verbatim_through_the_tasks_shell(tmp_path):
     nasty = ["train.py", "a b", "$(touch PWNED)", "'q'", '"$SLURM_NODEID"', "--node_rank=$SLURM_NODEID"]
-    argv = plan(ALLOC, [], nasty, python=str(fake_python(tmp_path)))
+    argv = srun_command(ALLOC, [], nasty, python=str(fake_python(tmp_path)))
     out = run_task(argv, "node111", 1, cwd=tmp_path).stdout.splitlines()
     assert out[out.index("--master_port=24242") + 1 : -1] == nasty and not (tmp_path / "PWNED").exists()
 
@@ -115,7 +117,9 @@ def test_one_torchrun_builder_for_every_mode():
 def test_user_torchrun_options_pass_through_and_nproc_can_be_overridden(tmp_path):
     opts, script = split_torchrun_args(["--nproc_per_node", "2", "--monitor-interval=1", "train.py", "--nnodes", "x"])
     assert opts == ["--nproc_per_node", "2", "--monitor-interval=1"] and script == ["train.py", "--nnodes", "x"]
-    out = run_task(plan(ALLOC, opts, script, python=str(fake_python(tmp_path))), "node110", 0).stdout.splitlines()
+    out = run_task(
+        srun_command(ALLOC, opts, script, python=str(fake_python(tmp_path))), "node110", 0
+    ).stdout.splitlines()
     assert "--nproc_per_node=2" in out and "--monitor-interval=1" in out and "--nproc_per_node=8" not in out
     assert nproc_for(ALLOC, opts) == 2
 
@@ -143,7 +147,7 @@ def test_a_flag_that_would_desynchronise_the_nodes_is_refused_saying_why(opts, s
     if says is None:
         opts, says = ["--redirects", "3"], "--redirects: the launcher keeps every rank's output"
     with pytest.raises(SystemExit, match=says):
-        plan(ALLOC, opts, ["train.py"])
+        srun_command(ALLOC, opts, ["train.py"])
 
 
 @pytest.mark.parametrize(
@@ -157,7 +161,7 @@ def test_a_flag_that_would_desynchronise_the_nodes_is_refused_saying_why(opts, s
     ],
 )
 def test_values_the_launcher_would_write_anyway_are_accepted_once(opts):
-    argv = plan(ALLOC, opts, ["train.py"], python="py")
+    argv = srun_command(ALLOC, opts, ["train.py"], python="py")
     line = argv[-2]
     assert line.count("--nnodes=2") == 1 and line.count("--master_addr=10.0.0.110") == 1
     assert line.count("--master_port=24242") == 1 and "--rdzv_backend=static" not in line
@@ -171,7 +175,7 @@ def test_nproc_per_node_gpu_cpu_and_auto_count_the_allocation():
     assert nproc_for(cpu_only, ["--nproc_per_node=auto"]) == 4
     with pytest.raises(SystemExit, match="--nproc_per_node=gpu: this allocation has no GPUs"):
         nproc_for(cpu_only, ["--nproc_per_node=gpu"])
-    assert "--nproc_per_node=8" in plan(ALLOC, ["--nproc_per_node=gpu"], ["t.py"])[-2]
+    assert "--nproc_per_node=8" in srun_command(ALLOC, ["--nproc_per_node=gpu"], ["t.py"])[-2]
 
 
 def test_c10d_puts_the_endpoint_on_the_head_node_and_lets_torchrun_restart_workers():
@@ -188,7 +192,7 @@ def test_c10d_puts_the_endpoint_on_the_head_node_and_lets_torchrun_restart_worke
         "--max-restarts=2",
         "t.py",
     ]
-    assert "--dynamic" in plan(ALLOC, ["--rdzv_backend=c10d"], ["t.py"])[-2]  # the rendezvous numbers the ranks
+    assert "--dynamic" in srun_command(ALLOC, ["--rdzv_backend=c10d"], ["t.py"])[-2]  # the rendezvous numbers the ranks
     mine = torchrun_command(["--rdzv_backend", "c10d", "--rdzv_id", "x"], ["t.py"], nproc=2, alloc=ALLOC)
     assert "--rdzv_id=4242" not in mine and mine.count("--rdzv_backend=c10d") == 1 and ["--rdzv_id", "x"] == mine[-3:-1]
 
@@ -230,11 +234,11 @@ def test_the_launcher_reads_its_options_without_importing_torch():
     code = (
         "import sys\n"
         "from snakemake_executor_multinode.cli import main\n"
-        "from snakemake_executor_multinode.launch import split_torchrun_args, plan, Allocation\n"
+        "from snakemake_executor_multinode.launching.launcher import split_torchrun_args, srun_command, Allocation\n"
         "opts, script = split_torchrun_args(\n"
         "    ['--nproc_per_node=2', '--rdzv_backend=c10d', '--max-restarts', '1', 'train.py']\n"
         ")\n"
-        "plan(Allocation('1', ('a', 'b'), 2, 4, '10.0.0.1', 20004), opts, script)\n"
+        "srun_command(Allocation('1', ('a', 'b'), 2, 4, '10.0.0.1', 20004), opts, script)\n"
         "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')], 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
@@ -287,7 +291,7 @@ def test_a_users_own_srun_step_runs_this_nodes_torchrun(monkeypatch):
     assert cmd == [
         "py",
         "-m",
-        "snakemake_executor_multinode.nodelog",
+        "snakemake_executor_multinode.launching.nodelog",
         "--nproc=2",
         "--echo",  # a user's own step: srun forwards the node's lines
         "--",
@@ -454,7 +458,7 @@ def test_when_every_node_answers_srun_s_failing_node_is_blamed(monkeypatch):
 def test_a_node_answers_when_its_slurmd_port_accepts_and_a_name_that_does_not_resolve_is_no_evidence():
     import socket
 
-    from snakemake_executor_multinode import liveness
+    from snakemake_executor_multinode.launching import liveness
 
     with socket.socket() as listening, socket.socket() as closed:
         listening.bind(("127.0.0.1", 0))

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import environment, launch, netcheck, protocol
-from snakemake_executor_multinode.environment import EnvProfileError, load_profiles, render_lines, resolve
-from snakemake_executor_multinode.launch import Allocation
+from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.launching import launcher as launch
+from snakemake_executor_multinode.launching import netcheck
+from snakemake_executor_multinode.launching.launcher import Allocation
+from snakemake_executor_multinode.planning import environment
+from snakemake_executor_multinode.planning.environment import EnvProfileError, load_profiles, render_lines, resolve
 
 ALLOC = Allocation(
     "4242", ("node110", "node111"), gpus_per_node=8, cpus_per_task=64, master_addr="10.0.0.110", master_port=24242
@@ -84,7 +87,7 @@ def agent_line(monkeypatch, value: str | None) -> str:
         monkeypatch.delenv(VAR, raising=False)
     else:
         monkeypatch.setenv(VAR, value)
-    argv = launch.plan(ALLOC, [], ["train.py"], python="/py")
+    argv = launch.srun_command(ALLOC, [], ["train.py"], python="/py")
     return argv[argv.index("-c") + 1]
 
 
@@ -93,7 +96,7 @@ def test_with_the_variable_set_every_node_runs_the_check_before_torchrun(monkeyp
     check, rest = line.split(" || exit $?; ", 1)
     port = int(check.split("--port=")[1].split()[0])
     assert check == (
-        f'trap "" USR2; /py -m snakemake_executor_multinode.netcheck --master-addr=10.0.0.110 --port={port} '
+        f'trap "" USR2; /py -m snakemake_executor_multinode.launching.netcheck --master-addr=10.0.0.110 --port={port} '
         "--nnodes=2 --nproc=8 --timeout=60 --nodes=node110,node111"
     )
     assert rest.startswith("exec ") and "torch.distributed.run" in rest

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.netcheck import PREFIX
+from snakemake_executor_multinode.launching.netcheck import PREFIX
 from tests.test_executor_cluster import job_logs, log_times, snakemake, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -33,7 +33,7 @@ OK = re.compile(
 # Runs at the start of every Python process of the job (PYTHONPATH); acts only in node_rank 1's preflight.
 HOOK = """\
 import atexit, os, subprocess, sys, time
-if "snakemake_executor_multinode.netcheck" in sys.orig_argv and os.environ.get("SLURM_NODEID") == "1":
+if "snakemake_executor_multinode.launching.netcheck" in sys.orig_argv and os.environ.get("SLURM_NODEID") == "1":
     with open({marker!r}, "w") as fh:
         fh.write(f"{{os.uname().nodename}} {{time.time()}}\\n")
     if {mode!r} == "link-down":

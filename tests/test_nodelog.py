@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 
-from snakemake_executor_multinode import nodelog
-from snakemake_executor_multinode.nodelog import Labeller, Merger, Source, failing_rank_lines, with_rank_logs
+from snakemake_executor_multinode.launching import nodelog
+from snakemake_executor_multinode.launching.nodelog import Labeller, Merger, Source, failing_rank_lines, with_rank_logs
 
 
 def test_a_line_written_in_pieces_comes_out_whole_and_labelled(tmp_path):

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import environment
-from snakemake_executor_multinode.plan import Planner, RuleJob, Settings
-from snakemake_executor_multinode.request import RequestError
+from snakemake_executor_multinode.planning import environment
+from snakemake_executor_multinode.planning.plan import Planner, RuleJob
+from snakemake_executor_multinode.planning.request import RequestError
+from snakemake_executor_multinode.planning.settings import Settings
 from snakemake_executor_plugin_multinode import ExecutorSettings
 
 

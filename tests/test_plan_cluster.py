@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.plan import Planner, RuleJob, Settings, direct_command
+from snakemake_executor_multinode.planning.plan import Planner, RuleJob, direct_command
+from snakemake_executor_multinode.planning.settings import Settings
 
 pytestmark = pytest.mark.cluster
 

@@ -1,4 +1,5 @@
-"""The preflight (preflight.check): one `sbatch --test-only` per resource shape, SLURM's refusals turned into the field
+"""The submission check (submit_check.check): one `sbatch --test-only` per resource shape, SLURM's refusals turned
+into the field
 that caused them, the account checked against the user's associations, the default partition named.
 
 A fake of SLURM's commands answers with SLURM 22.05's own wording (read off the local cluster); the real cluster is
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import preflight
-from snakemake_executor_multinode.plan import Planner, RuleJob, Settings
-from snakemake_executor_multinode.slurm import SlurmClient, SubmitError
+from snakemake_executor_multinode.planning import submit_check
+from snakemake_executor_multinode.planning.plan import Planner, RuleJob
+from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.slurm.client import SlurmClient, SubmitError
 
 PARTITION = (
     "PartitionName=gpu AllowGroups=ALL Default=YES DefaultTime=NONE MaxNodes=UNLIMITED MaxTime=1-00:00:00 "
@@ -62,11 +64,11 @@ def planned(tmp_path: Path, rule: str = "train", settings: Settings | None = Non
     plan = Planner(settings or Settings(), tmp_path, "run1").plan(
         RuleJob(rule, resources, "true", wildcards=wildcards or {}, key=f"{rule}{wildcards}")
     )
-    return preflight.Planned(plan, frozenset(resources))
+    return submit_check.Planned(plan, frozenset(resources))
 
 
-def check(fake: FakeSlurm, *jobs: preflight.Planned) -> preflight.Report:
-    return preflight.check(list(jobs), SlurmClient(runner=fake), user="root")
+def check(fake: FakeSlurm, *jobs: submit_check.Planned) -> submit_check.Report:
+    return submit_check.check(list(jobs), SlurmClient(runner=fake), user="root")
 
 
 def test_one_test_only_per_resource_shape(tmp_path):
@@ -74,7 +76,7 @@ def test_one_test_only_per_resource_shape(tmp_path):
     jobs = [planned(tmp_path, "prep", wildcards={"shard": str(i)}, runtime=10, slurm_partition="gpu") for i in range(4)]
     jobs += [planned(tmp_path, "merge", runtime=10, slurm_partition="gpu")]  # same shape, another rule
     jobs += [planned(tmp_path, "train", nodes=2, gpus=2, cpus_per_task=2, slurm_partition="gpu")]
-    assert len({preflight.shape(j.plan) for j in jobs}) == 2
+    assert len({submit_check.shape(j.plan) for j in jobs}) == 2
     report = check(fake, *jobs)
     assert report.tests == fake.count("sbatch", "--test-only") == 2
     assert report.errors == report.warnings == [] and report.unreachable is None
@@ -85,9 +87,9 @@ def test_the_shape_leaves_out_only_job_name_comment_and_log(tmp_path):
     a = planned(tmp_path, "r", wildcards={"x": "1"}, runtime=10).plan
     b = planned(tmp_path, "r", wildcards={"x": "2"}, runtime=10).plan
     c = planned(tmp_path, "r", wildcards={"x": "1"}, runtime=11).plan
-    assert preflight.shape(a) == preflight.shape(b) != preflight.shape(c)
-    assert not any(flag in " ".join(preflight.shape(a)) for flag in ("--job-name", "--comment", "--output"))
-    assert "#SBATCH --time=10" in preflight.shape(a)
+    assert submit_check.shape(a) == submit_check.shape(b) != submit_check.shape(c)
+    assert not any(flag in " ".join(submit_check.shape(a)) for flag in ("--job-name", "--comment", "--output"))
+    assert "#SBATCH --time=10" in submit_check.shape(a)
 
 
 def test_too_many_nodes_names_the_field_and_the_partition_size(tmp_path):

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import progress, protocol
-from snakemake_executor_multinode.progress import Progress, ProgressLines
+from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.watching import progress
+from snakemake_executor_multinode.watching.progress import Progress, ProgressLines
 
 
 class Clock:

@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import jobscript, protocol
-from snakemake_executor_multinode.request import build_request
+from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.planning import jobscript
+from snakemake_executor_multinode.planning.request import build_request
 from tests.conftest import REPO
 
 PACKAGE = REPO / "snakemake_executor_multinode"
-TEMPLATE = PACKAGE / "templates" / "job.sh"
+TEMPLATE = PACKAGE / "planning" / "templates" / "job.sh"
 # Everything outside protocol.py that names a MULTINODE_* variable.
-SPEAKERS = [TEMPLATE, PACKAGE / "launch.py", PACKAGE / "status.py", REPO / "workflows" / "scripts" / "train.py"]
+LAUNCHER, TRACKER = PACKAGE / "launching" / "launcher.py", PACKAGE / "watching" / "tracker.py"
+SPEAKERS = [TEMPLATE, LAUNCHER, TRACKER, REPO / "workflows" / "scripts" / "train.py"]
 
 
 def rendered(tmp_path: Path) -> str:
@@ -38,9 +40,9 @@ def test_every_multinode_variable_anyone_reads_or_writes_is_defined_once_in_the_
 
 
 def test_python_modules_take_markers_exit_codes_and_ports_from_the_protocol():
-    for name in ("launch.py", "status.py", "jobscript.py"):
-        text = (PACKAGE / name).read_text()
-        assert not re.search(r"\b85\b|\.exit\b|failed-node|\.preempted|40000|20000", text), name
+    for path in (LAUNCHER, TRACKER, PACKAGE / "planning" / "jobscript.py"):
+        text = path.read_text()
+        assert not re.search(r"\b85\b|\.exit\b|failed-node|\.preempted|40000|20000", text), path.name
     template = TEMPLATE.read_text()
     assert not re.search(r"\b85\b|\.exit\b|failed-node|\.preempted|40000|20000", template)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.reattach import RunReason, decide
-from snakemake_executor_multinode.registry import Registry, Submission
-from snakemake_executor_multinode.slurm import JobState
-from snakemake_executor_multinode.status import Tracker
+from snakemake_executor_multinode.slurm.client import JobState
+from snakemake_executor_multinode.watching.reattach import RunReason, decide
+from snakemake_executor_multinode.watching.registry import Registry, Submission
+from snakemake_executor_multinode.watching.tracker import Tracker
 
 OUTPUTS = ("out.txt",)
 

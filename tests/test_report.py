@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import report
-from snakemake_executor_multinode.registry import Registry, Submission
-from snakemake_executor_multinode.report import JobUsage
-from snakemake_executor_multinode.slurm import QueryError, SlurmClient
+from snakemake_executor_multinode.slurm.client import QueryError, SlurmClient
+from snakemake_executor_multinode.watching import report
+from snakemake_executor_multinode.watching.registry import Registry, Submission
+from snakemake_executor_multinode.watching.report import JobUsage
 
 # sacct --duplicates -P -n -o JobIDRaw,State,ElapsedRaw,TimelimitRaw,TotalCPU,AllocCPUS,NNodes,MaxRSS,AllocTRES,ReqTRES
 # 205: 40 s spinning in the batch step (sampled: MaxRSS) then a 5 s srun step; 239: requeued once, then ran 30 s;

@@ -15,9 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from snakemake_executor_multinode.request import KNOWN_RESOURCES, Defaults, RequestError, build_request
-from snakemake_executor_multinode.sbatch_flags import SBATCH_LONG_OPTIONS, SBATCH_SHORT_OPTIONS, parse_sbatch_flags
-from snakemake_executor_multinode.units import parse_mem_mb, parse_runtime
+from snakemake_executor_multinode.planning.request import KNOWN_RESOURCES, RequestError, build_request
+from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.planning.units import parse_mem_mb, parse_runtime
+from snakemake_executor_multinode.slurm.sbatch_flags import (
+    SBATCH_LONG_OPTIONS,
+    SBATCH_SHORT_OPTIONS,
+    parse_sbatch_flags,
+)
 
 OFFICIAL_PROFILE = Path(__file__).parent / "official_profile" / "config.yaml"
 
@@ -53,7 +58,7 @@ def test_official_slurm_plugin_resource_names_carry_over():
 
 def test_plugin_defaults_fill_what_the_rule_leaves_out():
     r = build_request(
-        "x", {"gpus": 1}, defaults=Defaults(account="a", partition="p", signal="USR2@300", reservation="maint")
+        "x", {"gpus": 1}, defaults=Settings(account="a", partition="p", signal="USR2@300", reservation="maint")
     )
     assert (r.account, r.partition, r.signal, r.reservation) == ("a", "p", "USR2@300", "maint")
     assert build_request("x", {"gpus": 1, "signal": "none"}).signal is None
@@ -107,11 +112,11 @@ def test_an_unknown_key_is_refused_naming_close_matches(key, suggestion):
 
 
 def test_unknown_keys_can_be_allowed_with_one_warning():
-    r = build_request("x", {"gpus_per_node": 8, "foo": 1}, defaults=Defaults(allow_unknown_resources=True))
+    r = build_request("x", {"gpus_per_node": 8, "foo": 1}, defaults=Settings(allow_unknown_resources=True))
     assert r.gpus == 0
     assert len(r.warnings) == 1 and "unknown resource(s) foo, gpus_per_node ignored" in r.warnings[0]
     # refused keys stay refused: allowing unknown keys does not make a known meaning go away
-    assert "multi-cluster" in refused({"clusters": "c2", "foo": 1}, defaults=Defaults(allow_unknown_resources=True))
+    assert "multi-cluster" in refused({"clusters": "c2", "foo": 1}, defaults=Settings(allow_unknown_resources=True))
 
 
 def test_every_documented_resource_is_in_docs_resources_md():
@@ -416,7 +421,7 @@ def test_slurm_extra_refuses_what_sbatch_refuses_and_what_the_plugin_manages(val
 
 
 def test_every_managed_long_option_is_refused_by_every_unique_prefix():
-    from snakemake_executor_multinode.request import MANAGED_FLAGS
+    from snakemake_executor_multinode.planning.request import MANAGED_FLAGS
 
     for flag in (f for f in MANAGED_FLAGS if f.startswith("--")):
         name = flag[2:]

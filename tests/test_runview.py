@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import protocol, runcli, runview
+from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.cli import runs as runcli
 from snakemake_executor_multinode.protocol import STATE_DIR
-from snakemake_executor_multinode.registry import Registry, Submission
-from snakemake_executor_multinode.slurm import QueryError, SlurmClient
+from snakemake_executor_multinode.slurm.client import QueryError, SlurmClient
+from snakemake_executor_multinode.watching import status_view as runview
+from snakemake_executor_multinode.watching.registry import Registry, Submission
 
 # sacct --duplicates -P -n -X -o JobIDRaw,State,Reason,ElapsedRaw,TimelimitRaw,NNodes,AllocTRES,ReqTRES
 # 239 was requeued once (scontrol requeue) and ran again; 227 is held, 228 waits for a dependency; 440 is a 2 x 2

@@ -21,8 +21,9 @@ from typing import TypeVar
 
 import pytest
 
-from snakemake_executor_multinode import report, runview
-from snakemake_executor_multinode.slurm import ACTIVE_STATES
+from snakemake_executor_multinode.slurm.client import ACTIVE_STATES
+from snakemake_executor_multinode.watching import report
+from snakemake_executor_multinode.watching import status_view as runview
 from tests.background import background
 from tests.conftest import REPO
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.slurm import RetryPolicy, SlurmClient, SubmitError
+from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError
 
 DOWN = "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
-from snakemake_executor_multinode.slurm import JobState, QueryError, SlurmClient, parse_sacct
-from snakemake_executor_multinode.status import Tracker
+from snakemake_executor_multinode.slurm.client import JobState, QueryError, SlurmClient, parse_sacct
+from snakemake_executor_multinode.watching.tracker import Tracker
 
 
 class FakeClient:

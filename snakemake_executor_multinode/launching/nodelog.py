@@ -12,7 +12,8 @@ complete (or its stream has ended), in one write, by the only writer of each fil
 node's lines a few seconds late (attribute caching); the node's own file has them at once.
 
 Run by the launcher's step on every node:
-    python -m snakemake_executor_multinode.nodelog --nproc P [--dynamic] -- python -m torch.distributed.run ...
+    python -m snakemake_executor_multinode.launching.nodelog --nproc P [--dynamic] -- \
+        python -m torch.distributed.run ...
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import protocol
-from .torchrun_flags import option_value
+from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.launching.torchrun_flags import option_value
 
 POLL_S = 0.05  # how often new rank files are looked for and read: the delay a line may see, nothing more
 # Polls that a rank file's lines wait for its worker's rank before they go out labelled with the local rank only (the
@@ -281,7 +282,9 @@ def run(torchrun: Sequence[str], nproc: int, dynamic: bool, env: dict[str, str],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m snakemake_executor_multinode.nodelog", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m snakemake_executor_multinode.launching.nodelog", description=__doc__
+    )
     parser.add_argument("--nproc", type=int, required=True, help="worker processes on this node")
     parser.add_argument("--dynamic", action="store_true", help="the rendezvous (c10d) assigns the ranks")
     parser.add_argument("--echo", action="store_true", help="also write the lines to stdout/stderr (a user's step)")

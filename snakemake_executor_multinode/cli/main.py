@@ -8,11 +8,11 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from . import __version__
+from snakemake_executor_multinode import __version__
 
 
 def _cluster_parser(sub: argparse._SubParsersAction) -> None:
-    from .sandbox.spec import DEFAULT_DIR
+    from snakemake_executor_multinode.sandbox.spec import DEFAULT_DIR
 
     cluster = sub.add_parser("cluster", help="a real local SLURM cluster of namespaced nodes (needs root)")
     actions = cluster.add_subparsers(dest="action", required=True)
@@ -34,8 +34,8 @@ def _cluster_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_cluster(args: argparse.Namespace) -> int:
-    from .sandbox import cluster
-    from .sandbox.spec import ClusterSpec
+    from snakemake_executor_multinode.sandbox import cluster
+    from snakemake_executor_multinode.sandbox.spec import ClusterSpec
 
     if args.action == "up":
         spec = ClusterSpec(
@@ -82,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # torchrun's own options must pass through untouched, so it is dispatched before argparse.
     if argv[:1] == ["torchrun"]:
-        from .launch import main as torchrun_main
+        from snakemake_executor_multinode.launching.launcher import main as torchrun_main
 
         return torchrun_main(argv[1:])
     # check, and preview of a rule of the real Snakefile, take Snakemake's own arguments and need Snakemake: the adapter
-    from .preview import uses_snakefile
+    from snakemake_executor_multinode.planning.preview import uses_snakefile
 
     if argv[:1] == ["check"] or (argv[:1] == ["preview"] and uses_snakefile(argv[1:])):
         return _snakemake_command()(argv)
@@ -96,16 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     _cluster_parser(sub)
     sub.add_parser("torchrun", help="start one torchrun per node of the SLURM allocation (see --help)")
     sub.add_parser("check", help="plan a workflow's jobs and ask SLURM about them; submits nothing (see --help)")
-    from .preview import add_parser as add_preview
+    from snakemake_executor_multinode.planning.preview import add_parser as add_preview
 
     add_preview(sub)
-    from .runcli import add_parsers as add_run_commands  # status, cancel, report
+    from snakemake_executor_multinode.cli.runs import add_parsers as add_run_commands  # status, cancel, report
 
     add_run_commands(sub)
     args = parser.parse_args(argv)
     if args.command != "cluster":
         return args.func(args)
-    from .sandbox.spec import ClusterError
+    from snakemake_executor_multinode.sandbox.spec import ClusterError
 
     try:
         return _run_cluster(args)

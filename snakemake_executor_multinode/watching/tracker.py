@@ -12,8 +12,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .protocol import EXIT_MARKER, EXIT_PREEMPTED, FAILED_NODE_MARKER, MARKERS, REQUEUE_MARKER, marker
-from .slurm import JobState, QueryError, SlurmClient
+from snakemake_executor_multinode.protocol import (
+    EXIT_MARKER,
+    EXIT_PREEMPTED,
+    FAILED_NODE_MARKER,
+    MARKERS,
+    REQUEUE_MARKER,
+    marker,
+)
+from snakemake_executor_multinode.slurm.client import JobState, QueryError, SlurmClient
 
 # States of a job that SLURM has put back into the queue after a run ended.
 REQUEUED_STATES = {"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PENDING"}

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .protocol import RUNS_DIR
+from snakemake_executor_multinode.protocol import RUNS_DIR
 
 
 @dataclass(frozen=True)

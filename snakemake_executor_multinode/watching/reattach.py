@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .progress import duration
-from .registry import Registry, Submission
-from .slurm import QueryError
-from .status import Tracker
+from snakemake_executor_multinode.slurm.client import QueryError
+from snakemake_executor_multinode.watching.progress import duration
+from snakemake_executor_multinode.watching.registry import Registry, Submission
+from snakemake_executor_multinode.watching.tracker import Tracker
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from . import protocol
+from snakemake_executor_multinode import protocol
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import PurePath
 
-from . import protocol
-from .quoting import shell_quote
-from .request import JobRequest
+from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.planning.quoting import shell_quote
+from snakemake_executor_multinode.planning.request import JobRequest
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=+\-]")

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import progress
-from .protocol import EXIT_MARKER, RUNS_DIR, STATE_DIR, marker
-from .registry import Submission, runs
-from .slurm import ACTIVE_STATES, QueryError, SlurmClient
+from snakemake_executor_multinode.protocol import EXIT_MARKER, RUNS_DIR, STATE_DIR, marker
+from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient
+from snakemake_executor_multinode.watching import progress
+from snakemake_executor_multinode.watching.registry import Submission, runs
 
 SACCT_FIELDS = ("JobIDRaw", "State", "Reason", "ElapsedRaw", "TimelimitRaw", "NNodes", "AllocTRES", "ReqTRES")
 SQUEUE_FIELDS = ("JobID", "State", "Reason", "RestartCnt", "TimeUsed", "TimeLimit", "NumNodes", "tres-per-node")

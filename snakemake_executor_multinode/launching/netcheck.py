@@ -1,7 +1,7 @@
 """The network preflight: one tiny all-reduce over every rank of the job before the training starts.
 
 Run by the launcher's step on every node, before torchrun (`network_check` profile key, $MULTINODE_NETWORK_CHECK):
-    python -m snakemake_executor_multinode.netcheck --master-addr A --port P --nnodes N --nproc K --timeout S
+    python -m snakemake_executor_multinode.launching.netcheck --master-addr A --port P --nnodes N --nproc K --timeout S
         [--nodes n1,n2,...]          (the node rank is $SLURM_NODEID)
 
 One process per node imports torch once and forks its K workers (no torchrun, no second torch import per rank);
@@ -33,11 +33,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from . import protocol
-from .allocation import Allocation, free_port
+from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.launching.allocation import Allocation, free_port
 
 PREFIX = "[multinode preflight]"
-MODULE = "snakemake_executor_multinode.netcheck"
+MODULE = "snakemake_executor_multinode.launching.netcheck"
 EXIT_FAILED = 1
 QUOTED_LINES = 12  # backend lines (NCCL_DEBUG, c10d) quoted in a failure, the last ones
 LINE_LIMIT = 900  # srun splits longer lines (about 1 KiB) and interleaves the pieces with other nodes' lines

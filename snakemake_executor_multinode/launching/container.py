@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import protocol
+from snakemake_executor_multinode import protocol
 
 RUNTIMES = ("pyxis", "apptainer", "singularity", "podman")
 KEYS = ("runtime", "image", "mounts", "flags", "workdir", "python", "gpus", "env")
@@ -358,7 +358,7 @@ def python(spec: ContainerSpec | None, default: str) -> str:
 # Where pyxis sees this package: the whole task runs in the image there, the node's labeller (nodelog.py) included,
 # so the launcher's own package is mounted read-only and imported from there (its child, torchrun, never sees it).
 PYXIS_PACKAGE_DIR = "/opt/multinode-launcher"
-_LABELLER = "snakemake_executor_multinode.nodelog"
+_LABELLER = "snakemake_executor_multinode.launching.nodelog"
 
 
 def node_task(

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .protocol import REPORTS_DIR
-from .registry import Submission
-from .runview import clock, minutes_to_seconds, run_table, tres_map
-from .slurm import ACTIVE_STATES, QueryError, SlurmClient, is_transient
+from snakemake_executor_multinode.protocol import REPORTS_DIR
+from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient, is_transient
+from snakemake_executor_multinode.watching.registry import Submission
+from snakemake_executor_multinode.watching.status_view import clock, minutes_to_seconds, run_table, tres_map
 
 FIELDS = (
     "JobIDRaw",

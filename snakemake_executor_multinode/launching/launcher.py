@@ -26,10 +26,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import container, liveness, netcheck, nodelog, protocol
-from .allocation import Allocation, allocation, count_devices, hostnames, read_allocation
-from .protocol import EXIT_PREEMPTED
-from .torchrun_flags import option_value, split_torchrun_args
+from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.launching import container, liveness, netcheck, nodelog
+from snakemake_executor_multinode.launching.allocation import (
+    Allocation,
+    allocation,
+    count_devices,
+    hostnames,
+    read_allocation,
+)
+from snakemake_executor_multinode.launching.torchrun_flags import option_value, split_torchrun_args
+from snakemake_executor_multinode.protocol import EXIT_PREEMPTED
 
 __all__ = ["split_torchrun_args"]  # re-exported: torchrun's flags live in torchrun_flags.py
 
@@ -211,7 +218,7 @@ def labelled(
     a user's own srun step). Under c10d (from the user's `opts`) the rendezvous, not the node order, gives ranks."""
     flags = ["--dynamic"] if rdzv_backend(opts) == "c10d" else []
     flags += ["--echo"] if echo else []
-    return [python, "-m", "snakemake_executor_multinode.nodelog", f"--nproc={nproc}", *flags, "--", *torchrun]
+    return [python, "-m", "snakemake_executor_multinode.launching.nodelog", f"--nproc={nproc}", *flags, "--", *torchrun]
 
 
 def agent_script(torchrun: Sequence[str], preflight: Sequence[str] = ()) -> str:
@@ -225,7 +232,7 @@ def agent_script(torchrun: Sequence[str], preflight: Sequence[str] = ()) -> str:
     return f'trap "" USR2; {check}exec {" ".join(words)}'
 
 
-def plan(
+def srun_command(
     alloc: Allocation,
     opts: Sequence[str],
     script: Sequence[str],
@@ -488,7 +495,7 @@ def main(argv: Sequence[str]) -> int:
     box = container.from_env(env)  # the profile's container, from the job script's variables (container.py)
     if box is not None:
         log(f"each node's torchrun runs in {container.describe(box)}")
-    argv_srun = plan(alloc, opts, script, box=box)
+    argv_srun = srun_command(alloc, opts, script, box=box)
     nproc = nproc_for(alloc, opts)
     log(
         f"job {alloc.job_id}: {len(alloc.nodes)} node(s) x {nproc} process(es), "

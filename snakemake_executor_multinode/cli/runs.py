@@ -11,8 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import report, runview
-from .slurm import ACTIVE_STATES, QueryError, RetryPolicy, SlurmClient
+from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, RetryPolicy, SlurmClient
+from snakemake_executor_multinode.watching import report
+from snakemake_executor_multinode.watching import status_view as runview
 
 # An interactive command waits out a restarting controller for a minute, not the executor's ten.
 RETRY = RetryPolicy(total_seconds=60)

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .plan import JobPlan
-from .request import JobRequest, RequestError
-from .slurm import SlurmClient, SubmitError
+from snakemake_executor_multinode.planning.plan import JobPlan
+from snakemake_executor_multinode.planning.request import JobRequest, RequestError
+from snakemake_executor_multinode.slurm.client import SlurmClient, SubmitError
 
 # #SBATCH flags that differ between jobs of the same shape.
 PER_JOB_FLAGS = ("--job-name", "--comment", "--output")

@@ -23,9 +23,12 @@ import typing
 from dataclasses import fields
 from pathlib import Path
 
-from . import container, environment, launch
-from .plan import JobPlan, Planner, RuleJob, Settings, SettingsError
-from .request import RequestError
+from snakemake_executor_multinode.launching import container
+from snakemake_executor_multinode.launching import launcher as launch
+from snakemake_executor_multinode.planning import environment
+from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
+from snakemake_executor_multinode.planning.request import RequestError
+from snakemake_executor_multinode.planning.settings import Settings, SettingsError
 
 # Settings that shape the script (the others steer the executor's status loop).
 SCRIPT_SETTINGS = (
@@ -139,7 +142,7 @@ def launch_preview(plan: JobPlan, profiles: environment.ProfileSet, command: str
     alloc = launch.Allocation("<jobid>", nodes, req.gpus, req.cpus_per_task, "$MASTER_ADDR", PLACEHOLDER_PORT)
     box = container.parse(environment.resolve(profiles, req.env_profile).get("container"), "container")
     try:
-        argv = launch.plan(alloc, opts, script, box=box)
+        argv = launch.srun_command(alloc, opts, script, box=box)
     except SystemExit as refused:  # what the launcher would refuse in the job
         return f"# multinode torchrun would refuse this command: {refused}"
     at = argv.index("bash")

@@ -7,7 +7,7 @@ Every resource key is known, mapped or refused (docs/resources.md has the table)
 - Snakemake's own (mem, mem_mb, mem_mib, disk*, runtime, tmpdir, threads, and every key starting with "_");
 - the official SLURM plugin's that mean something else here are mapped (gpu = GPUs per JOB, gpu_model, gres,
   cpus_per_gpu, tasks == nodes, tasks_per_node == 1) or refused with what to use instead (mpi, tasks, clusters, ...);
-- anything else is an error naming close matches, unless Defaults.allow_unknown_resources.
+- anything else is an error naming close matches, unless Settings.allow_unknown_resources.
 
 Durations and sizes are read with Snakemake's own rules (units.py); slurm_extra as sbatch reads it (sbatch_flags.py).
 """
@@ -20,8 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sbatch_flags import parse_sbatch_flags
-from .units import mib_to_mb, parse_mem_mb, read_runtime, runtime_hint
+from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.planning.units import mib_to_mb, parse_mem_mb, read_runtime, runtime_hint
+from snakemake_executor_multinode.slurm.sbatch_flags import parse_sbatch_flags
 
 
 class RequestError(ValueError):
@@ -257,17 +258,7 @@ _GRES_GPU = re.compile(r"^gpu(?::(?P<type>[A-Za-z0-9_.\-]+))?(?::(?P<count>\d+))
 _CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,&|\[\]()*:!\-]+$")
 
 
-@dataclass(frozen=True)
-class Defaults:
-    """Plugin settings that fill in what a rule leaves out."""
-
-    account: str | None = None
-    partition: str | None = None
-    reservation: str | None = None
-    signal: str | None = "USR2@120"
-    gpu_flag: str = "gres"  # or "gpus-per-node"
-    max_requeues: int = 3  # 0: never requeue (sbatch --no-requeue)
-    allow_unknown_resources: bool = False  # True: unknown keys are ignored, with one warning
+DEFAULTS = Settings()  # what a rule leaves out, when no plugin setting is given
 
 
 @dataclass(frozen=True)
@@ -279,7 +270,7 @@ class JobRequest:
     nodes: int = 1
     gpus: int = 0  # per node
     gpu_type: str | None = None
-    gpu_flag: str = "gres"
+    gpu_flag: str = Settings.gpu_flag
     cpus_per_task: int = 1
     threads: int = 1
     mem_mb: int | None = None
@@ -292,11 +283,11 @@ class JobRequest:
     constraint: str | None = None
     nodelist: str | None = None
     exclude: str | None = None
-    signal: str | None = "USR2@120"
+    signal: str | None = Settings.signal
     env_profile: str | None = None
     master_port: int | None = None
     slurm_extra: tuple[str, ...] = ()
-    max_requeues: int = 3
+    max_requeues: int = Settings.max_requeues
     attempt: int = 1
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
@@ -339,7 +330,7 @@ def _given(r: Mapping[str, Any], key: str) -> bool:
     return r.get(key) not in (None, "")
 
 
-def _check_keys(rule: str, r: Mapping[str, Any], defaults: Defaults, warnings: list[str]) -> None:
+def _check_keys(rule: str, r: Mapping[str, Any], defaults: Settings, warnings: list[str]) -> None:
     """Every key is known, mapped or refused; an unknown one is an error naming close matches."""
     unknown = sorted(k for k in r if not str(k).startswith("_") and k not in KNOWN_RESOURCES)
     if unknown and defaults.allow_unknown_resources:
@@ -492,7 +483,7 @@ def build_request(
     threads: int = 1,
     wildcards: Mapping[str, Any] | None = None,
     attempt: int = 1,
-    defaults: Defaults = Defaults(),
+    defaults: Settings = DEFAULTS,
     env_profile: str | None = None,
     declared_nodes: int | None = None,
 ) -> JobRequest:

@@ -1,0 +1,5 @@
+import sys
+
+from snakemake_executor_multinode.cli.main import main
+
+sys.exit(main())

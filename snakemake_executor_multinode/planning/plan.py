@@ -1,0 +1,133 @@
+"""One job plan: a rule's job + the plugin settings -> the validated request, the environment and the exact script.
+
+The executor submits a plan, `multinode preview` prints one, and `multinode check` makes one for every job of a
+run: all three call `plan_job`, so what a user previews or checks is what runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePath
+from typing import Any
+
+from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.planning import environment, jobscript
+from snakemake_executor_multinode.planning.request import JobRequest, RequestError, build_request
+from snakemake_executor_multinode.planning.settings import Settings, SettingsError
+
+_NODE = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a node name as the launcher reports it
+_LOGDIR = re.compile(r"^[A-Za-z0-9_.+\-][A-Za-z0-9_./+\-]*$")
+
+
+@dataclass(frozen=True)
+class RuleJob:
+    """What a plan needs to know of one job: from Snakemake's job object, or from `multinode preview`'s arguments."""
+
+    rule: str
+    resources: Mapping[str, Any]
+    command: str  # the shell command the job runs (on the head node)
+    threads: int = 1
+    wildcards: Mapping[str, Any] = field(default_factory=dict)
+    attempt: int = 1
+    declared_nodes: int | None = None  # what the rule itself asked for, when Snakemake's --resources capped it
+    key: str = ""  # tells this submission apart from every other of the run (in the job name)
+    avoid_nodes: tuple[str, ...] = ()  # nodes an earlier attempt of this job failed on: excluded for this one
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    request: JobRequest
+    job_name: str  # unique to the submission: a lost sbatch reply is found by it
+    environment: tuple[str, ...]
+    script: str
+    workdir: Path
+    log_dir: PurePath  # relative to workdir
+    state_dir: Path
+
+    @property
+    def fingerprint(self) -> str:
+        """The script without what differs between runs of the same job (its name): equal means same job."""
+        return hashlib.sha256(self.script.replace(self.job_name, "").encode()).hexdigest()[:16]
+
+    def log_path(self, jobid: str) -> Path:
+        return self.workdir / self.log_dir / f"{protocol.log_stem(jobid, self.request.attempt)}.log"
+
+    def script_path(self, jobid: str) -> Path:
+        """Where the submitted script is kept, beside its log."""
+        return self.workdir / self.log_dir / f"{protocol.log_stem(jobid, self.request.attempt)}.sh"
+
+
+class Planner:
+    """Plans every job of one run with the same settings; the profile file is read once, when it is created."""
+
+    def __init__(self, settings: Settings, workdir: Path, run_id: str) -> None:
+        self.settings = settings
+        self.workdir = workdir
+        self.run_id = run_id
+        if not _LOGDIR.match(settings.logdir):
+            # it becomes sbatch's --output on an #SBATCH line, which has no quoting of its own
+            raise SettingsError(
+                f"--multinode-logdir={settings.logdir!r}: a relative folder of letters, digits and _ . / + - only"
+            )
+        self.profiles = environment.load_profiles(settings.env_profiles)  # EnvProfileError names file and key
+        if settings.env_profile is not None:
+            environment.select(self.profiles, settings.env_profile, where="--multinode-env-profile")
+
+    def plan(self, job: RuleJob) -> JobPlan:
+        return plan_job(job, self)
+
+
+def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
+    """Validate and render one job; raises RequestError (rule, field, value, what is allowed) on bad input."""
+    profiles = planner.profiles
+    chosen = job.resources.get("env_profile") or planner.settings.env_profile or profiles.default
+    try:
+        selection = environment.select(profiles, str(chosen), where="env_profile") if chosen else None
+    except environment.EnvProfileError as err:
+        raise RequestError(
+            job.rule,
+            "env_profile",
+            chosen,
+            "a defined environment profile, or several comma-separated (applied left to right); defined: "
+            + ", ".join(sorted(profiles.names)),
+        ) from err
+    req = build_request(
+        job.rule,
+        job.resources,
+        threads=job.threads,
+        wildcards=job.wildcards,
+        attempt=job.attempt,
+        defaults=planner.settings,
+        env_profile=selection,
+        declared_nodes=job.declared_nodes,
+    )
+    if avoid := [n for n in job.avoid_nodes if _NODE.match(n)]:
+        req = replace(req, exclude=",".join(filter(None, [req.exclude, *avoid])))
+    lines = environment.render_lines(environment.resolve(profiles, req.env_profile))
+    log_dir = jobscript.log_dir_for(PurePath(planner.settings.logdir), req)
+    state_dir = planner.workdir / protocol.STATE_DIR
+    name = jobscript.safe_component(f"mn-{planner.run_id}-{req.rule}" + (f"-{job.key}" if job.key else ""), 120)
+    ctx = jobscript.ScriptContext(
+        command=job.command, workdir=planner.workdir, log_dir=log_dir, state_dir=state_dir, job_name=name
+    )
+    script = jobscript.render(req, ctx, lines)
+    return JobPlan(req, name, tuple(lines), script, planner.workdir, log_dir, state_dir)
+
+
+def direct_command(shellcmd: str, outputs: Sequence[str], logs: Sequence[str] = ()) -> str:
+    """A plain shell rule's command as the job runs it without Snakemake inside: first what Snakemake would do
+    (remove stale outputs, create their folders), then the formatted command, stopping at the first error."""
+    q = shlex.quote
+    folders = sorted({os.path.dirname(p) for p in [*outputs, *logs] if os.path.dirname(p)})
+    lines = ["set -euo pipefail"]
+    if outputs:
+        lines.append("rm -rf -- " + " ".join(q(p) for p in outputs))
+    if folders:
+        lines.append("mkdir -p -- " + " ".join(q(d) for d in folders))
+    lines.append(shellcmd.strip())
+    return "\n".join(lines)

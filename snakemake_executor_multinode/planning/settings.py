@@ -1,0 +1,129 @@
+"""The plugin's settings, declared once: `--multinode-<name>`, `multinode-<name>:` in a profile,
+`SNAKEMAKE_MULTINODE_<NAME>`. The Snakemake adapter builds its options from these fields, `multinode preview` its
+flags, and the request fills what a rule leaves out from them: every default is read from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from snakemake_executor_multinode import protocol
+
+
+class SettingsError(ValueError):
+    """A plugin setting that cannot be used; the message names the setting, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The plugin settings (`--multinode-<name>`, `multinode-<name>:` in a profile, `SNAKEMAKE_MULTINODE_<NAME>`).
+
+    Types are spelled `Optional[...]` because Snakemake reads them at run time to build its command line."""
+
+    account: Optional[str] = field(
+        default=None, metadata={"help": "SLURM account for every job without slurm_account."}
+    )
+    partition: Optional[str] = field(
+        default=None, metadata={"help": "SLURM partition for every job without slurm_partition."}
+    )
+    reservation: Optional[str] = field(
+        default=None, metadata={"help": "SLURM reservation for every job without slurm_reservation."}
+    )
+    allow_unknown_resources: bool = field(
+        default=False,
+        metadata={
+            "help": "Ignore (with a warning) resource names this plugin does not know, for sites that use custom "
+            "resources for their own scheduling. By default an unknown name is an error naming close matches."
+        },
+    )
+    env_profiles: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "YAML file of environment profiles (CUDA, conda/venv, modules, NCCL/InfiniBand, variables); "
+            "adds to the built-in infiniband, ethernet and debug profiles."
+        },
+    )
+    env_profile: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "Profile(s) for rules without env_profile, e.g. 'infiniband' or 'infiniband,debug'; "
+            "default: the file's `default:`."
+        },
+    )
+    signal: str = field(
+        default="USR2@120",
+        metadata={
+            "help": "sbatch --signal for GPU or multi-node jobs without a signal resource ('none' to send none). "
+            "USR2 reaches the training workers, not torchrun's agent."
+        },
+    )
+    logdir: str = field(
+        default=str(protocol.LOGS_DIR),
+        metadata={
+            "help": "Folder (relative to the working directory) for job scripts and logs: "
+            "rule_<rule>/<wildcards>/<jobid>.attempt<n>.log and .sh."
+        },
+    )
+    max_requeues: int = field(
+        default=3,
+        metadata={
+            "help": "How often a job that checkpointed on the pre-time-limit signal is requeued by SLURM "
+            "(0: never; Snakemake's --retries then reruns it)."
+        },
+    )
+    gpu_flag: str = field(
+        default="gres",
+        metadata={
+            "help": "How GPUs per node are asked for: 'gres' (--gres=gpu[:type]:N) or 'gpus-per-node'.",
+            "choices": ["gres", "gpus-per-node"],
+        },
+    )
+    status_seconds: float = field(
+        default=0.5,
+        metadata={"help": "Seconds between status cycles; a cycle reads completion markers only (no SLURM query)."},
+    )
+    sweep_seconds: float = field(
+        default=30.0,
+        metadata={
+            "help": "Seconds between sacct/squeue sweeps that catch jobs ending without a marker "
+            "(cancelled, timed out, node lost)."
+        },
+    )
+    no_reattach: bool = field(
+        default=False,
+        metadata={
+            "help": "Never adopt a job that an earlier (killed) run submitted for the same outputs; by default a "
+            "rerun reattaches to it while it runs, or takes its result when it succeeded."
+        },
+    )
+    slurm_retry_seconds: float = field(
+        default=600.0,
+        metadata={
+            "help": "How long sbatch/squeue/sacct/scancel failures that SLURM reports as transient (controller "
+            "restarting, timeouts) are retried, with backoff, before the run gives up."
+        },
+    )
+    inner_snakemake: bool = field(
+        default=False,
+        metadata={
+            "help": "Always run Snakemake inside the job. By default a plain shell rule runs its formatted command "
+            "directly (one process less, seconds faster); script/run/conda/container/group jobs always "
+            "use Snakemake."
+        },
+    )
+    efficiency_report: bool = field(
+        default=False,
+        metadata={
+            "help": "At the end of the run, write an efficiency report from sacct (time, CPU, memory used against "
+            "requested, GPU-hours; suggestions for rules that waste more than half) to "
+            ".snakemake/multinode/reports/<run>.{csv,md} and print its summary."
+        },
+    )
+    progress_seconds: float = field(
+        default=60.0,
+        metadata={
+            "help": "At most one progress line (step, loss, tokens/s, ETA) per running training job every this many "
+            "seconds, read from the job's metrics file ($MULTINODE_METRICS_FILE; no SLURM query). 0: none."
+        },
+    )
