@@ -1,14 +1,11 @@
 """Snakemake adapter for snakemake_executor_multinode: `snakemake --executor multinode`.
 
-Only translation lives here (Snakemake job -> facts.JobFacts -> plan.RuleJob -> the core's plan; outcomes ->
-Snakemake reports); SLURM, the plan, the job script, the environment and the status logic are in the core package.
+Only translation lives here: a Snakemake job is read once (facts.JobFacts) and handed to the core's session
+(session.py) as plain values; outcomes go back as Snakemake reports. What the plugin decides is in the core.
 Importing this module stays cheap: Snakemake imports every installed executor plugin at every start.
 """
 
-import glob
-import os
 import typing
-import uuid
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
@@ -19,18 +16,11 @@ from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 from snakemake_interface_executor_plugins.settings import CommonSettings, ExecutorSettingsBase
 
-from snakemake_executor_multinode.launching.nodelog import failing_rank_lines
 from snakemake_executor_multinode.planning import environment, submit_check
-from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, direct_command
-from snakemake_executor_multinode.planning.request import JobRequest, RequestError, refuse_container_directive
+from snakemake_executor_multinode.planning.plan import JobPlan, RuleJob, direct_command
+from snakemake_executor_multinode.planning.request import RequestError
 from snakemake_executor_multinode.planning.settings import Settings, SettingsError
-from snakemake_executor_multinode.protocol import STATE_DIR
-from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError
-from snakemake_executor_multinode.watching import reattach
-from snakemake_executor_multinode.watching import report as efficiency
-from snakemake_executor_multinode.watching.progress import ProgressLines, read_tail
-from snakemake_executor_multinode.watching.registry import Registry, Submission
-from snakemake_executor_multinode.watching.tracker import Tracker
+from snakemake_executor_multinode.session import Session, SubmitRefused
 from snakemake_executor_plugin_multinode.facts import JobFacts, job_facts, rerun_reason
 
 
@@ -86,28 +76,11 @@ class Executor(RemoteExecutor):
     def __post_init__(self) -> None:
         given = self.workflow.executor_settings or ExecutorSettings()
         self.settings = Settings(**{f.name: getattr(given, f.name) for f in fields(Settings)})
-        self.run_id = uuid.uuid4().hex[:8]
         self.workdir = Path.cwd()
         try:
-            self.planner = Planner(self.settings, self.workdir, self.run_id)
+            self.session = Session(self.settings, self.workdir, self.logger.info, self.logger.warning)
         except (environment.EnvProfileError, SettingsError) as err:
             raise WorkflowError(f"multinode settings: {err}") from err
-        # Owner-only: job scripts carry profile values (tokens), logs carry what the training prints.
-        for private in (self.workdir / STATE_DIR.parent, self.workdir / self.settings.logdir):
-            private.mkdir(parents=True, exist_ok=True)
-            private.chmod(0o700)
-        self.state_dir = self.workdir / STATE_DIR
-        self.state_dir.mkdir(exist_ok=True, mode=0o700)
-        self.registry = Registry(self.workdir, self.run_id)
-        self.client = SlurmClient(
-            retry=RetryPolicy(total_seconds=self.settings.slurm_retry_seconds), notify=self.logger.warning
-        )
-        self.tracker = Tracker(self.state_dir, self.client, sweep_seconds=self.settings.sweep_seconds)
-        self.progress = ProgressLines(self.settings.progress_seconds)  # training progress: a file read, no SLURM
-        self.external_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)
-        self.failed_nodes: dict[tuple[str, ...], tuple[str, ...]] = {}  # job outputs -> nodes its attempts failed on
-        self._warned: set[str] = set()
-        self._cancelled: set[str] = set()  # job ids this run has cancelled
         self._validate_planned_jobs()
 
     @property  # type: ignore[override]
@@ -117,45 +90,29 @@ class Executor(RemoteExecutor):
         return (self.workflow.executor_settings or ExecutorSettings()).status_seconds
 
     # --- plan ----------------------------------------------------------------------------------
-    def plan_for(self, job: JobExecutorInterface, facts: JobFacts | None = None, command: str | None = None) -> JobPlan:
+    def plan_for(self, job: JobExecutorInterface, facts: JobFacts, command: str | None = None) -> JobPlan:
         """The job's plan (request, environment, script), exactly as `multinode preview`/`check` make it."""
-        f = facts if facts is not None else job_facts(job)
         rule_job = RuleJob(
-            f.name,
-            f.resources,
-            self.command_for(job, f) if command is None else command,
-            threads=f.threads,
-            wildcards=f.wildcards,
-            attempt=f.attempt,
-            declared_nodes=f.declared_nodes,
-            key=f"{str(job.jobid)[:8]}.{f.attempt}",
-            avoid_nodes=self.failed_nodes.get(f.outputs, ()) if f.attempt > 1 else (),
+            facts.name,
+            facts.resources,
+            self.command_for(job, facts) if command is None else command,
+            threads=facts.threads,
+            wildcards=facts.wildcards,
+            attempt=facts.attempt,
+            declared_nodes=facts.declared_nodes,
+            key=f"{str(job.jobid)[:8]}.{facts.attempt}",
         )
         try:
-            if f.container_image is not None:  # Snakemake's container: directive (request.py decides)
-                refuse_container_directive(f.name, f.container_image, f.resources.get("nodes"), f.shellcmd)
-            return self.planner.plan(rule_job)
+            return self.session.plan(rule_job, facts.outputs, facts.container_image, facts.shellcmd)
         except RequestError as err:
             raise WorkflowError(str(err)) from err
 
     def _validate_planned_jobs(self) -> None:
-        """Plan every job whose resources are known now and ask SLURM about all of them at once (the submission
-        check: one
-        `sbatch --test-only` per resource shape, the account), so bad input stops the run before the first sbatch."""
+        """Plan every job whose resources are known now and ask SLURM about all of them at once, so that bad input
+        stops the run before the first sbatch."""
         known = self.plan_known_jobs()
-        for _, planned in known.planned:
-            self._warn(planned.plan.request)
-        if not known.planned:
-            return
-        report = submit_check.check([planned for _, planned in known.planned], self.client)
-        for warning in report.warnings:
-            if warning not in self._warned:
-                self._warned.add(warning)
-                self.logger.warning(warning)
-        if report.unreachable:
-            self.logger.warning(f"SLURM could not be asked about the jobs before submitting: {report.unreachable}")
-        if report.errors:
-            raise InputError("\n".join(report.errors))
+        if errors := self.session.check_planned([planned for _, planned in known.planned]):
+            raise InputError("\n".join(errors))
 
     def slurm_jobs(self) -> Iterator[JobExecutorInterface]:
         """The jobs of this run that go to SLURM: needrun, not local, a group once as the group job."""
@@ -188,7 +145,7 @@ class Executor(RemoteExecutor):
                 continue
             # The inner Snakemake command is formatted at submission: formatting it now would already deploy
             # wrapper and conda sources for jobs whose inputs do not exist yet.
-            inner = "snakemake (inner, formatted at submission)" if not self.runs_directly(job, facts) else None
+            inner = "snakemake (inner, formatted at submission)" if not self.runs_directly(facts) else None
             try:
                 plan = self.plan_for(job, facts, command=inner)
             except WorkflowError as err:
@@ -199,204 +156,73 @@ class Executor(RemoteExecutor):
             known.planned.append((job, submit_check.Planned(plan, frozenset(facts.resources))))
         return known
 
-    def _warn(self, req: JobRequest) -> None:
-        for warning in set(req.warnings) - self._warned:
-            self._warned.add(warning)
-            self.logger.warning(warning)
-
     # --- command -------------------------------------------------------------------------------
-    def runs_directly(self, job: JobExecutorInterface, facts: JobFacts | None = None) -> bool:
+    def runs_directly(self, facts: JobFacts) -> bool:
         """A plain shell rule can run its formatted command without a Snakemake process inside the job."""
-        if self.settings.inner_snakemake:
-            return False
-        f = facts if facts is not None else job_facts(job)
-        return not f.needs_inner_snakemake
+        return not self.settings.inner_snakemake and not facts.needs_inner_snakemake
 
-    def command_for(self, job: JobExecutorInterface, facts: JobFacts | None = None) -> str:
-        f = facts if facts is not None else job_facts(job)
-        if not self.runs_directly(job, f):
+    def command_for(self, job: JobExecutorInterface, facts: JobFacts) -> str:
+        if not self.runs_directly(facts):
             return self.format_job_exec(job)
-        assert f.shellcmd is not None  # job_facts gives a reason to run Snakemake inside for jobs without one
-        return direct_command(f.shellcmd, f.outputs, f.logs)
+        assert facts.shellcmd is not None  # job_facts gives a reason to run Snakemake inside for jobs without one
+        return direct_command(facts.shellcmd, facts.outputs, facts.logs)
 
     # --- submission ----------------------------------------------------------------------------
     def run_job(self, job: JobExecutorInterface) -> None:
-        plan = self.plan_for(job)
-        req = plan.request
-        self._warn(req)
-        outputs = tuple(str(f) for f in job.output)
-        if (adopted := self._reattach(job, plan, outputs)) is not None:
-            self._submitted(job, plan, adopted)
-            return
-        # Written before sbatch (under a name of its own, owner-only: profiles may hold tokens) so that a refused
-        # script can be read; renamed after. Recorded before sbatch too: Ctrl-C during sbatch still finds the job.
-        folder = plan.workdir / plan.log_dir
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        pending = folder / f"{plan.job_name}.sh"
-        _write_private(pending, plan.script)
-        sub = self.registry.record(
-            Submission(
-                self.run_id,
-                req.rule,
-                dict(req.wildcards),
-                outputs,
-                plan.job_name,
-                req.attempt,
-                str(pending),
-                fingerprint=plan.fingerprint,
-            )
+        facts = job_facts(job)
+        plan = self.plan_for(job, facts)
+        upstream = (
+            [str(f) for dep in self.workflow.dag.dependencies[job] for f in dep.output]
+            if self.workflow.remote_execution_settings.immediate_submit
+            else []
         )
         try:
-            jobid = self.client.submit(pending, cwd=self.workdir, extra=self._dependencies(job), name=plan.job_name)
-        except SubmitError as err:
-            raise WorkflowError(f"rule {req.rule!r}: sbatch refused the job: {err} (script kept at {pending})") from err
-        pending.rename(plan.script_path(jobid))
-        self._submitted(
-            job, plan, self.registry.submitted(sub, jobid, str(plan.log_path(jobid)), str(plan.script_path(jobid)))
-        )
-
-    def _submitted(self, job: JobExecutorInterface, plan: JobPlan, sub: Submission) -> None:
-        assert sub.jobid is not None
-        req = plan.request
-        for f in job.output:
-            self.external_ids[str(f)] = sub.jobid
-        if sub.adopted_from is None:
-            self.logger.info(
-                f"rule {req.rule}: SLURM job {sub.jobid} ({req.nodes} node(s) x {req.gpus} GPU(s)); log {sub.log}"
-            )
-        self.tracker.expect(sub.jobid, sub.job_name)
+            sub = self.session.submit(plan, facts.outputs, rerun_reason(job), upstream)
+        except SubmitRefused as err:
+            raise WorkflowError(str(err)) from err
         aux = {"log": Path(sub.log), "script": Path(sub.script), "submission": sub}
         self.report_job_submission(SubmittedJobInfo(job, external_jobid=sub.jobid, aux=aux))
-
-    def _reattach(self, job: JobExecutorInterface, plan: JobPlan, outputs: tuple[str, ...]) -> Submission | None:
-        """An earlier run's job for the same outputs that this run adopts instead of submitting (reattach.py)."""
-        verdict = reattach.decide(
-            plan.request.rule,
-            outputs,
-            plan.fingerprint,
-            rerun_reason(job),
-            self.registry,
-            self.tracker,
-            self.workdir,
-            enabled=not self.settings.no_reattach,
-        )
-        if verdict.message:
-            (self.logger.warning if verdict.warning else self.logger.info)(verdict.message)
-        return verdict.adopt
-
-    def _dependencies(self, job: JobExecutorInterface) -> list[str]:
-        if not self.workflow.remote_execution_settings.immediate_submit:
-            return []
-        upstream = set()
-        for dep in self.workflow.dag.dependencies[job]:
-            upstream |= {self.external_ids[str(f)] for f in dep.output if str(f) in self.external_ids}
-        if not upstream:
-            return []
-        # A failed upstream job cancels this one instead of leaving it pending forever.
-        return [f"--dependency=afterok:{':'.join(sorted(upstream, key=int))}", "--kill-on-invalid-dep=yes"]
 
     # --- status --------------------------------------------------------------------------------
     async def check_active_jobs(self, active_jobs: list[SubmittedJobInfo]) -> AsyncGenerator[SubmittedJobInfo, None]:
         if not active_jobs:
             return
         async with self.status_rate_limiter:
-            outcomes = self.tracker.poll([j.external_jobid for j in active_jobs])
-        running: list[SubmittedJobInfo] = []
-        failed = False
+            outcomes = self.session.poll([(info.aux["submission"], info.job.name) for info in active_jobs])
+        running, failed = [], False
         for info in active_jobs:
             outcome = outcomes[info.external_jobid]
-            if outcome.note:
-                self.logger.info(f"SLURM job {info.external_jobid} ({info.job.name}): {outcome.note}")
             if not outcome.finished:
-                if line := self.progress.line(info.external_jobid, info.job.name, info.aux.get("log")):
-                    self.logger.info(line)
                 running.append(info)
                 yield info
                 continue
-            self.tracker.forget(info.external_jobid)
-            # Recorded before Snakemake hears of it: a reported end is never adopted by a later run (reattach.py)
-            self.registry.ended(info.aux["submission"], "success" if outcome.success else "failed")
-            if outcome.success:
+            ended = self.session.end(info.aux["submission"], outcome)
+            if ended.success:
                 self.report_job_success(info)
             else:
-                if outcome.failed_node:  # --retries: the next attempt avoids the node this one failed on
-                    key = tuple(str(f) for f in info.job.output)
-                    self.failed_nodes[key] = (*self.failed_nodes.get(key, ()), outcome.failed_node)
                 log = info.aux.get("log")
-                tail = _failure_lines(Path(log), outcome.failed_node) if log else ""
-                self.report_job_error(
-                    info,
-                    msg=f"SLURM job {info.external_jobid} failed: {outcome.describe()}; log: {log}{tail} ",
-                    aux_logs=[str(log)] if log else [],
-                )
+                self.report_job_error(info, msg=ended.message, aux_logs=[str(log)] if log else [])
                 failed = True
         if failed and not self.workflow.execution_settings.keep_going:
             # Snakemake itself would wait for every running job (days, for a training) and only then exit on the
             # error; nobody wants their results any more: end them now, and Snakemake exits once they are reported.
             with self.lock:  # jobs submitted since this cycle began
                 newer = list(self.active_jobs)
-            self._cancel({j.external_jobid for j in (*running, *newer)}, "a job failed and --keep-going is off")
+            ids = {j.external_jobid for j in (*running, *newer)}
+            self.session.cancel(ids, "a job failed and --keep-going is off")
 
     def shutdown(self) -> None:
         with self.lock:
             left = list(self.active_jobs)
-        if left and not self.workflow.remote_execution_settings.immediate_submit:
+        queued = self.workflow.remote_execution_settings.immediate_submit
+        if left and not queued:
             # Snakemake exits on an executor error (sbatch refused a job) with jobs still running: no one would
             # watch them (snakemake-executor-plugin-slurm #320). Nothing is left after a normal end.
-            self._cancel({j.external_jobid for j in left}, "Snakemake is exiting on an error")
+            self.session.cancel({j.external_jobid for j in left}, "Snakemake is exiting on an error")
         super().shutdown()
-        if self.settings.efficiency_report:  # after the last job: its sacct record is (nearly) final
-            queued = self.workflow.remote_execution_settings.immediate_submit
-            for line in efficiency.end_of_run(self.workdir, self.run_id, self.client, queued=queued):
-                self.logger.info(line)
+        self.session.report(queued)
 
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
-        """Ctrl-C, or Snakemake ending on an error: cancel exactly this run's jobs. The registry also knows a job
-        whose sbatch was still in flight (found by its unique name) and jobs Snakemake no longer tracks."""
-        ids = {j.external_jobid for j in active_jobs}
-        ids |= {sub.jobid for sub in self.registry.mine() if sub.jobid is not None}
-        self._cancel(ids)
-
-    def _cancel(self, ids: set[str], why: str = "") -> None:
-        """scancel these jobs of this run, and any of its jobs whose sbatch reply has not come (by unique name);
-        each job once per run."""
-        names = [sub.job_name for sub in self.registry.mine() if sub.jobid is None]
-        ids |= set(self.client.find_by_names(names)) if names else set()
-        todo = sorted(ids - self._cancelled, key=int)
-        if todo:
-            self._cancelled |= set(todo)
-            self.logger.info(f"cancelling SLURM jobs {' '.join(todo)}" + (f" ({why})" if why else ""))
-            self.client.cancel(todo)
-
-
-def _last_lines(log: Path, count: int = 12) -> str:
-    """The end of the job's log (the failing rank's last words) for the error message, indented."""
-    tail = read_tail(log, 16384)
-    lines = tail.decode(errors="replace").splitlines()[-count:] if tail else []
-    return "\nlast lines of the log:\n" + "\n".join(f"    {line}" for line in lines) if lines else ""
-
-
-def _failure_lines(log: Path, node: str | None) -> str:
-    """The last lines of the rank that failed first on the failing node (torchrun's root cause names it; its
-    labelled lines are in the node's file beside the job log, of the newest run), then the end of the job log (the
-    launcher's verdict); the job log's end alone when there is no node file."""
-    ours = sorted(
-        log.parent.glob(f"{glob.escape(log.name.removesuffix('.log'))}*.{glob.escape(node)}.out") if node else (),
-        key=lambda p: p.stat().st_mtime,
-    )
-    if not ours or node is None:
-        return _last_lines(log)
-    tail = read_tail(ours[-1], 65536)
-    if tail is None:
-        return _last_lines(log)
-    who, lines = failing_rank_lines(tail.decode(errors="replace"), node, 10)
-    if not lines:
-        return _last_lines(log)
-    quoted = "\n".join(f"    {line}" for line in lines)
-    return f"\nlast lines of {who} ({ours[-1]}):\n{quoted}" + _last_lines(log, 5)
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
+        """Ctrl-C, or Snakemake ending on an error: cancel exactly this run's jobs (also one whose sbatch was still
+        in flight, and jobs Snakemake no longer tracks)."""
+        self.session.cancel_all(j.external_jobid for j in active_jobs)

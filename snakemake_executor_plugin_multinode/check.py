@@ -78,7 +78,7 @@ def inspect(argv: Sequence[str], task: Callable[[Executor], Any]) -> Outcome:
                 if self._tmpdir is not None:  # made by formatting an inner Snakemake command
                     shutil.rmtree(self._tmpdir, ignore_errors=True)
                 try:
-                    self.registry.folder.rmdir()  # this run submitted nothing: no record of it
+                    self.session.registry.folder.rmdir()  # this run submitted nothing: no record of it
                 except OSError:
                     pass
             raise _Stop(value)
@@ -107,7 +107,7 @@ class Checked:
 def _check(executor: Executor) -> Checked:
     known = executor.plan_known_jobs(stop_at_error=False)
     planned = [p for _, p in known.planned]
-    report = submit_check.check(planned, executor.client) if planned else submit_check.Report()
+    report = submit_check.check(planned, executor.session.client) if planned else submit_check.Report()
     warnings = list(dict.fromkeys(w for p in planned for w in p.plan.request.warnings))
     return Checked(known, report, warnings + report.warnings)
 
@@ -224,7 +224,7 @@ def _preview(rule: str, wildcards: dict[str, str]) -> Callable[[Executor], Previ
             plan = executor.plan_for(unit, facts)  # the real command: inner Snakemake formatted as at submission
         except WorkflowError as err:
             return Preview(None, [str(err)])
-        launch = launch_preview(plan, executor.planner.profiles, facts.shellcmd)  # `multinode torchrun`'s step
+        launch = launch_preview(plan, executor.session.planner.profiles, facts.shellcmd)  # `multinode torchrun`'s step
         return Preview(plan.script, notes + [f"warning: {w}" for w in plan.request.warnings], launch)
 
     return task

@@ -327,14 +327,14 @@ def test_plain_shell_job_runs_directly(kinds: Planned) -> None:
     assert facts.resources["mem_mb"] == 100 and facts.resources["gpus"] == 1
     assert not any(k.startswith("_") for k in facts.resources)
     assert not facts.needs_inner_snakemake
-    assert kinds.executor.runs_directly(job)
-    assert kinds.executor.command_for(job).splitlines() == [
+    assert kinds.executor.runs_directly(job_facts(job))
+    assert kinds.executor.command_for(job, job_facts(job)).splitlines() == [
         "set -euo pipefail",
         "rm -rf -- shell/x.txt",
         "mkdir -p -- logs/shell shell",
         "echo x > shell/x.txt 2> logs/shell/x.log",
     ]
-    req = kinds.executor.plan_for(job).request
+    req = kinds.executor.plan_for(job, job_facts(job)).request
     assert (req.rule, req.threads, req.gpus, req.wildcards) == ("shell", 2, 1, (("sample", "x"),))
 
 
@@ -362,7 +362,7 @@ def test_jobs_that_need_snakemake_inside(kinds: Planned, rule: str, reason: str)
     facts = job_facts(job)
     assert facts.inner_snakemake_reason == reason
     assert facts.needs_inner_snakemake and not facts.is_group and facts.name == rule
-    assert not kinds.executor.runs_directly(job)
+    assert not kinds.executor.runs_directly(job_facts(job))
     if facts.shellcmd is None:
         assert job.shellcmd is None
 
@@ -371,13 +371,13 @@ def test_inner_snakemake_command_and_setting(kinds: Planned, monkeypatch: pytest
     executor = kinds.executor
     # Snakemake makes the inner command's temporary folder under ./.snakemake: run where the workflow is, as a run
     monkeypatch.chdir(executor.workdir)
-    command = executor.command_for(kinds.job("conda"))
+    command = executor.command_for(kinds.job("conda"), job_facts(kinds.job("conda")))
     assert "--target-jobs" in command and "conda:" in command  # Snakemake's own `--mode remote` command
     settings = executor.settings
     executor.settings = dataclasses.replace(settings, inner_snakemake=True)  # --multinode-inner-snakemake
     try:
-        assert not executor.runs_directly(kinds.job("shell"))
-        assert "--target-jobs" in executor.command_for(kinds.job("shell"))
+        assert not executor.runs_directly(job_facts(kinds.job("shell")))
+        assert "--target-jobs" in executor.command_for(kinds.job("shell"), job_facts(kinds.job("shell")))
     finally:
         executor.settings = settings
 
@@ -392,7 +392,7 @@ def test_group_jobs(kinds: Planned) -> None:
         assert facts.name == f"group_{group.name}" and all(r in facts.name for r in rules)
         assert facts.wildcards == {} and facts.shellcmd is None and facts.declared_nodes is None
         assert facts.threads >= 1 and facts.attempt == 1
-        assert not kinds.executor.runs_directly(group)
+        assert not kinds.executor.runs_directly(job_facts(group))
     assert job_facts(groups[frozenset({"g1", "g2"})]).outputs == ("g2.txt",)
     assert job_facts(groups[frozenset({"producer", "consumer"})]).outputs == ("consumer.txt",)
 
@@ -402,11 +402,11 @@ def test_declared_nodes_capped_by_global_resources(kinds: Planned) -> None:
     assert job.resources["nodes"] == 1  # --resources nodes=1 capped the job ...
     assert job_facts(job).declared_nodes == 3  # ... but the rule asked for 3
     warning = "rule 'nodes' asks for nodes=3 but gets 1"
-    req = kinds.executor.plan_for(job).request
+    req = kinds.executor.plan_for(job, job_facts(job)).request
     assert req.nodes == 1
     assert any(w.startswith(warning) for w in req.warnings)
     # the Executor already warned while validating the planned jobs, before any submission
-    assert any(w.startswith(warning) for w in kinds.executor._warned)
+    assert any(w.startswith(warning) for w in kinds.executor.session._said)
 
 
 def test_declared_nodes_other_forms(kinds: Planned) -> None:
@@ -467,4 +467,4 @@ def test_a_renamed_attribute_raises(kinds: Planned, missing: str) -> None:
     with pytest.raises(AttributeError, match=missing):
         job_facts(_Renamed(job, missing))
     with pytest.raises(AttributeError, match=missing):
-        kinds.executor.runs_directly(_Renamed(job, missing))
+        kinds.executor.runs_directly(job_facts(_Renamed(job, missing)))

@@ -1,0 +1,204 @@
+"""One run of a workflow, as the plugin lives it: plan, submit, watch, end. The Snakemake adapter's only partner.
+
+The adapter reads each Snakemake job once (its facts) and hands over plain values; everything the plugin decides
+(reattach, the submission sequence, what a status cycle reports, the failure message, cancellation) is here, so
+that the adapter only translates. Submission is a short fixed sequence of small steps (as submitit's core): plan ->
+reattach or [write the script, record, sbatch, record the job id] -> track.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.planning import submit_check
+from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
+from snakemake_executor_multinode.planning.request import refuse_container_directive
+from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError
+from snakemake_executor_multinode.watching import reattach, report
+from snakemake_executor_multinode.watching.failure import failure_message
+from snakemake_executor_multinode.watching.progress import ProgressLines
+from snakemake_executor_multinode.watching.registry import Registry, Submission
+from snakemake_executor_multinode.watching.tracker import Outcome, Tracker
+
+Say = Callable[[str], None]
+
+
+class SubmitRefused(RuntimeError):
+    """sbatch refused the job; the message names the rule and where the script was kept."""
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A job this run saw end, as Snakemake is told of it."""
+
+    submission: Submission
+    success: bool
+    message: str = ""  # the failure's description and the failing rank's last lines; "" on success
+
+
+@dataclass
+class Session:
+    settings: Settings
+    workdir: Path
+    info: Say = print
+    warning: Say = print
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    def __post_init__(self) -> None:
+        self.planner = Planner(self.settings, self.workdir, self.run_id)  # EnvProfileError, SettingsError
+        # Owner-only: job scripts carry profile values (tokens), logs carry what the training prints.
+        for private in (self.workdir / protocol.STATE_ROOT, self.workdir / self.settings.logdir):
+            private.mkdir(parents=True, exist_ok=True)
+            private.chmod(0o700)
+        (self.workdir / protocol.STATE_DIR).mkdir(exist_ok=True, mode=0o700)
+        self.registry = Registry(self.workdir, self.run_id)
+        self.client = SlurmClient(
+            retry=RetryPolicy(total_seconds=self.settings.slurm_retry_seconds), notify=self.warning
+        )
+        self.tracker = Tracker(self.workdir / protocol.STATE_DIR, self.client, self.settings.sweep_seconds)
+        self.progress = ProgressLines(self.settings.progress_seconds)  # training progress: a file read, no SLURM
+        self.job_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)
+        self.failed_nodes: dict[tuple[str, ...], tuple[str, ...]] = {}  # job outputs -> nodes its attempts failed on
+        self._said: set[str] = set()
+        self._cancelled: set[str] = set()  # job ids this run has cancelled
+
+    # --- planning -------------------------------------------------------------------------------------------
+    def plan(
+        self, job: RuleJob, outputs: Sequence[str], container_image: str | None = None, shellcmd: str | None = None
+    ) -> JobPlan:
+        """The job's plan, exactly as `multinode preview`/`check` make it; RequestError on bad input. A retry
+        (attempt > 1) avoids the nodes the earlier attempts of the same outputs failed on."""
+        if container_image is not None:  # Snakemake's container: directive (request.py decides)
+            refuse_container_directive(job.rule, container_image, job.resources.get("nodes"), shellcmd)
+        avoid = self.failed_nodes.get(tuple(outputs), ()) if job.attempt > 1 else ()
+        return self.planner.plan(replace(job, avoid_nodes=avoid))
+
+    def warn_once(self, warnings: Iterable[str]) -> None:
+        for warning in warnings:
+            if warning not in self._said:
+                self._said.add(warning)
+                self.warning(warning)
+
+    def check_planned(self, planned: Sequence[submit_check.Planned]) -> list[str]:
+        """Ask SLURM about every planned job before the first submission (one `sbatch --test-only` per resource
+        shape, the account); its warnings are said, its errors returned."""
+        for p in planned:
+            self.warn_once(p.plan.request.warnings)
+        if not planned:
+            return []
+        found = submit_check.check(planned, self.client)
+        self.warn_once(found.warnings)
+        if found.unreachable:
+            self.warning(f"SLURM could not be asked about the jobs before submitting: {found.unreachable}")
+        return found.errors
+
+    # --- submission -----------------------------------------------------------------------------------------
+    def submit(self, plan: JobPlan, outputs: Sequence[str], reason: reattach.RunReason, upstream: Iterable[str] = ()) \
+            -> Submission:  # fmt: skip
+        """Adopt an earlier run's job (reattach.py) or submit the plan; `upstream`: the outputs of the jobs this one
+        waits for (--immediate-submit: afterok on their SLURM jobs). SubmitRefused when sbatch refuses."""
+        self.warn_once(plan.request.warnings)
+        outputs = tuple(outputs)
+        verdict = reattach.decide(
+            plan.request.rule, outputs, plan.fingerprint, reason, self.registry, self.tracker, self.workdir,
+            enabled=not self.settings.no_reattach,
+        )  # fmt: skip
+        if verdict.message:
+            (self.warning if verdict.warning else self.info)(verdict.message)
+        sub = verdict.adopt or self._sbatch(plan, outputs, self._dependencies(upstream))
+        assert sub.jobid is not None
+        self.job_ids.update((f, sub.jobid) for f in outputs)
+        self.tracker.expect(sub.jobid, sub.job_name)
+        return sub
+
+    def _sbatch(self, plan: JobPlan, outputs: tuple[str, ...], extra: list[str]) -> Submission:
+        req = plan.request
+        # Written before sbatch (under a name of its own, owner-only: profiles may hold tokens) so that a refused
+        # script can be read; renamed after. Recorded before sbatch too: Ctrl-C during sbatch still finds the job.
+        folder = plan.workdir / plan.log_dir
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        pending = folder / f"{plan.job_name}.sh"
+        _write_private(pending, plan.script)
+        sub = self.registry.record(
+            Submission(
+                self.run_id, req.rule, dict(req.wildcards), outputs, plan.job_name, req.attempt, str(pending),
+                fingerprint=plan.fingerprint,
+            )
+        )  # fmt: skip
+        try:
+            jobid = self.client.submit(pending, cwd=self.workdir, extra=extra, name=plan.job_name)
+        except SubmitError as err:
+            raise SubmitRefused(f"rule {req.rule!r}: sbatch refused the job: {err} (script kept at {pending})") from err
+        script = plan.script_path(jobid)
+        pending.rename(script)
+        sub = self.registry.submitted(sub, jobid, str(plan.log_path(jobid)), str(script))
+        self.info(f"rule {req.rule}: SLURM job {jobid} ({req.nodes} node(s) x {req.gpus} GPU(s)); log {sub.log}")
+        return sub
+
+    def _dependencies(self, upstream: Iterable[str]) -> list[str]:
+        ids = {self.job_ids[f] for f in upstream if f in self.job_ids}
+        if not ids:
+            return []
+        # A failed upstream job cancels this one instead of leaving it pending forever.
+        return [f"--dependency=afterok:{':'.join(sorted(ids, key=int))}", "--kill-on-invalid-dep=yes"]
+
+    # --- watching -------------------------------------------------------------------------------------------
+    def poll(self, jobs: Sequence[tuple[Submission, str]]) -> dict[str, Outcome]:
+        """One status cycle over (submission, label) pairs: news of running jobs (requeues, progress) is said;
+        returns every job's outcome by job id."""
+        outcomes = self.tracker.poll([sub.jobid for sub, _ in jobs if sub.jobid is not None])
+        for sub, label in jobs:
+            assert sub.jobid is not None
+            outcome = outcomes[sub.jobid]
+            if outcome.note:
+                self.info(f"SLURM job {sub.jobid} ({label}): {outcome.note}")
+            if not outcome.finished and (line := self.progress.line(sub.jobid, label, sub.log)):
+                self.info(line)
+        return outcomes
+
+    def end(self, sub: Submission, outcome: Outcome) -> Ended:
+        """A job's end, recorded (before Snakemake hears of it: a reported end is never adopted by a later run),
+        with the failure's message; a retry of the same outputs avoids the node this attempt failed on."""
+        assert sub.jobid is not None
+        self.tracker.forget(sub.jobid)
+        self.registry.ended(sub, "success" if outcome.success else "failed")
+        if outcome.success:
+            return Ended(sub, True)
+        if outcome.failed_node:
+            self.failed_nodes[sub.outputs] = (*self.failed_nodes.get(sub.outputs, ()), outcome.failed_node)
+        return Ended(sub, False, failure_message(sub.jobid, outcome, Path(sub.log) if sub.log else None))
+
+    # --- the end --------------------------------------------------------------------------------------------
+    def cancel(self, ids: Iterable[str], why: str = "") -> None:
+        """scancel these jobs of this run, and any of its jobs whose sbatch reply has not come (by unique name);
+        each job once per run."""
+        ids = set(ids)
+        names = [sub.job_name for sub in self.registry.mine() if sub.jobid is None]
+        ids |= set(self.client.find_by_names(names)) if names else set()
+        todo = sorted(ids - self._cancelled, key=int)
+        if todo:
+            self._cancelled |= set(todo)
+            self.info(f"cancelling SLURM jobs {' '.join(todo)}" + (f" ({why})" if why else ""))
+            self.client.cancel(todo)
+
+    def cancel_all(self, ids: Iterable[str] = ()) -> None:
+        """Ctrl-C: every job this run submitted (the registry knows those Snakemake no longer tracks)."""
+        self.cancel({*ids, *(sub.jobid for sub in self.registry.mine() if sub.jobid is not None)})
+
+    def report(self, queued: bool) -> None:
+        """The efficiency report, when the setting asks for it: after the last job (its sacct record is final)."""
+        if self.settings.efficiency_report:
+            for line in report.end_of_run(self.workdir, self.run_id, self.client, queued=queued):
+                self.info(line)
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
