@@ -220,36 +220,53 @@ def with_rank_logs(torchrun: Sequence[str], log_dir: str) -> list[str]:
 
 
 def run(torchrun: Sequence[str], nproc: int, dynamic: bool, env: dict[str, str], echo: bool = False) -> int:
+    """Run this node's torchrun with every line labelled into the node's file; torchrun's exit code."""
     node = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     node_rank = int(env.get("SLURM_NODEID", "0"))
-    stem = log_stem(env)
     user_dir = option_value(torchrun, "--log-dir", "--log_dir")
     root = Path(user_dir) if user_dir else Path(tempfile.mkdtemp(prefix=f"multinode-{node}-"))
     shown = option_value(torchrun, "--local-ranks-filter", "--local_ranks_filter")
     shown_ranks = {int(r) for r in shown.split(",") if r.strip().isdigit()} if shown else None
+    out = Labeller(_node_file(env, node), echo)
+    agent = (Source(f"[{node}] ".encode(), 1), Source(f"[{node}] ".encode(), 2))
+    out.write(agent[1], f"[multinode torchrun] launching on {node}, node_rank={node_rank}\n".encode())
+    cmd = torchrun if user_dir else with_rank_logs(torchrun, str(root))
+    # Unbuffered workers: a rank's lines reach its file (and the job log) as it prints them, not 8 KiB later.
+    proc = subprocess.Popen(
+        list(cmd), env={"PYTHONUNBUFFERED": "1", **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
     def rank(local: int, attempt: int) -> int | None:
         if not dynamic:  # static rendezvous: torchrun ranks node after node
             return node_rank * nproc + local
         return rank_of_worker(proc.pid, local, attempt)  # the rendezvous picked it; None until the worker runs
 
-    cmd = torchrun if user_dir else with_rank_logs(torchrun, str(root))
-    # Unbuffered workers: a rank's lines reach its file (and the job log) as it prints them, not 8 KiB later.
-    child_env = {"PYTHONUNBUFFERED": "1", **env}
-    node_file = Path(protocol.node_log(stem, node)) if stem else None
-    if node_file:
-        node_file.parent.mkdir(parents=True, exist_ok=True)
-    out = Labeller(node_file, echo)
-    agent = (Source(f"[{node}] ".encode(), 1), Source(f"[{node}] ".encode(), 2))
-    out.write(agent[1], f"[multinode torchrun] launching on {node}, node_rank={node_rank}\n".encode())
-    proc = subprocess.Popen(list(cmd), env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    pipes = {proc.stdout.fileno(): agent[0], proc.stderr.fileno(): agent[1]}
+    _handle_signals(proc)
     files = RankFiles(root, node, rank, lambda local: shown_ranks is None or local in shown_ranks)
+    try:
+        code = _follow(proc, agent, files, out)
+    finally:
+        if not user_dir:
+            shutil.rmtree(root, ignore_errors=True)
+    return code if code >= 0 else 128 - code
+
+
+def _node_file(env: Mapping[str, str], node: str) -> Path | None:
+    stem = log_stem(env)
+    if not stem:
+        return None
+    path = Path(protocol.node_log(stem, node))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _handle_signals(proc: subprocess.Popen) -> None:
+    """SIGTERM/SIGINT go to torchrun (it stops its workers; the reading goes on until it is gone); USR2 to torchrun
+    and everything below it."""
 
     def forward(signum: int, _frame: object) -> None:
         if proc.poll() is None:
-            proc.send_signal(signum)  # torchrun stops its workers; we keep reading until it is gone
+            proc.send_signal(signum)
 
     def pass_on(signum: int, _frame: object) -> None:
         # torchrun's agent ignores it (inherited) and its workers checkpoint; a container runtime's client (podman)
@@ -264,21 +281,23 @@ def run(torchrun: Sequence[str], nproc: int, dynamic: bool, env: dict[str, str],
         signal.signal(sig, forward)
     # torchrun started with USR2 ignored (set in main, inherited); from here on this process passes it on
     signal.signal(signal.SIGUSR2, pass_on)
-    try:
-        while pipes:
-            for fd in select.select(list(pipes), [], [], POLL_S)[0]:
-                data = os.read(fd, 1 << 16)
-                if data:
-                    out.feed(pipes[fd], data)
-                else:
-                    out.close(pipes.pop(fd))
-            files.poll(out)
-        code = proc.wait()
-        files.close(out)
-    finally:
-        if not user_dir:
-            shutil.rmtree(root, ignore_errors=True)
-    return code if code >= 0 else 128 - code
+
+
+def _follow(proc: subprocess.Popen, agent: tuple[Source, Source], files: RankFiles, out: Labeller) -> int:
+    """Read torchrun's own output and the rank files until torchrun has ended and everything is drained."""
+    assert proc.stdout is not None and proc.stderr is not None
+    pipes = {proc.stdout.fileno(): agent[0], proc.stderr.fileno(): agent[1]}
+    while pipes:
+        for fd in select.select(list(pipes), [], [], POLL_S)[0]:
+            data = os.read(fd, 1 << 16)
+            if data:
+                out.feed(pipes[fd], data)
+            else:
+                out.close(pipes.pop(fd))
+        files.poll(out)
+    code = proc.wait()
+    files.close(out)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -355,47 +355,63 @@ def _gpus(rule: str, r: Mapping[str, Any], nodes: int, warnings: list[str]) -> t
     """GPUs per node and GPU type from gpus (ours, per node), gpu (official: per JOB), gres (gpu[:type][:N], per node
     as in SLURM), gpu_type (ours), gpu_model (official). Sources that are given must agree."""
     per_node: dict[str, int] = {}
+    types: dict[str, str] = {}
     if _given(r, "gpus"):
         per_node["gpus"] = _int(rule, "gpus", r["gpus"], 0, "a non-negative integer (GPUs PER NODE)")
     if _given(r, "gpu"):
-        total = _int(
-            rule, "gpu", r["gpu"], 0, "a non-negative integer (GPUs for the whole job, as in the official SLURM plugin)"
-        )
-        if total % nodes:
-            raise RequestError(
-                rule,
-                "gpu",
-                r["gpu"],
-                f"gpu is GPUs for the whole job (the official plugin's meaning) and must split evenly over "
-                f"nodes={nodes}; use a multiple of {nodes}, or gpus=N (GPUs per node)",
-            )
-        per_node["gpu"] = total // nodes
-        if nodes > 1 and total:
-            warnings.append(
-                f"rule {rule!r}: gpu={total} is per job (official plugin's meaning) -> gpus={total // nodes} per node "
-                f"on {nodes} nodes"
-            )
-    types: dict[str, str] = {}
+        per_node["gpu"] = _gpu_per_job(rule, r["gpu"], nodes, warnings)
     if _given(r, "gres"):
-        m = _GRES_GPU.match(str(r["gres"]).strip())
-        if not m:
-            raise RequestError(
-                rule,
-                "gres",
-                r["gres"],
-                "only GPUs: gpu, gpu:N or gpu:TYPE:N (N GPUs per node, as --gres counts); other generic resources "
-                "are not supported (the plugin writes --gres itself); request node features with constraint",
-            )
-        gtype, count = m.group("type"), m.group("count")
-        if gtype and gtype.isdigit() and count is None:
-            gtype, count = None, gtype
-        per_node["gres"] = int(count) if count is not None else 1
-        if gtype:
-            types["gres"] = gtype
+        per_node["gres"], gres_type = _gres(rule, r["gres"])
+        if gres_type:
+            types["gres"] = gres_type
     for key in ("gpu_type", "gpu_model"):
         value = _text(rule, key, r.get(key), _GPU_TYPE, "a GPU type as in gres, e.g. a100: letters, digits and _ . -")
         if value:
             types[key] = value
+    _agree(rule, r, nodes, per_node, types)
+    return next(iter(per_node.values()), 0), next(iter(types.values()), None)
+
+
+def _gpu_per_job(rule: str, value: Any, nodes: int, warnings: list[str]) -> int:
+    """The official plugin's gpu=N (GPUs for the whole job) as GPUs per node."""
+    total = _int(
+        rule, "gpu", value, 0, "a non-negative integer (GPUs for the whole job, as in the official SLURM plugin)"
+    )
+    if total % nodes:
+        raise RequestError(
+            rule,
+            "gpu",
+            value,
+            f"gpu is GPUs for the whole job (the official plugin's meaning) and must split evenly over "
+            f"nodes={nodes}; use a multiple of {nodes}, or gpus=N (GPUs per node)",
+        )
+    if nodes > 1 and total:
+        warnings.append(
+            f"rule {rule!r}: gpu={total} is per job (official plugin's meaning) -> gpus={total // nodes} per node "
+            f"on {nodes} nodes"
+        )
+    return total // nodes
+
+
+def _gres(rule: str, value: Any) -> tuple[int, str | None]:
+    """gres=gpu[:type][:N] (per node, as --gres counts) as (count, type)."""
+    m = _GRES_GPU.match(str(value).strip())
+    if not m:
+        raise RequestError(
+            rule,
+            "gres",
+            value,
+            "only GPUs: gpu, gpu:N or gpu:TYPE:N (N GPUs per node, as --gres counts); other generic resources "
+            "are not supported (the plugin writes --gres itself); request node features with constraint",
+        )
+    gtype, count = m.group("type"), m.group("count")
+    if gtype and gtype.isdigit() and count is None:
+        gtype, count = None, gtype
+    return (int(count) if count is not None else 1), gtype
+
+
+def _agree(rule: str, r: Mapping[str, Any], nodes: int, per_node: dict[str, int], types: dict[str, str]) -> None:
+    """The GPU counts and types given in several keys must say the same; a model needs a count."""
     if len(set(per_node.values())) > 1:
         (first, n_first), *rest = per_node.items()
         second, n_second = next((k, v) for k, v in rest if v != n_first)
@@ -421,8 +437,6 @@ def _gpus(rule: str, r: Mapping[str, Any], nodes: int, warnings: list[str]) -> t
             r["gpu_model"],
             "a GPU model needs a GPU count: gpu=N (GPUs for the whole job) or gpus=N (per node)",
         )
-    gpus = next(iter(per_node.values()), 0)
-    return gpus, next(iter(types.values()), None)
 
 
 def _tasks(rule: str, r: Mapping[str, Any], nodes: int) -> None:
@@ -493,14 +507,65 @@ def build_request(
     r = dict(resources)
     warnings: list[str] = []
     _check_keys(rule, r, defaults, warnings)
-    nodes = _int(rule, "nodes", r.get("nodes", 1), 1, "a positive integer (number of nodes)")
-    if isinstance(declared_nodes, int) and declared_nodes > nodes:
-        warnings.append(
-            f"rule {rule!r} asks for nodes={declared_nodes} but gets {nodes}: Snakemake's "
-            f"--resources nodes=... caps every job; raise it or drop it to run on {declared_nodes}"
-        )
+    nodes = _nodes(rule, r, declared_nodes, warnings)
     _tasks(rule, r, nodes)
     gpus, gpu_type = _gpus(rule, r, nodes, warnings)
+    mem_mb, mem_cpu = _mem_mb(rule, r), _mem_mb_per_cpu(rule, r)
+    runtime_min = _runtime(rule, r, warnings)
+    name = "a SLURM name: letters, digits and _ . : + -"
+    return JobRequest(
+        rule=rule,
+        wildcards=tuple((str(k), str(v)) for k, v in (wildcards or {}).items()),
+        nodes=nodes,
+        gpus=gpus,
+        gpu_type=gpu_type,
+        gpu_flag=_gpu_flag(rule, r, defaults),
+        cpus_per_task=_cpus(rule, r, threads, gpus),
+        threads=threads,
+        mem_mb=None if mem_cpu else mem_mb,
+        mem_mb_per_cpu=mem_cpu,
+        runtime_min=runtime_min,
+        partition=_text(
+            rule,
+            "slurm_partition",
+            r.get("slurm_partition", defaults.partition),
+            _NAMES,
+            f"{name}; several: comma-separated",
+        ),  # fmt: skip
+        account=_text(rule, "slurm_account", r.get("slurm_account", defaults.account), _NAME, name),
+        qos=_text(rule, "qos", r.get("qos"), _NAME, name),
+        reservation=_text(rule, "slurm_reservation", r.get("slurm_reservation", defaults.reservation), _NAME, name),
+        constraint=_text(
+            rule,
+            "constraint",
+            r.get("constraint"),
+            _CONSTRAINT,
+            "a SLURM feature expression, e.g. 'a100&ib' or '[rack1|rack2]'",
+        ),  # fmt: skip
+        nodelist=_text(rule, "nodelist", r.get("nodelist"), _HOSTLIST, "a host list like node[110-111],node5"),
+        exclude=_text(rule, "exclude", r.get("exclude"), _HOSTLIST, "a host list like node[110-111],node5"),
+        signal=_signal(rule, r, defaults, training=nodes > 1 or gpus > 0, runtime_min=runtime_min, warnings=warnings),
+        env_profile=env_profile,
+        master_port=_master_port(rule, r),
+        slurm_extra=_slurm_extra(rule, r.get("slurm_extra")),
+        max_requeues=max(0, defaults.max_requeues),
+        attempt=attempt,
+        warnings=tuple(warnings),
+    )
+
+
+def _nodes(rule: str, r: Mapping[str, Any], declared: int | None, warnings: list[str]) -> int:
+    nodes = _int(rule, "nodes", r.get("nodes", 1), 1, "a positive integer (number of nodes)")
+    if isinstance(declared, int) and declared > nodes:
+        warnings.append(
+            f"rule {rule!r} asks for nodes={declared} but gets {nodes}: Snakemake's "
+            f"--resources nodes=... caps every job; raise it or drop it to run on {declared}"
+        )
+    return nodes
+
+
+def _cpus(rule: str, r: Mapping[str, Any], threads: int, gpus: int) -> int:
+    """CPUs of the one task on each node: cpus_per_task, or cpus_per_gpu x gpus, or the rule's threads."""
     default_cpus = max(threads, gpus, 1)
     if _given(r, "cpus_per_gpu"):
         # official meaning: CPUs per GPU; 0 or less: not set. One task holds all of a node's GPUs.
@@ -528,33 +593,41 @@ def build_request(
         raise RequestError(
             rule, "cpus_per_task", cpus, f"must be at least gpus={gpus}: each GPU process needs one CPU or more"
         )
-    mem_mb = _mem_mb(rule, r)
-    mem_cpu = r.get("mem_mb_per_cpu")
-    mem_cpu = (
-        None
-        if mem_cpu in (None, "", 0)
-        else _int(rule, "mem_mb_per_cpu", mem_cpu, 1, "a positive integer (MB per CPU)")
-    )
+    return cpus
+
+
+def _mem_mb_per_cpu(rule: str, r: Mapping[str, Any]) -> int | None:
+    value = r.get("mem_mb_per_cpu")
+    return None if value in (None, "", 0) else _int(rule, "mem_mb_per_cpu", value, 1, "a positive integer (MB per CPU)")
+
+
+def _runtime(rule: str, r: Mapping[str, Any], warnings: list[str]) -> int | None:
     runtime = r.get("runtime")
-    runtime_min = None
-    if runtime not in (None, ""):
-        try:
-            runtime_min, note = read_runtime(runtime)
-        except ValueError as err:
-            raise RequestError(
-                rule,
-                "runtime",
-                runtime,
-                "minutes (int) or a duration as Snakemake reads it: one number and one unit, e.g. '90', '2h', "
-                f"'1.5d', '2 days', '30min'{runtime_hint(runtime)}",
-            ) from err
-        if note:
-            warnings.append(f"rule {rule!r}: {note} -> {runtime_min} min")
+    if runtime in (None, ""):
+        return None
+    try:
+        minutes, note = read_runtime(runtime)
+    except ValueError as err:
+        raise RequestError(
+            rule,
+            "runtime",
+            runtime,
+            "minutes (int) or a duration as Snakemake reads it: one number and one unit, e.g. '90', '2h', "
+            f"'1.5d', '2 days', '30min'{runtime_hint(runtime)}",
+        ) from err
+    if note:
+        warnings.append(f"rule {rule!r}: {note} -> {minutes} min")
+    return minutes
+
+
+def _signal(
+    rule: str, r: Mapping[str, Any], defaults: Settings, training: bool, runtime_min: int | None, warnings: list[str]
+) -> str | None:
     # The pre-time-limit signal is for training (GPU or multi-node) jobs; in a plain job USR2's default action
     # would only end the command two minutes early.
-    signal = r.get("signal", defaults.signal if nodes > 1 or gpus > 0 else None)
+    signal = r.get("signal", defaults.signal if training else None)
     if signal in ("none", "off", False):
-        signal = None
+        return None
     signal = _text(rule, "signal", signal, _SIGNAL, "SLURM's --signal form, e.g. USR2@120, B:USR2@90, or 'none'")
     if signal and runtime_min and "@" in signal:
         lead = int(signal.rsplit("@", 1)[1])
@@ -564,50 +637,19 @@ def build_request(
                 f"rule {rule!r}: signal {signal} with runtime {runtime_min} min: the signal arrives "
                 "within 30 s of every start, so a checkpoint-and-requeue job would make no progress"
             )
+    return signal
+
+
+def _gpu_flag(rule: str, r: Mapping[str, Any], defaults: Settings) -> str:
     gpu_flag = r.get("gpu_flag", defaults.gpu_flag)
     if gpu_flag not in ("gres", "gpus-per-node"):
         raise RequestError(rule, "gpu_flag", gpu_flag, "'gres' or 'gpus-per-node'")
+    return str(gpu_flag)
+
+
+def _master_port(rule: str, r: Mapping[str, Any]) -> int | None:
     port = r.get("master_port")
     port = None if port in (None, "") else _int(rule, "master_port", port, 1024, "a port number 1024..65535")
     if port is not None and port > 65535:
         raise RequestError(rule, "master_port", port, "a port number 1024..65535")
-    name = "a SLURM name: letters, digits and _ . : + -"
-    return JobRequest(
-        rule=rule,
-        wildcards=tuple((str(k), str(v)) for k, v in (wildcards or {}).items()),
-        nodes=nodes,
-        gpus=gpus,
-        gpu_type=gpu_type,
-        gpu_flag=gpu_flag,
-        cpus_per_task=cpus,
-        threads=threads,
-        mem_mb=None if mem_cpu else mem_mb,
-        mem_mb_per_cpu=mem_cpu,
-        runtime_min=runtime_min,
-        partition=_text(
-            rule,
-            "slurm_partition",
-            r.get("slurm_partition", defaults.partition),
-            _NAMES,
-            f"{name}; several: comma-separated",
-        ),
-        account=_text(rule, "slurm_account", r.get("slurm_account", defaults.account), _NAME, name),
-        qos=_text(rule, "qos", r.get("qos"), _NAME, name),
-        reservation=_text(rule, "slurm_reservation", r.get("slurm_reservation", defaults.reservation), _NAME, name),
-        constraint=_text(
-            rule,
-            "constraint",
-            r.get("constraint"),
-            _CONSTRAINT,
-            "a SLURM feature expression, e.g. 'a100&ib' or '[rack1|rack2]'",
-        ),
-        nodelist=_text(rule, "nodelist", r.get("nodelist"), _HOSTLIST, "a host list like node[110-111],node5"),
-        exclude=_text(rule, "exclude", r.get("exclude"), _HOSTLIST, "a host list like node[110-111],node5"),
-        signal=signal,
-        env_profile=env_profile,
-        master_port=port,
-        slurm_extra=_slurm_extra(rule, r.get("slurm_extra")),
-        max_requeues=max(0, defaults.max_requeues),
-        attempt=attempt,
-        warnings=tuple(warnings),
-    )
+    return port
