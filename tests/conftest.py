@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,9 +12,7 @@ import pytest
 
 from snakemake_executor_multinode.sandbox import cluster
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
-from tests.background import cpu_saturated
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import TEST_CLUSTER_DIR, Cluster, cpu_saturated
 
 # A suite started in the background (`cmd &`, nohup, some CI runners) inherits SIGINT ignored, and so would every
 # Snakemake it starts: the Ctrl-C tests could not interrupt it. A handled SIGINT here resets to the default in the
@@ -32,6 +29,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/cluster/ runs on the real local SLURM: marked `cluster` by its folder."""
+    for item in items:
+        if CLUSTER_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+CLUSTER_TESTS = Path(__file__).resolve().parent / "cluster"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def cpu_load(request: pytest.FixtureRequest) -> Iterator[list[int]]:
     """The busy loops of --cpu-load (their pids), stopped by pid at the end of the session."""
@@ -40,22 +47,6 @@ def cpu_load(request: pytest.FixtureRequest) -> Iterator[list[int]]:
         return
     with cpu_saturated() as pids:
         yield pids
-
-
-TEST_CLUSTER_DIR = Path(os.environ.get("MULTINODE_TEST_CLUSTER_DIR", "/var/tmp/multinode-test-cluster"))
-
-
-class Cluster:
-    """A running sandbox cluster and the environment that points SLURM's commands at it."""
-
-    def __init__(self, spec: ClusterSpec) -> None:
-        self.spec = spec
-        self.env = os.environ | {"SLURM_CONF": str(spec.slurm_conf)}
-
-    def run(self, *cmd: str, timeout: float = 60, check: bool = True, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            list(cmd), capture_output=True, text=True, env=self.env, timeout=timeout, check=check, **kw
-        )
 
 
 @pytest.fixture(scope="session")

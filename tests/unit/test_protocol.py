@@ -11,7 +11,7 @@ import pytest
 from snakemake_executor_multinode import protocol
 from snakemake_executor_multinode.planning import jobscript
 from snakemake_executor_multinode.planning.request import build_request
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 PACKAGE = REPO / "snakemake_executor_multinode"
 TEMPLATE = PACKAGE / "planning" / "templates" / "job.sh"

@@ -5,21 +5,19 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO, job_logs, jobs_from, log_times, slurm, snakemake, wait_for
 
 pytestmark = pytest.mark.cluster
 WORKFLOWS = REPO / "tests" / "workflows"
@@ -29,57 +27,6 @@ def copy_workflow(name: str, tmp_path: Path) -> Path:
     dest = tmp_path / name
     shutil.copytree(WORKFLOWS / name, dest)
     return dest
-
-
-def snakemake(workdir: Path, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "4", "--latency-wait", "5", *args]
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def job_logs(workdir: Path, rule: str) -> list[Path]:
-    return sorted((workdir / ".snakemake" / "multinode" / "logs" / f"rule_{rule}").rglob("*.log"))
-
-
-def jobs_from(cl, workdir: Path) -> set[str]:
-    """Ids of the jobs SLURM knows (MinJobAge: finished ones too) that were submitted from `workdir`: other
-    engineers' jobs on the shared test cluster do not count."""
-    out = slurm(cl, "squeue", "-h", "-t", "all", "-o", "%i %Z")
-    return {line.split()[0] for line in out.splitlines() if line.split()[1:] == [str(workdir.resolve())]}
-
-
-def slurm(cl, *cmd: str) -> str:
-    """Run a SLURM command, asking again while it fails: the shared test cluster's slurmctld may be restarting
-    (other tests inject faults). A command that keeps failing fails the test with its error."""
-    last: list[subprocess.CompletedProcess] = []
-
-    def ok() -> bool:
-        last[:] = [cl.run(*cmd, check=False)]
-        return last[0].returncode == 0
-
-    try:
-        wait_for(ok, f"successful {' '.join(cmd)}", 120)
-    except AssertionError as err:
-        raise AssertionError(f"{err}: {last[0].stderr.strip()}") from None
-    return last[0].stdout
-
-
-T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float, proc: subprocess.Popen | None = None) -> T:
-    """Poll until `check()` gives something true and return it. The timeout only stops a hang: no verdict
-    depends on it."""
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"snakemake ended (exit {proc.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout:.0f} s")
-        time.sleep(0.2)
-    return found
 
 
 @contextmanager
@@ -103,15 +50,6 @@ def background_snakemake(workdir: Path, *args: str) -> Iterator[subprocess.Popen
 
 def snakemake_output(workdir: Path) -> str:
     return (workdir / "snakemake.out").read_text()
-
-
-def log_times(log: Path) -> tuple[datetime, datetime]:
-    """When the job script started and when it ended, as it printed them (`date -Is`)."""
-    text = log.read_text()
-    start = re.search(r"^\[multinode\] job \d+, rule .*, restart \d+, (\S+)$", text, re.M)
-    end = re.search(r"^\[multinode\] exit \d+, (\S+)$", text, re.M)
-    assert start and end, text
-    return datetime.fromisoformat(start[1]), datetime.fromisoformat(end[1])
 
 
 def sacct_fields(cl, jobid: str, workdir: Path, *fields: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Cluster
+from tests.helpers import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -15,6 +15,7 @@ import pytest
 
 from snakemake_executor_multinode.sandbox import cgroups, cluster
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -70,7 +71,7 @@ def test_requeue_of_running_job_reruns_it_with_restart_count(slurm_cluster, tmp_
     )
     job = slurm_cluster.run("sbatch", "--parsable", "--requeue", "-o", str(out), str(script)).stdout.strip()
     _wait_state(slurm_cluster, job, {"RUNNING"})
-    _wait_for(lambda: "restart=0" in _read(out), 20)
+    wait_for(lambda: "restart=0" in _read(out), "the job's first run", 20)
     slurm_cluster.run("scontrol", "requeue", job)
     _wait_state(slurm_cluster, job, {"COMPLETED"}, timeout=90)
     assert re.findall(r"restart=\d", out.read_text()) == ["restart=0", "restart=1"]
@@ -84,7 +85,7 @@ def test_sacct_knows_finished_jobs(slurm_cluster):
         out = slurm_cluster.run("sacct", "-X", "-n", "-P", "-j", job, "-o", "State", check=False).stdout
         return out.strip() == "COMPLETED"
 
-    assert _wait_for(recorded, 30)
+    wait_for(recorded, "the record", 30)
 
 
 def test_second_up_with_other_settings_says_so_and_keeps_the_cluster(slurm_cluster):
@@ -143,7 +144,7 @@ def test_a_second_cluster_runs_beside_this_one_and_its_down_leaves_this_one_alon
         }
         _wait_state(slurm_cluster, ids[first.dir], {"COMPLETED"})
         job2 = ids[second.dir]
-        _wait_for(lambda env=env2, job=job2: _squeue_state(env, job) == "COMPLETED", 60)
+        wait_for(lambda env=env2, job=job2: _squeue_state(env, job) == "COMPLETED", f"job {job2} COMPLETED", 60)
         assert _squeue_state(env2, job2) == "COMPLETED"
         second_pids = [p for d in cluster.daemons(second) if (p := d.pid())]
         assert len(second_pids) == 3  # munged, slurmctld, slurmd node1
@@ -188,15 +189,6 @@ def _read(path) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def _wait_for(check, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.3)
-    return False
-
-
 def _wait_state(cl, job: str, states: set[str], timeout: float = 60) -> str:
     seen = ""
 
@@ -205,7 +197,7 @@ def _wait_state(cl, job: str, states: set[str], timeout: float = 60) -> str:
         seen = cl.run("squeue", "-h", "-t", "all", "-j", job, "-o", "%T", check=False).stdout.strip()
         return seen in states
 
-    assert _wait_for(reached, timeout), f"job {job} is {seen!r}, expected {states}"
+    wait_for(reached, f"job {job} in {states} (last seen {seen!r})", timeout)
     return seen
 
 
@@ -244,7 +236,7 @@ def test_a_process_that_escaped_the_batch_shell_ends_with_the_job(slurm_cluster,
     pid = 0
     node = ""
     try:
-        assert _wait_for(lambda: _read(pidfile).strip().isdigit(), 90), f"job {job} never started its escapee"
+        wait_for(lambda: _read(pidfile).strip().isdigit(), f"job {job} starting its escapee", 90)
         pid = int(pidfile.read_text())
         assert _escaped_alive(pid, token)
         if how == "job ends":
@@ -255,10 +247,11 @@ def test_a_process_that_escaped_the_batch_shell_ends_with_the_job(slurm_cluster,
             node = slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
             slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=test-escaped-children")
         _wait_state(slurm_cluster, job, {"COMPLETED", "CANCELLED", "NODE_FAIL", "FAILED"}, timeout=90)
-        assert _wait_for(lambda: not _escaped_alive(pid, token), 60), (
-            f"pid {pid} (started by job {job}, escaped with setsid+nohup) still runs after the job ended ({how}); "
+        what = (
+            f"end of pid {pid} (started by job {job}, escaped with setsid+nohup) after the job ended ({how}); "
             f"the cluster tracks with {_proctrack(slurm_cluster)}"
         )
+        wait_for(lambda: not _escaped_alive(pid, token), what, 60)
     finally:
         if node:
             slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
@@ -285,7 +278,7 @@ def test_each_node_tracks_its_jobs_in_its_own_cgroup_tree(slurm_cluster):
             i = int(node.removeprefix("node"))
             # Debian builds SLURM for several slurmd per host: the tree is named slurm_<node>
             mine = cgroups.node_dir(spec, i, "freezer") / f"slurm_{node}" / f"uid_{os.getuid()}" / f"job_{job}"
-            assert _wait_for(lambda d=mine: (d / "step_0").is_dir(), 30), f"no cgroup {mine}/step_0"
+            wait_for(lambda d=mine: (d / "step_0").is_dir(), f"cgroup {mine}/step_0", 30)
             assert not (cgroups.CGROUP_FS / "freezer" / f"slurm_{node}" / f"uid_{os.getuid()}" / f"job_{job}").exists()
     finally:
         slurm_cluster.run("scancel", job, check=False)

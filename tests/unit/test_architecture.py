@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
 CORE, ADAPTER = "snakemake_executor_multinode", "snakemake_executor_plugin_multinode"
 
 

@@ -9,8 +9,9 @@ from pathlib import Path, PurePath
 from snakemake_executor_multinode.cli import main
 from snakemake_executor_multinode.planning import environment, jobscript
 from snakemake_executor_multinode.planning.request import build_request
+from tests.helpers import REPO
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = REPO / "tests" / "golden"
 
 # The seed recipe's cluster: 2 nodes x 8 A6000, 64 CPUs, 14 days, InfiniBand, conda in the job.
 BLOG_PROFILES = """\

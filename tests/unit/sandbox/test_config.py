@@ -9,7 +9,7 @@ import pytest
 from snakemake_executor_multinode.cli import main
 from snakemake_executor_multinode.sandbox import cgroups
 from snakemake_executor_multinode.sandbox.spec import DEFAULT_DIR, ClusterError, ClusterSpec, render_configs
-from tests.conftest import TEST_CLUSTER_DIR
+from tests.helpers import TEST_CLUSTER_DIR
 
 
 def test_slurm_conf_describes_every_node_with_its_gpus_and_address():

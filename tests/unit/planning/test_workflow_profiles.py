@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def dry_run(profile: str) -> str:

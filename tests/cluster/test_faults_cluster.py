@@ -12,7 +12,6 @@ The measured figures (fault -> notice, jobs lost, duplicates) are printed as `[f
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import signal
 import subprocess
@@ -26,70 +25,26 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.sandbox import cluster
-from tests.background import Snakemake, wait_for
-from tests.conftest import Cluster
+from tests.helpers import (
+    END_STATES,
+    Cluster,
+    Snakemake,
+    alive,
+    figures,
+    jobs_from,
+    lines,
+    records,
+    sacct_jobs,
+    squeue_states,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # each takes 10-100 s: job starts, SLURM's requeue delay
 
 WAIT_FOR = "while [ ! -e release ]; do sleep 0.2; done"  # a job's only way on: the test creates `release`
-END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-
-
-def figures(test: str, **values: object) -> None:
-    print(f"\n[figures] {test}: " + ", ".join(f"{k}={v}" for k, v in values.items()), flush=True)
 
 
 # --- what the workflow folder and SLURM say --------------------------------------------------------------------------
-def records(wd: Path) -> list[dict]:
-    """Every submission the registry holds, of every run in the folder."""
-    return [json.loads(p.read_text()) for p in sorted((wd / ".snakemake/multinode/runs").glob("*/*.json"))]
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().split() if path.exists() else []
-
-
-def squeue_states(cl: Cluster, jobids: list[str]) -> dict[str, str]:
-    out = cl.run("squeue", "-h", "-t", "all", "-j", ",".join(jobids), "-o", "%i %T", check=False).stdout
-    return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
-
-
-def jobs_from(cl: Cluster, wd: Path) -> set[str]:
-    """The jobs slurmctld knows (finished ones too, for MinJobAge) that were submitted from `wd`: other engineers'
-    jobs on the shared test cluster do not count."""
-    out = cl.run("squeue", "-h", "-t", "all", "-o", "%i %Z").stdout
-    return {line.split()[0] for line in out.splitlines() if line.split()[1:] == [str(wd.resolve())]}
-
-
-def sacct_jobs(cl: Cluster, names: set[str], expect: set[str]) -> dict[str, list[str]]:
-    """Accounting's records of every job with these (unique) names: job id -> its states (a requeued job has one
-    row per run). Read once slurmdbd has recorded the end of every job in `expect` (it lags a little behind
-    slurmctld); any other job of those names, a duplicate, is in the answer too."""
-
-    def ended() -> dict[str, list[str]]:
-        proc = cl.run(
-            "sacct", "-X", "-n", "-P", "-S", "now-2days", "--name", ",".join(sorted(names)),
-            "-o", "JobIDRaw,JobName,State", check=False,
-        )  # fmt: skip
-        found: dict[str, list[str]] = {}
-        for row in proc.stdout.splitlines() if proc.returncode == 0 else []:
-            jobid, name, state = row.split("|")
-            if name in names:
-                found.setdefault(jobid, []).append(state.split()[0])
-        done = expect <= set(found) and all(states[-1] in END_STATES for states in found.values())
-        return found if done else {}
-
-    return wait_for(ended, f"sacct records of the ends of jobs {sorted(expect)}", 120)
-
-
-def alive(pid: int, comm: str) -> bool:
-    """The process exists, is not a zombie, and is the one we mean (its name, from /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    name = stat[stat.index("(") + 1 : stat.rindex(")")]
-    return name == comm and stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def daemon_pid(cl: Cluster, name: str) -> int | None:

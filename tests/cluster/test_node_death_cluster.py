@@ -19,9 +19,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.sandbox import cluster
-from tests.background import Snakemake, wait_for
-from tests.conftest import Cluster
-from tests.test_faults_cluster import alive, figures, records, sacct_jobs
+from tests.helpers import Cluster, Snakemake, alive, figures, records, sacct_jobs, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

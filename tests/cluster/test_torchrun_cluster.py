@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.launching.nodelog import failing_rank_lines
-from tests.background import cpu_saturated
+from tests.helpers import REPO, cpu_saturated
 
 pytestmark = pytest.mark.cluster
 
-WORKFLOW = Path(__file__).parent / "workflows" / "talk"
+WORKFLOW = REPO / "tests" / "workflows" / "talk"
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 

@@ -11,15 +11,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import yaml
 
-from tests.background import background
-from tests.conftest import REPO
+from tests.helpers import REPO, background, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -48,19 +45,6 @@ SNAKEMAKE = [
 
 def snakemake(wd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([*SNAKEMAKE, *args], cwd=wd, capture_output=True, text=True, timeout=timeout)
-
-
-T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float, proc: subprocess.Popen) -> T:
-    """Poll until `check()` gives something true and return it; the timeout only stops a hang."""
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        assert proc.poll() is None, f"snakemake ended (exit {proc.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
-        time.sleep(0.05)
-    return found
 
 
 def slurm(cl, *cmd: str) -> None:

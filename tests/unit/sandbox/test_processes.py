@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from snakemake_executor_multinode.sandbox import processes
-from tests.background import wait_for
+from tests.helpers import wait_for
 
 
 def state(pid: int) -> str:

@@ -14,33 +14,18 @@ import io
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES
 from snakemake_executor_multinode.watching import report
 from snakemake_executor_multinode.watching import status_view as runview
-from tests.background import background
-from tests.conftest import REPO
+from tests.helpers import REPO, background, wait_for
 
 pytestmark = pytest.mark.cluster
 WORKFLOW = REPO / "tests" / "workflows" / "watch"
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--latency-wait", "5"]
-T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float = 180) -> T:
-    """Poll until `check()` gives something true and return it; the timeout only stops a hang."""
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout:.0f} s")
-        time.sleep(0.3)
-    return found
 
 
 def workflow(tmp_path: Path) -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.launching.netcheck import PREFIX
-from tests.test_executor_cluster import job_logs, log_times, snakemake, wait_for
+from tests.helpers import job_logs, log_times, snakemake, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -10,7 +10,6 @@ import re
 import shutil
 import string
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
@@ -23,8 +22,9 @@ from snakemake_executor_multinode.slurm.sbatch_flags import (
     SBATCH_SHORT_OPTIONS,
     parse_sbatch_flags,
 )
+from tests.helpers import REPO
 
-OFFICIAL_PROFILE = Path(__file__).parent / "official_profile" / "config.yaml"
+OFFICIAL_PROFILE = REPO / "tests" / "official_profile" / "config.yaml"
 
 
 def req(**resources):
@@ -120,7 +120,7 @@ def test_unknown_keys_can_be_allowed_with_one_warning():
 
 
 def test_every_documented_resource_is_in_docs_resources_md():
-    doc = (Path(__file__).parents[1] / "docs" / "resources.md").read_text()
+    doc = (REPO / "docs" / "resources.md").read_text()
     missing = [k for k in KNOWN_RESOURCES if not k.startswith("_") and f"`{k}`" not in doc]
     assert not missing, missing
 

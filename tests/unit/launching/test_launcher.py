@@ -27,6 +27,7 @@ from snakemake_executor_multinode.launching.launcher import (
     worker_env,
 )
 from snakemake_executor_multinode.launching.torchrun_flags import TAKES_VALUE
+from tests.helpers import REPO
 
 ALLOC = Allocation(
     "4242", ("node110", "node111"), gpus_per_node=8, cpus_per_task=64, master_addr="10.0.0.110", master_port=24242
@@ -241,7 +242,7 @@ def test_the_launcher_reads_its_options_without_importing_torch():
         "srun_command(Allocation('1', ('a', 'b'), 2, 4, '10.0.0.1', 20004), opts, script)\n"
         "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')], 'torch imported'\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 def test_workers_get_cpus_per_gpu_as_omp_threads():

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.test_executor_cluster import job_logs, slurm, snakemake, wait_for
+from tests.helpers import REPO, job_logs, slurm, snakemake, wait_for
 
 pytestmark = pytest.mark.cluster
 IMAGE = "localhost/multinode-probe:1"

@@ -1,0 +1,298 @@
+"""The tests' one shared helper module: the cluster handle, waiting for events, Snakemake in the background, what
+SLURM and the registry say, and CPU load. Snakemake runs in the background with a reader thread that collects its
+output line by line, so a test waits for a line as an event (never for a duration), and `stop()` (Ctrl-C: Snakemake
+cancels its jobs) leaves nothing running on the shared cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+
+from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
+from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.sandbox.spec import ClusterSpec
+
+T = TypeVar("T")
+
+
+def wait_for(
+    check: Callable[[], T], what: str, timeout: float = 180, proc: subprocess.Popen | None = None, interval: float = 0.2
+) -> T:
+    """Poll until `check()` gives something true and return it; the timeout only stops a hang (no verdict depends
+    on it). With `proc`, a Snakemake that ends first fails at once, naming what it did not see."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"snakemake ended (exit {proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout:.0f} s")
+        time.sleep(interval)
+    return found
+
+
+class Snakemake:
+    """`snakemake --executor multinode` in the background; a reader thread collects its output line by line (and
+    copies it to <tmp>/snakemake-<n>.out) so that the test can wait for a line as an event."""
+
+    count = 0
+
+    def __init__(self, workdir: Path, *args: str, jobs: int = 1, command: Sequence[str] | None = None) -> None:
+        """`command` replaces `snakemake --executor multinode --jobs J --latency-wait 5` (a workflow profile's run)."""
+        Snakemake.count += 1
+        self.workdir = workdir
+        self.copy = workdir.parent / f"snakemake-{Snakemake.count}.out"
+        base = [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--executor",
+            "multinode",
+            "--jobs",
+            str(jobs),
+            "--latency-wait",
+            "5",
+        ]
+        self.proc = subprocess.Popen(
+            [*(command if command is not None else base), *args],
+            cwd=workdir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: list[tuple[float, str]] = []  # (time.monotonic() when read, line)
+        self._eof = False
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with self.copy.open("w") as copy:
+            for line in self.proc.stdout:
+                copy.write(line)
+                copy.flush()
+                with self._changed:
+                    self.lines.append((time.monotonic(), line.rstrip("\n")))
+                    self._changed.notify_all()
+        with self._changed:
+            self._eof = True
+            self._changed.notify_all()
+
+    @property
+    def text(self) -> str:
+        with self._changed:
+            return "\n".join(line for _, line in self.lines)
+
+    def matching(self, *words: str) -> list[tuple[float, str]]:
+        with self._changed:
+            return [(t, line) for t, line in self.lines if all(w in line for w in words)]
+
+    def wait_line(self, *words: str, timeout: float = 180) -> tuple[float, str]:
+        """The first output line that contains every word, and when the reader got it."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for t, line in self.lines:
+                    if all(w in line for w in words):
+                        return t, line
+                if self._eof:
+                    self.proc.wait()
+                    raise AssertionError(
+                        f"snakemake ended (exit {self.proc.returncode}) without a line with {words}:\n{self.text}"
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no line with {words} within {timeout:.0f} s:\n{self.text}")
+                self._changed.wait(min(left, 1.0))
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as err:
+            raise AssertionError(f"snakemake still running after {timeout:.0f} s:\n{self.text}") from err
+        self._reader.join(timeout=30)
+        return rc
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Ctrl-C if still running (Snakemake cancels its jobs), then make sure it is gone."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(timeout=30)
+
+
+@contextmanager
+def background(workdir: Path, *args: str, **kw) -> Iterator[Snakemake]:
+    """Snakemake in the background for the block; stopped (Ctrl-C) if the block leaves it running."""
+    sm = Snakemake(workdir, *args, **kw)
+    try:
+        yield sm
+    finally:
+        sm.stop()
+
+
+@contextmanager
+def cpu_saturated(extra: int = 1) -> Iterator[list[int]]:
+    """One busy loop per core plus `extra`, for the block (a shared login node or CI runner); stopped by pid."""
+    loops = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+        for _ in range((os.cpu_count() or 1) + extra)
+    ]
+    try:
+        yield [p.pid for p in loops]
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+TEST_CLUSTER_DIR = Path(os.environ.get("MULTINODE_TEST_CLUSTER_DIR", "/var/tmp/multinode-test-cluster"))
+
+
+class Cluster:
+    """A running sandbox cluster and the environment that points SLURM's commands at it."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.env = os.environ | {"SLURM_CONF": str(spec.slurm_conf)}
+
+    def run(self, *cmd: str, timeout: float = 60, check: bool = True, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            list(cmd), capture_output=True, text=True, env=self.env, timeout=timeout, check=check, **kw
+        )
+
+
+END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+def figures(test: str, **values: object) -> None:
+    print(f"\n[figures] {test}: " + ", ".join(f"{k}={v}" for k, v in values.items()), flush=True)
+
+
+def records(wd: Path) -> list[dict]:
+    """Every submission the registry holds, of every run in the folder."""
+    return [json.loads(p.read_text()) for p in sorted((wd / ".snakemake/multinode/runs").glob("*/*.json"))]
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def squeue_states(cl: Cluster, jobids: list[str]) -> dict[str, str]:
+    out = cl.run("squeue", "-h", "-t", "all", "-j", ",".join(jobids), "-o", "%i %T", check=False).stdout
+    return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+
+
+def sacct_jobs(cl: Cluster, names: set[str], expect: set[str]) -> dict[str, list[str]]:
+    """Accounting's records of every job with these (unique) names: job id -> its states (a requeued job has one
+    row per run). Read once slurmdbd has recorded the end of every job in `expect` (it lags a little behind
+    slurmctld); any other job of those names, a duplicate, is in the answer too."""
+
+    def ended() -> dict[str, list[str]]:
+        proc = cl.run(
+            "sacct", "-X", "-n", "-P", "-S", "now-2days", "--name", ",".join(sorted(names)),
+            "-o", "JobIDRaw,JobName,State", check=False,
+        )  # fmt: skip
+        found: dict[str, list[str]] = {}
+        for row in proc.stdout.splitlines() if proc.returncode == 0 else []:
+            jobid, name, state = row.split("|")
+            if name in names:
+                found.setdefault(jobid, []).append(state.split()[0])
+        done = expect <= set(found) and all(states[-1] in END_STATES for states in found.values())
+        return found if done else {}
+
+    return wait_for(ended, f"sacct records of the ends of jobs {sorted(expect)}", 120)
+
+
+def alive(pid: int, comm: str) -> bool:
+    """The process exists, is not a zombie, and is the one we mean (its name, from /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+    return name == comm and stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "4", "--latency-wait", "5", *args]
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def job_logs(workdir: Path, rule: str) -> list[Path]:
+    return sorted((workdir / ".snakemake" / "multinode" / "logs" / f"rule_{rule}").rglob("*.log"))
+
+
+def jobs_from(cl, workdir: Path) -> set[str]:
+    """Ids of the jobs SLURM knows (MinJobAge: finished ones too) that were submitted from `workdir`: other
+    engineers' jobs on the shared test cluster do not count."""
+    out = slurm(cl, "squeue", "-h", "-t", "all", "-o", "%i %Z")
+    return {line.split()[0] for line in out.splitlines() if line.split()[1:] == [str(workdir.resolve())]}
+
+
+def slurm(cl, *cmd: str) -> str:
+    """Run a SLURM command, asking again while it fails: the shared test cluster's slurmctld may be restarting
+    (other tests inject faults). A command that keeps failing fails the test with its error."""
+    last: list[subprocess.CompletedProcess] = []
+
+    def ok() -> bool:
+        last[:] = [cl.run(*cmd, check=False)]
+        return last[0].returncode == 0
+
+    try:
+        wait_for(ok, f"successful {' '.join(cmd)}", 120)
+    except AssertionError as err:
+        raise AssertionError(f"{err}: {last[0].stderr.strip()}") from None
+    return last[0].stdout
+
+
+def log_times(log: Path) -> tuple[datetime, datetime]:
+    """When the job script started and when it ended, as it printed them (`date -Is`)."""
+    text = log.read_text()
+    start = re.search(r"^\[multinode\] job \d+, rule .*, restart \d+, (\S+)$", text, re.M)
+    end = re.search(r"^\[multinode\] exit \d+, (\S+)$", text, re.M)
+    assert start and end, text
+    return datetime.fromisoformat(start[1]), datetime.fromisoformat(end[1])
+
+
+def hostile_plan(tmp_path: Path, value: str) -> JobPlan:
+    """A 2-node job whose wildcard and environment profile value are `value` (hostile input)."""
+    profiles = tmp_path / "profiles.yaml"
+    profiles.write_text(yaml.safe_dump({"profiles": {"hostile": {"env": {"TOKEN": value}}}}))
+    planner = Planner(Settings(env_profiles=str(profiles)), tmp_path, "run1")
+    job = RuleJob(
+        "train", {"nodes": 2, "env_profile": "hostile"}, 'printf %s "$TOKEN" > token.txt', wildcards={"sample": value}
+    )
+    return planner.plan(job)
