@@ -67,13 +67,14 @@ class Registry:
         return list(_read_folder(self.folder))
 
     def latest_for(self, outputs: Sequence[str]) -> Submission | None:
-        """The newest submission of another run, with a job id, that writes exactly these outputs."""
+        """The newest submission of another run, with a job id, that writes exactly these outputs. A job that a later
+        run adopted has a record in each run (with the same submission time): a reported end in any of them wins."""
         want = tuple(sorted(outputs))
         best = None
         for sub in runs(self.root):
             if sub.run_id == self.run_id or sub.jobid is None or tuple(sorted(sub.outputs)) != want:
                 continue
-            if best is None or sub.submitted_at > best.submitted_at:
+            if best is None or (sub.submitted_at, sub.ended is not None) > (best.submitted_at, best.ended is not None):
                 best = sub
         return best
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from snakemake_executor_multinode.protocol import RUNS_DIR
+from snakemake_executor_multinode.watching import registry
 from snakemake_executor_multinode.watching.registry import Registry, Submission, runs
 
 
@@ -42,3 +43,14 @@ def test_an_adopted_job_and_its_reported_end_are_recorded_by_the_run_that_saw_th
     assert ended.ended == "success" and ended.ended_at is not None
     assert [s.ended for s in runs(tmp_path / RUNS_DIR) if s.run_id == "now"] == ["success"]
     assert [s.ended for s in runs(tmp_path / RUNS_DIR) if s.run_id == "old"] == [None]
+
+
+def test_an_adopted_jobs_reported_end_is_found_whichever_record_is_read_first(tmp_path, monkeypatch):
+    """The adopting run's record keeps the job's submission time: the ended one must win the tie (seen under load:
+    the original record was read first and its job taken for one that ended unseen)."""
+    earlier = Registry(tmp_path, "a").record(sub("a", "mn-a-work"))
+    adopted = Registry(tmp_path, "z").ended(Registry(tmp_path, "z").adopt(earlier), "success")
+    for order in ([earlier, adopted], [adopted, earlier]):  # both directory orders
+        monkeypatch.setattr(registry, "runs", lambda root, order=order: iter(order))
+        found = Registry(tmp_path, "now").latest_for(["out.txt"])
+        assert found is not None and found.ended == "success"
