@@ -117,7 +117,7 @@ def _count(n: int, what: str) -> str:
 
 
 def describe(req: JobRequest, default_partition: str | None) -> str:
-    """One job as the check line shows it: `2 nodes x 8 GPUs, partition gpu_A6000, 14d00h, env infiniband`."""
+    """One job as the check line shows it: `2 nodes x 8 GPUs, partition gpu_A6000, 14d, env infiniband`."""
     nodes = f"{req.nodes} node{'s' if req.nodes != 1 else ''}"
     size = f"{nodes} x {req.gpus} GPU{'s' if req.gpus != 1 else ''}" if req.gpus else f"{nodes}, no GPU"
     if req.partition:

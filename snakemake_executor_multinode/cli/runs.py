@@ -11,9 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from snakemake_executor_multinode.protocol import REPORTS_DIR
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, RetryPolicy, SlurmClient
-from snakemake_executor_multinode.watching import report
-from snakemake_executor_multinode.watching import status_view as runview
+from snakemake_executor_multinode.watching import report, status_view
 
 # An interactive command waits out a restarting controller for a minute, not the executor's ten.
 RETRY = RetryPolicy(total_seconds=60)
@@ -35,7 +35,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cancel = sub.add_parser("cancel", help="cancel a run's jobs that are still queued or running, and only those")
     common(cancel, "latest (default), or a run id (or a unique prefix)")
     cancel.set_defaults(func=cancel_command)
-    rep = sub.add_parser("report", help="a run's efficiency report (written to .snakemake/multinode/reports/)")
+    rep = sub.add_parser("report", help=f"a run's efficiency report (written to {REPORTS_DIR}/)")
     common(rep, "latest (default), or a run id (or a unique prefix)")
     rep.set_defaults(func=report_command)
 
@@ -55,16 +55,16 @@ def _unanswered(command: str, err: Exception) -> str:
 
 def status_text(workdir: Path, which: str, every_run: bool, client: SlurmClient) -> str:
     """The table(s), from one SLURM query for every job shown."""
-    table = runview.run_table(workdir)
-    chosen = list(table) if every_run else [runview.resolve_run(table, which)]
+    table = status_view.run_table(workdir)
+    chosen = list(table) if every_run else [status_view.resolve_run(table, which)]
     if every_run and not chosen:
-        raise runview.RunNotFound("no run has submitted a job from this folder")
+        raise status_view.RunNotFound("no run has submitted a job from this folder")
     subs = [s for run in chosen for s in table[run]]
-    views = runview.slurm_views(client, [s.jobid for s in subs if s.jobid])
+    views = status_view.slurm_views(client, [s.jobid for s in subs if s.jobid])
     blocks = []
     for run in chosen:
-        rows = runview.rows_for(table[run], views, workdir)
-        blocks.append(runview.render(run, rows, workdir, started=runview.run_started(table[run])))
+        rows = status_view.rows_for(table[run], views, workdir)
+        blocks.append(status_view.render(run, rows, workdir, started=status_view.run_started(table[run])))
     return "\n\n".join(blocks)
 
 
@@ -82,8 +82,8 @@ def status_command(args: argparse.Namespace) -> int:
             except QueryError as err:  # asked again at the next refresh
                 return f"SLURM did not answer: {err}"
 
-        runview.watch(show, args.interval, lambda text: print(text, flush=True), sys.stdout.isatty())
-    except runview.RunNotFound as err:
+        status_view.watch(show, args.interval, lambda text: print(text, flush=True), sys.stdout.isatty())
+    except status_view.RunNotFound as err:
         print(f"multinode status: {err}", file=sys.stderr)
         return 1
     except QueryError as err:
@@ -98,9 +98,9 @@ def cancel_command(args: argparse.Namespace) -> int:
     workdir = args.directory.resolve()
     client = _client()
     try:
-        table = runview.run_table(workdir)
-        run = runview.resolve_run(table, args.run)
-    except runview.RunNotFound as err:
+        table = status_view.run_table(workdir)
+        run = status_view.resolve_run(table, args.run)
+    except status_view.RunNotFound as err:
         print(f"multinode cancel: {err}", file=sys.stderr)
         return 1
     subs = table[run]
@@ -109,7 +109,7 @@ def cancel_command(args: argparse.Namespace) -> int:
     if names := [s.job_name for s in subs if s.jobid is None]:
         ids |= set(client.find_by_names(names))
     try:
-        views = runview.slurm_views(client, ids)
+        views = status_view.slurm_views(client, ids)
         active = sorted((j for j in ids if j in views and views[j].state in ACTIVE_STATES), key=int)
     except QueryError:
         active = sorted(ids, key=int)  # not known which still run: scancel of an ended job does no harm
@@ -128,10 +128,10 @@ def cancel_command(args: argparse.Namespace) -> int:
 def report_command(args: argparse.Namespace) -> int:
     workdir = args.directory.resolve()
     try:
-        table = runview.run_table(workdir)
-        run = runview.resolve_run(table, args.run)
+        table = status_view.run_table(workdir)
+        run = status_view.resolve_run(table, args.run)
         result = report.collect(run, table[run], _client())
-    except runview.RunNotFound as err:
+    except status_view.RunNotFound as err:
         print(f"multinode report: {err}", file=sys.stderr)
         return 1
     except QueryError as err:

@@ -23,8 +23,7 @@ import typing
 from dataclasses import fields
 from pathlib import Path
 
-from snakemake_executor_multinode.launching import container
-from snakemake_executor_multinode.launching import launcher as launch
+from snakemake_executor_multinode.launching import container, launcher
 from snakemake_executor_multinode.planning import environment
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.planning.request import RequestError
@@ -126,7 +125,7 @@ PLACEHOLDER_PORT = 1  # replaced by $MASTER_PORT in the text: the port is the jo
 
 def launch_preview(plan: JobPlan, profiles: environment.ProfileSet, command: str | None) -> str:
     """For a job whose command (the rule's shell) runs `multinode torchrun`: the srun step the launcher starts,
-    built by the launcher's own `launch.plan` (container wrapping included), with placeholder allocation values.
+    built by the launcher's own `launcher.plan` (container wrapping included), with placeholder allocation values.
     Empty otherwise. Printed on stderr: stdout stays exactly the script the run submits."""
     found = _TORCHRUN.search(command or "")
     if found is None:
@@ -136,13 +135,13 @@ def launch_preview(plan: JobPlan, profiles: environment.ProfileSet, command: str
     except ValueError:
         return ""
     cut = next((i for i, w in enumerate(words) if w in _SHELL_OPS), len(words))
-    opts, script = launch.split_torchrun_args(words[:cut])
+    opts, script = launcher.split_torchrun_args(words[:cut])
     req = plan.request
     nodes = tuple(f"<node{i + 1}>" for i in range(req.nodes))
-    alloc = launch.Allocation("<jobid>", nodes, req.gpus, req.cpus_per_task, "$MASTER_ADDR", PLACEHOLDER_PORT)
+    alloc = launcher.Allocation("<jobid>", nodes, req.gpus, req.cpus_per_task, "$MASTER_ADDR", PLACEHOLDER_PORT)
     box = container.parse(environment.resolve(profiles, req.env_profile).get("container"), "container")
     try:
-        argv = launch.srun_command(alloc, opts, script, box=box)
+        argv = launcher.srun_command(alloc, opts, script, box=box)
     except SystemExit as refused:  # what the launcher would refuse in the job
         return f"# multinode torchrun would refuse this command: {refused}"
     at = argv.index("bash")

@@ -117,7 +117,7 @@ class Settings:
         metadata={
             "help": "At the end of the run, write an efficiency report from sacct (time, CPU, memory used against "
             "requested, GPU-hours; suggestions for rules that waste more than half) to "
-            ".snakemake/multinode/reports/<run>.{csv,md} and print its summary."
+            f"{protocol.REPORTS_DIR}/<run>.{{csv,md}} and print its summary."
         },
     )
     progress_seconds: float = field(

@@ -146,17 +146,19 @@ def human(value: float) -> str:
 
 
 def duration(seconds: float) -> str:
-    """3h10m, 12m05s, 2d03h: two units, the way an ETA is read."""
+    """3h10m, 12m05s, 2d03h, 10m, 14d: at most two units, the way an ETA or a time limit is read (a second unit of 0
+    is left out). The one duration format of the plugin."""
     s = int(round(seconds))
     days, rest = divmod(s, 86400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
+    for big, unit, small, small_unit in (
+        (days, "d", hours, "h"),
+        (hours, "h", minutes, "m"),
+        (minutes, "m", secs, "s"),
+    ):
+        if big:
+            return f"{big}{unit}{small:02d}{small_unit}" if small else f"{big}{unit}"
     return f"{secs}s"
 
 

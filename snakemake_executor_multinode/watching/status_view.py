@@ -87,7 +87,7 @@ def run_table(workdir: Path) -> dict[str, list[Submission]]:
 def resolve_run(table: dict[str, list[Submission]], which: str) -> str:
     """`latest` (the run that started submitting last), a run id, or a unique prefix of one."""
     if not table:
-        raise RunNotFound("no run has submitted a job from this folder (.snakemake/multinode/runs is empty)")
+        raise RunNotFound(f"no run has submitted a job from this folder ({RUNS_DIR} is empty)")
     if which == "latest":
         return list(table)[-1]
     matches = [run for run in table if run.startswith(which)]

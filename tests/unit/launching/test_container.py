@@ -12,13 +12,12 @@ import pytest
 
 from snakemake_executor_multinode import protocol
 from snakemake_executor_multinode.cli import main
-from snakemake_executor_multinode.launching import container
-from snakemake_executor_multinode.launching import launcher as launch
+from snakemake_executor_multinode.launching import container, launcher
 from snakemake_executor_multinode.launching.container import ContainerError, parse, wrap
 from snakemake_executor_multinode.planning import environment
 from snakemake_executor_multinode.planning.request import RequestError, refuse_container_directive
 
-ALLOC = launch.Allocation(
+ALLOC = launcher.Allocation(
     "42", ("node1", "node2"), gpus_per_node=4, cpus_per_task=8, master_addr="10.0.0.1", master_port=24242
 )
 TORCHRUN = ["/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes=2", "train.py"]
@@ -187,7 +186,7 @@ def test_pyxis_adds_srun_flags_and_runs_the_node_task_with_the_image_python(monk
         },
         "t",
     )
-    argv = launch.srun_command(ALLOC, [], ["train.py"], box=box)
+    argv = launcher.srun_command(ALLOC, [], ["train.py"], box=box)
     at = argv.index("bash")
     package = Path(container.__file__).parent
     assert argv[at - 4 : at] == [
@@ -204,7 +203,7 @@ def test_pyxis_adds_srun_flags_and_runs_the_node_task_with_the_image_python(monk
 
 def test_the_launcher_wraps_torchrun_and_keeps_the_node_rank_and_the_usr2_ignore(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    argv = launch.srun_command(
+    argv = launcher.srun_command(
         ALLOC, ["--nproc_per_node=2"], ["train.py", "--lr", "3e-4"], box=spec(python="/opt/py/python")
     )
     task = argv[argv.index("bash") + 2]

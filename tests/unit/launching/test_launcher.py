@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode import protocol
-from snakemake_executor_multinode.launching import launcher as launch
+from snakemake_executor_multinode.launching import launcher
 from snakemake_executor_multinode.launching.launcher import (
     Allocation,
     StepWatch,
@@ -277,7 +277,7 @@ def test_hand_written_allocation_counts_gpus_from_slurm():
 
 
 def test_a_users_own_srun_step_runs_this_nodes_torchrun(monkeypatch):
-    monkeypatch.setattr(launch, "hostnames", lambda nodelist: ["a", "b"])
+    monkeypatch.setattr(launcher, "hostnames", lambda nodelist: ["a", "b"])
     env = {
         "SLURM_JOB_ID": "40001",
         "SLURM_STEP_ID": "2",
@@ -362,7 +362,7 @@ def test_the_failing_node_is_logged_and_written_for_the_status_tracker(tmp_path,
 
 @pytest.mark.parametrize("on_sigterm", ["", "trap '' TERM;"], ids=["srun-stops", "srun-waits-on"])
 def test_a_failure_stops_the_step_and_the_launcher_does_not_wait_on_it(tmp_path, monkeypatch, capfd, on_sigterm):
-    monkeypatch.setattr(launch, "STOP_WAIT_S", 0.5)
+    monkeypatch.setattr(launcher, "STOP_WAIT_S", 0.5)
     srun = fake_srun(
         tmp_path,
         f"{on_sigterm} echo 'srun: error: node2: task 1: Exited with exit code 1' >&2; sleep 60; touch {tmp_path}/done",
@@ -434,11 +434,11 @@ def test_a_container_the_launcher_cannot_apply_is_an_error_not_ignored(monkeypat
 def test_a_node_that_does_not_answer_is_blamed_not_the_live_node_whose_rank_failed_first(tmp_path, monkeypatch, capfd):
     # A node died: the live node's rank fails first (its peer vanished) and srun names the live node.
     asked: list[tuple[list[str], int]] = []
-    monkeypatch.setattr(launch.liveness, "slurmd_port", lambda env: 6818)
+    monkeypatch.setattr(launcher.liveness, "slurmd_port", lambda env: 6818)
     monkeypatch.setattr(
-        launch.liveness, "unreachable", lambda nodes, port: asked.append((list(nodes), port)) or ["node2"]
+        launcher.liveness, "unreachable", lambda nodes, port: asked.append((list(nodes), port)) or ["node2"]
     )
-    monkeypatch.setattr(launch.socket, "gethostname", lambda: "node1")
+    monkeypatch.setattr(launcher.socket, "gethostname", lambda: "node1")
     marker = tmp_path / "failed-node"
     srun = fake_srun(tmp_path, "echo 'srun: error: node1: task 0: Exited with exit code 1' >&2; exit 1")
     code = run_step(srun, {protocol.FAILED_NODE_FILE_VAR: str(marker)}, ["node1", "node2", "node3"])
@@ -450,10 +450,10 @@ def test_a_node_that_does_not_answer_is_blamed_not_the_live_node_whose_rank_fail
 
 
 def test_when_every_node_answers_srun_s_failing_node_is_blamed(monkeypatch):
-    failed = launch.Failure("node2", 1, 3, "Exited with exit code 3")
-    monkeypatch.setattr(launch.liveness, "slurmd_port", lambda env: 6818)
-    assert launch.blame(failed, ("node1", "node2"), {}, find_dead=lambda nodes, port: []) == failed
-    assert launch.blame(failed, ("node1", "node2"), {}, find_dead=lambda nodes, port: ["node2"]) == failed
+    failed = launcher.Failure("node2", 1, 3, "Exited with exit code 3")
+    monkeypatch.setattr(launcher.liveness, "slurmd_port", lambda env: 6818)
+    assert launcher.blame(failed, ("node1", "node2"), {}, find_dead=lambda nodes, port: []) == failed
+    assert launcher.blame(failed, ("node1", "node2"), {}, find_dead=lambda nodes, port: ["node2"]) == failed
 
 
 def test_a_node_answers_when_its_slurmd_port_accepts_and_a_name_that_does_not_resolve_is_no_evidence():

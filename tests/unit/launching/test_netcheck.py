@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode import protocol
-from snakemake_executor_multinode.launching import launcher as launch
-from snakemake_executor_multinode.launching import netcheck
+from snakemake_executor_multinode.launching import launcher, netcheck
 from snakemake_executor_multinode.launching.launcher import Allocation
 from snakemake_executor_multinode.planning import environment
 from snakemake_executor_multinode.planning.environment import EnvProfileError, load_profiles, render_lines, resolve
@@ -87,7 +86,7 @@ def agent_line(monkeypatch, value: str | None) -> str:
         monkeypatch.delenv(VAR, raising=False)
     else:
         monkeypatch.setenv(VAR, value)
-    argv = launch.srun_command(ALLOC, [], ["train.py"], python="/py")
+    argv = launcher.srun_command(ALLOC, [], ["train.py"], python="/py")
     return argv[argv.index("-c") + 1]
 
 
@@ -123,7 +122,7 @@ def test_torchrun_starts_only_when_the_check_passed(tmp_path, code, ran):
     check = tmp_path / "check"
     check.write_text(f"#!/bin/bash\necho CHECKED\nexit {code}\n")
     check.chmod(0o755)
-    script = launch.agent_script(["/bin/echo", "TORCHRUN"], [str(check)])
+    script = launcher.agent_script(["/bin/echo", "TORCHRUN"], [str(check)])
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert proc.returncode == code
     assert proc.stdout.split() == (["CHECKED", "TORCHRUN"] if ran else ["CHECKED"])

@@ -105,7 +105,8 @@ def test_the_metrics_file_lies_beside_the_jobs_first_log(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("seconds", "text"), [(0, "0s"), (59.6, "1m00s"), (725, "12m05s"), (11400, "3h10m"), (183600, "2d03h")]
+    ("seconds", "text"),
+    [(0, "0s"), (59.6, "1m"), (725, "12m05s"), (11400, "3h10m"), (183600, "2d03h"), (14 * 86400, "14d"), (600, "10m")],
 )
 def test_durations_read_as_two_units(seconds, text):
     assert progress.duration(seconds) == text

@@ -1,6 +1,6 @@
 """The efficiency report without a cluster: sacct's records (recorded on the local cluster, slurm-wlm 22.05.8) into
 figures per job, per rule and per run, the suggestions, and the CSV and Markdown. The real run is in
-test_runview_cluster.py."""
+tests/cluster/test_status_view_cluster.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """`multinode status` and `multinode cancel` without a cluster: the registry's runs, SLURM's answers (recorded on the
-local cluster, slurm-wlm 22.05.8) parsed into rows, and the table. The real runs are in test_runview_cluster.py."""
+local cluster, slurm-wlm 22.05.8) parsed into rows, and the table. The real runs are in
+tests/cluster/test_status_view_cluster.py."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode import protocol
-from snakemake_executor_multinode.cli import runs as runcli
+from snakemake_executor_multinode.cli import runs
 from snakemake_executor_multinode.protocol import STATE_DIR
 from snakemake_executor_multinode.slurm.client import QueryError, SlurmClient
-from snakemake_executor_multinode.watching import status_view as runview
+from snakemake_executor_multinode.watching import status_view
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 
 # sacct --duplicates -P -n -X -o JobIDRaw,State,Reason,ElapsedRaw,TimelimitRaw,NNodes,AllocTRES,ReqTRES
@@ -61,7 +62,7 @@ def record(workdir: Path, run: str, rule: str, jobid: str | None, at: float, **k
 
 def test_sacct_rows_give_state_reason_shape_time_and_restarts():
     client = SlurmClient(runner=FakeSlurm(sacct=(0, SACCT, "")))
-    views = runview.slurm_views(client, ["227", "228", "239", "440", "448"])
+    views = status_view.slurm_views(client, ["227", "228", "239", "440", "448"])
     assert views["239"].state == "COMPLETED" and views["239"].restarts == 1  # its runs, oldest first
     assert views["239"].limit_s is None and views["239"].elapsed_s == 30
     assert (views["227"].state, views["227"].reason, views["227"].restarts) == ("PENDING", "JobHeldUser", 0)
@@ -72,7 +73,7 @@ def test_sacct_rows_give_state_reason_shape_time_and_restarts():
 
 def test_slurmctld_answers_for_the_jobs_it_holds_in_one_squeue():
     fake = FakeSlurm(squeue=(0, SQUEUE, ""))
-    views = runview.slurm_views(SlurmClient(runner=fake), ["448", "440", "440"])
+    views = status_view.slurm_views(SlurmClient(runner=fake), ["448", "440", "440"])
     assert [c[0] for c in fake.calls] == ["squeue"]  # every job known: no sacct
     cmd = fake.calls[0]
     assert cmd[cmd.index("-j") + 1] == "440,448" and cmd[cmd.index("-O") + 1].startswith("JobID:|,State:|")
@@ -83,7 +84,7 @@ def test_slurmctld_answers_for_the_jobs_it_holds_in_one_squeue():
 
 def test_the_jobs_slurmctld_forgot_come_from_one_sacct():
     fake = FakeSlurm(squeue=(0, SQUEUE, ""), sacct=(0, SACCT, ""))
-    views = runview.slurm_views(SlurmClient(runner=fake), ["239", "440", "448"])
+    views = status_view.slurm_views(SlurmClient(runner=fake), ["239", "440", "448"])
     assert [c[0] for c in fake.calls] == ["squeue", "sacct"]
     cmd = fake.called("sacct")[0]
     assert cmd[:2] == ["sacct", "--duplicates"] and "-X" in cmd and cmd[cmd.index("-j") + 1] == "239"
@@ -92,16 +93,16 @@ def test_the_jobs_slurmctld_forgot_come_from_one_sacct():
 
 def test_without_accounting_the_jobs_slurmctld_forgot_are_left_out():
     fake = FakeSlurm(squeue=(0, SQUEUE, ""), sacct=(1, "", NO_ACCOUNTING))
-    views = runview.slurm_views(SlurmClient(runner=fake), ["239", "440"])
+    views = status_view.slurm_views(SlurmClient(runner=fake), ["239", "440"])
     assert "239" not in views and views["440"].state == "RUNNING"
 
 
 def test_with_slurmctld_down_accounting_answers_and_with_both_down_the_query_fails():
     fake = FakeSlurm(squeue=(1, "", CTLD_DOWN), sacct=(0, SACCT, ""))
-    assert runview.slurm_views(SlurmClient(runner=fake), ["440"])["440"].state == "RUNNING"
+    assert status_view.slurm_views(SlurmClient(runner=fake), ["440"])["440"].state == "RUNNING"
     down = FakeSlurm(squeue=(1, "", CTLD_DOWN), sacct=(1, "", NO_ACCOUNTING))
     with pytest.raises(QueryError, match="Unable to contact slurm controller"):
-        runview.slurm_views(SlurmClient(runner=down), ["440"])
+        status_view.slurm_views(SlurmClient(runner=down), ["440"])
 
 
 @pytest.mark.parametrize(
@@ -109,26 +110,26 @@ def test_with_slurmctld_down_accounting_answers_and_with_both_down_the_query_fai
     [("0:13", 13), ("30:00", 1800), ("1:02:03", 3723), ("2-00:00:01", 172801), ("UNLIMITED", None), ("", None)],
 )
 def test_slurm_clock_times(text, seconds):
-    assert runview.clock_to_seconds(text) == seconds
+    assert status_view.clock_to_seconds(text) == seconds
 
 
 @pytest.mark.parametrize(("text", "gpus"), [("gres:gpu:8", 8), ("gres/gpu:a100:4", 4), ("N/A", 0), ("gpu:2", 2)])
 def test_gpus_per_node_from_squeue(text, gpus):
-    assert runview.gres_gpus(text) == gpus
+    assert status_view.gres_gpus(text) == gpus
 
 
 def test_latest_is_the_run_that_started_last_and_runs_without_submissions_do_not_count(tmp_path):
     record(tmp_path, "aaaa1111", "train", "10", at=100.0)
     record(tmp_path, "bbbb2222", "train", "20", at=200.0)
     Registry(tmp_path, "cccc3333")  # a later start with nothing to do
-    table = runview.run_table(tmp_path)
+    table = status_view.run_table(tmp_path)
     assert list(table) == ["aaaa1111", "bbbb2222"]
-    assert runview.resolve_run(table, "latest") == "bbbb2222"
-    assert runview.resolve_run(table, "aaa") == "aaaa1111"
-    with pytest.raises(runview.RunNotFound, match="no run with id 'zz'"):
-        runview.resolve_run(table, "zz")
-    with pytest.raises(runview.RunNotFound, match="no run has submitted"):
-        runview.resolve_run(runview.run_table(tmp_path / "empty"), "latest")
+    assert status_view.resolve_run(table, "latest") == "bbbb2222"
+    assert status_view.resolve_run(table, "aaa") == "aaaa1111"
+    with pytest.raises(status_view.RunNotFound, match="no run with id 'zz'"):
+        status_view.resolve_run(table, "zz")
+    with pytest.raises(status_view.RunNotFound, match="no run has submitted"):
+        status_view.resolve_run(status_view.run_table(tmp_path / "empty"), "latest")
 
 
 def test_rows_say_what_slurm_and_the_files_say(tmp_path):
@@ -149,7 +150,9 @@ def test_rows_say_what_slurm_and_the_files_say(tmp_path):
     (tmp_path / STATE_DIR).mkdir(parents=True)
     protocol.marker(tmp_path / STATE_DIR, "12", protocol.EXIT_MARKER).write_text("0 0\n")
     fake = FakeSlurm(sacct=(1, "", NO_ACCOUNTING), squeue=(0, SQUEUE, ""))
-    rows = {r.rule: r for r in runview.collect(tmp_path, runview.run_table(tmp_path)[run], SlurmClient(runner=fake))}
+    rows = {
+        r.rule: r for r in status_view.collect(tmp_path, status_view.run_table(tmp_path)[run], SlurmClient(runner=fake))
+    }
     assert rows["train"].state == "RUNNING" and rows["train"].restarts == 2  # squeue's RestartCnt
     assert rows["train"].log.endswith("440.attempt1.restart2.log")  # the current run's log
     assert rows["train"].progress == "step 3/10 loss 4.7 ETA 14s"  # ETA while it runs
@@ -161,7 +164,7 @@ def test_rows_say_what_slurm_and_the_files_say(tmp_path):
     assert rows["lost"].state == "UNSUBMITTED" and rows["lost"].jobid is None
     assert (rows["old"].state, rows["old"].reason) == ("ENDED", "exit 0")  # SLURM forgot it; the marker did not
     assert rows["old"].restarts == 1  # counted from its restart logs
-    text = runview.render(run, list(rows.values()), tmp_path)
+    text = status_view.render(run, list(rows.values()), tmp_path)
     lines = text.splitlines()
     assert lines[0].startswith(f"run {run}: 4 job(s), ")
     assert lines[1].split() == ["RULE", "JOBID", "STATE", "NODESxGPUS", "ELAPSED/LIMIT", "RESTARTS", "PROGRESS", "LOG"]
@@ -175,7 +178,7 @@ def test_a_finished_training_shows_its_last_step_without_an_eta(tmp_path):
     sub = record(tmp_path, "r1", "train", "239", at=1.0)
     Path(sub.log).parent.mkdir(parents=True)
     protocol.metrics_file(Path(sub.log)).write_text(json.dumps({"step": 10, "steps": 10, "step_ms": 5}) + "\n")
-    rows = runview.collect(tmp_path, [sub], SlurmClient(runner=FakeSlurm(sacct=(0, SACCT, ""))))  # squeue: gone
+    rows = status_view.collect(tmp_path, [sub], SlurmClient(runner=FakeSlurm(sacct=(0, SACCT, ""))))  # squeue: gone
     assert (rows[0].state, rows[0].restarts, rows[0].progress) == ("COMPLETED", 1, "step 10/10")
 
 
@@ -188,7 +191,7 @@ def test_watch_redraws_a_terminal_and_appends_to_a_pipe():
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        runview.watch(lambda: "table", 5, out.append, tty=True, sleep=sleep)
+        status_view.watch(lambda: "table", 5, out.append, tty=True, sleep=sleep)
     assert out == ["\x1b[H\x1b[2Jtable"] * 2
     out.clear()
 
@@ -196,7 +199,7 @@ def test_watch_redraws_a_terminal_and_appends_to_a_pipe():
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        runview.watch(lambda: "table", 5, out.append, tty=False, sleep=stop)
+        status_view.watch(lambda: "table", 5, out.append, tty=False, sleep=stop)
     assert out == ["table\n"]
 
 
@@ -206,8 +209,8 @@ def test_cancel_cancels_the_runs_queued_and_running_jobs_and_no_other(tmp_path, 
     record(tmp_path, "mine0001", "done", "239", at=3.0)
     record(tmp_path, "other002", "train", "227", at=4.0)  # newer, and running: not the run asked for
     fake = FakeSlurm(sacct=(0, SACCT, ""))
-    monkeypatch.setattr(runcli, "_client", lambda: SlurmClient(runner=fake))
+    monkeypatch.setattr(runs, "_client", lambda: SlurmClient(runner=fake))
     args = argparse.Namespace(directory=tmp_path, run="mine")
-    assert runcli.cancel_command(args) == 0
+    assert runs.cancel_command(args) == 0
     assert fake.called("scancel") == [["scancel", "440", "448"]]  # 239 had ended; 227 is another run's
     assert "run mine0001: cancelled SLURM job(s) 440 448" in capsys.readouterr().out

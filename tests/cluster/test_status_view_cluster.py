@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES
-from snakemake_executor_multinode.watching import report
-from snakemake_executor_multinode.watching import status_view as runview
+from snakemake_executor_multinode.watching import report, status_view
 from tests.helpers import REPO, background, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -88,7 +87,7 @@ def test_status_and_progress_lines_while_a_normal_run_trains_and_after_it_ended(
         (wd / "release").touch()
         assert sm.proc.wait(timeout=300) == 0, sm.text
         assert len(sm.matching("step 3/10")) == 1  # the step did not move: nothing more was said about it
-    run_id = runview.resolve_run(runview.run_table(wd), "latest")
+    run_id = status_view.resolve_run(status_view.run_table(wd), "latest")
     rows = table(wd, "--run", run_id)
     assert {rule: cell(row, "STATE") for rule, row in rows.items()} == {"train": "COMPLETED", "evaluate": "COMPLETED"}
     assert cell(rows["train"], "PROGRESS") == "step 10/10 loss 4 184k tok/s"  # the last line, no ETA once ended
@@ -122,9 +121,9 @@ def test_cancel_of_one_run_leaves_another_runs_jobs_alone(slurm_cluster, tmp_pat
     wd = workflow(tmp_path)
     snakemake(wd, "--immediate-submit", "--notemp", "results/wait_a.txt")
     snakemake(wd, "--immediate-submit", "--notemp", "results/wait_b.txt")
-    run_a, run_b = runview.run_table(wd)
-    job_a = runview.run_table(wd)[run_a][0].jobid
-    job_b = runview.run_table(wd)[run_b][0].jobid
+    run_a, run_b = status_view.run_table(wd)
+    job_a = status_view.run_table(wd)[run_a][0].jobid
+    job_b = status_view.run_table(wd)[run_b][0].jobid
     assert job_a and job_b
     out = multinode(wd, "cancel", "--run", run_a)
     assert out.strip() == f"run {run_a}: cancelled SLURM job(s) {job_a}"
@@ -141,7 +140,7 @@ def test_cancel_of_one_run_leaves_another_runs_jobs_alone(slurm_cluster, tmp_pat
 def test_efficiency_report_of_a_cpu_spin_an_idle_job_and_a_gpu_job_against_sacct(slurm_cluster, tmp_path):
     wd = workflow(tmp_path)
     proc = snakemake(wd, "--multinode-efficiency-report", "efficiency")
-    run_id = runview.resolve_run(runview.run_table(wd), "latest")
+    run_id = status_view.resolve_run(status_view.run_table(wd), "latest")
     assert f"efficiency of run {run_id}: 3 job(s)" in proc.stderr
     csv_path = wd / ".snakemake" / "multinode" / "reports" / f"{run_id}.csv"
     assert csv_path.is_file() and csv_path.with_suffix(".md").is_file()
@@ -160,7 +159,7 @@ def test_efficiency_report_of_a_cpu_spin_an_idle_job_and_a_gpu_job_against_sacct
         assert float(line["cpu_s"]) == pytest.approx(total_cpu, abs=0.05)
         efficiency = total_cpu / (int(rec["ElapsedRaw"]) * int(rec["AllocCPUS"]))
         assert float(line["cpu_efficiency"]) == pytest.approx(efficiency, abs=1e-3)
-        gpus = int(runview.tres_map(rec["AllocTRES"]).get("gres/gpu", "0"))
+        gpus = int(status_view.tres_map(rec["AllocTRES"]).get("gres/gpu", "0"))
         assert float(line["gpu_hours"]) == pytest.approx(gpus * int(rec["ElapsedRaw"]) / 3600, abs=1e-4)
     # A job of known size: the spin used >= 4 CPU-seconds (it measured them itself), all of them in the job.
     cpu, wall = map(float, (wd / "results" / "spin.txt").read_text().split())
