@@ -45,12 +45,12 @@ class _Stop(BaseException):
 
 
 @dataclass
-class Outcome:
+class Inspection:
     reached: bool  # Snakemake built our Executor (else it stopped earlier and said why)
     value: Any = None
 
 
-def inspect(argv: Sequence[str], task: Callable[[Executor], Any]) -> Outcome:
+def inspect(argv: Sequence[str], task: Callable[[Executor], Any]) -> Inspection:
     """Run Snakemake on `argv` as `snakemake --executor multinode` would, until it constructs our Executor; then call
     `task(executor)` where the executor would validate its planned jobs, and stop: nothing is submitted."""
     from snakemake.cli import args_to_api, parse_args
@@ -61,7 +61,7 @@ def inspect(argv: Sequence[str], task: Callable[[Executor], Any]) -> Outcome:
         parser, args = parse_args(list(argv))
     except Exception as err:  # what `snakemake` would print with a Python stack under it
         print(f"multinode: the Snakemake arguments are not valid: {type(err).__name__}: {err}", file=sys.stderr)
-        return Outcome(False)
+        return Inspection(False)
     args.executor = "multinode"
     args.dryrun = args.touch = False  # `-n` out of habit: nothing runs anyway
     args.nolock = True  # reads only: never waits for a running Snakemake's lock, never leaves one
@@ -88,10 +88,10 @@ def inspect(argv: Sequence[str], task: Callable[[Executor], Any]) -> Outcome:
     try:
         args_to_api(args, parser)
     except _Stop as stop:
-        return Outcome(True, stop.value)
+        return Inspection(True, stop.value)
     finally:
         plugin.executor = original
-    return Outcome(False)
+    return Inspection(False)
 
 
 # --- multinode check -------------------------------------------------------------------------------------------
