@@ -27,6 +27,10 @@ def log_stem(jobid: str, attempt: int) -> str:
 # Snakemake's --retries) resumes from the checkpoint. Chosen outside the shell's 126+ and signal ranges.
 EXIT_PREEMPTED = 85
 
+# Exit code of a restart (requeue, preemption) whose code changed since submission while nothing was frozen
+# (--multinode-snapshot off, or no git): it stops rather than resume a checkpoint with other code.
+EXIT_CODE_CHANGED = 86
+
 # Markers the job script writes into the state folder (on the shared filesystem), named <jobid><suffix>.
 EXIT_MARKER = ".exit"  # "<exit code> <restart>" of the run that wrote it, written last (atomically, by rename)
 FAILED_NODE_MARKER = ".failed-node"  # the node whose launch failed first (written by the launcher)
@@ -36,6 +40,9 @@ MARKERS = (EXIT_MARKER, FAILED_NODE_MARKER, PREEMPT_MARKER, REQUEUE_MARKER)
 # The metrics file is named after the job's log, not its id alone: the log folder keeps it for `multinode status`
 # after the run (the state folder's markers are removed once Snakemake has seen the job end).
 METRICS_SUFFIX = ".metrics.jsonl"
+# Each run of a job (the first, each restart) appends a start and an end line here, beside the metrics file: its
+# job id, restart count, nodes, GPUs, versions, start, end and exit, for the output's provenance record.
+RUNS_SUFFIX = ".runs.jsonl"
 
 # Variables the job script exports for the launcher and the training.
 STATE_DIR_VAR = "MULTINODE_STATE_DIR"
@@ -47,6 +54,8 @@ CPUS_PER_TASK_VAR = "MULTINODE_CPUS_PER_TASK"
 OMP_THREADS_VAR = "MULTINODE_OMP_NUM_THREADS"  # CPUs per GPU process, for rules that start their own workers
 REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run handed over to its requeued rerun
 COMMAND_VAR = "MULTINODE_COMMAND"  # internal to the job script: the rule's command (its process group's id)
+RUNS_FILE_VAR = "MULTINODE_RUNS_FILE"  # internal to the job script: where each run's start and end are recorded
+CHANGED_VAR = "MULTINODE_CHANGED"  # internal to the job script: the files a restart found changed
 # Training: write your metrics JSON lines here, or make this path a link to your own metrics file. It lies beside
 # the job's log (so it outlives the run), and `multinode status` and the progress lines read its last line.
 METRICS_FILE_VAR = "MULTINODE_METRICS_FILE"
@@ -90,6 +99,8 @@ VARIABLES = (
     OMP_THREADS_VAR,
     REQUEUED_VAR,
     COMMAND_VAR,
+    RUNS_FILE_VAR,
+    CHANGED_VAR,
     METRICS_FILE_VAR,
     LOG_STEM_VAR,
     *CONTAINER_VARIABLES,
@@ -146,6 +157,11 @@ def marker_shell(suffix: str) -> str:
 def metrics_file(log: Path) -> Path:
     """The metrics file of the job whose first log is `log`: <jobid>.attempt<n>.log -> ....metrics.jsonl beside it."""
     return log.with_name(log.name.removesuffix(".log") + METRICS_SUFFIX)
+
+
+def runs_file(log: Path) -> Path:
+    """The runs file of the job whose first log is `log`, beside it."""
+    return log.with_name(log.name.removesuffix(".log") + RUNS_SUFFIX)
 
 
 def node_log(stem: str, node: str) -> str:

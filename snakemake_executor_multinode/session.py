@@ -9,18 +9,20 @@ reattach or [write the script, record, sbatch, record the job id] -> track.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from snakemake_executor_multinode import protocol
-from snakemake_executor_multinode.planning import submit_check
+from snakemake_executor_multinode.planning import environment, snapshot, submit_check
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.planning.request import refuse_container_directive
 from snakemake_executor_multinode.planning.settings import Settings
 from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError
-from snakemake_executor_multinode.watching import reattach, report
+from snakemake_executor_multinode.watching import provenance, reattach, report
 from snakemake_executor_multinode.watching.failure import failure_message
 from snakemake_executor_multinode.watching.progress import ProgressLines
 from snakemake_executor_multinode.watching.registry import Registry, Submission
@@ -125,6 +127,9 @@ class Session:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         pending = folder / f"{plan.job_name}.sh"
         _write_private(pending, plan.script)
+        if plan.code_files:  # nothing frozen: what a restart checks
+            _write_private(plan.code_manifest, snapshot.manifest(plan.code_files))
+        provenance.save_submission(self.workdir, plan.job_name, self._provenance(plan, outputs))
         sub = self.registry.record(
             Submission(
                 self.run_id, req.rule, dict(req.wildcards), outputs, plan.job_name, req.attempt, str(pending),
@@ -140,6 +145,26 @@ class Session:
         sub = self.registry.submitted(sub, jobid, str(plan.log_path(jobid)), str(script))
         self.info(f"rule {req.rule}: SLURM job {jobid} ({req.nodes} node(s) x {req.gpus} GPU(s)); log {sub.log}")
         return sub
+
+    def _provenance(self, plan: JobPlan, outputs: Sequence[str]) -> dict[str, Any]:
+        req, frozen = plan.request, plan.snapshot
+        code: dict[str, Any]
+        if frozen is not None:
+            code = {
+                "snapshot": frozen.digest, "repository": str(frozen.repo), "commit": frozen.commit,
+                "uncommitted": frozen.uncommitted, "files": len(frozen.files),
+            }  # fmt: skip
+        else:
+            code = {"snapshot": None, "files": {str(f): h for h, f in snapshot.hashes(plan.code_files)}}
+        return provenance.submission(
+            rule=req.rule,
+            wildcards=dict(req.wildcards),
+            command=plan.command,
+            script=plan.script,
+            code=code,
+            environment=environment.resolve(self.planner.profiles, req.env_profile),
+            outputs=outputs,
+        )
 
     def _dependencies(self, upstream: Iterable[str]) -> list[str]:
         ids = {self.job_ids[f] for f in upstream if f in self.job_ids}
@@ -169,6 +194,13 @@ class Session:
         self.tracker.forget(sub.jobid)
         self.registry.ended(sub, "success" if outcome.success else "failed")
         if outcome.success:
+            try:
+                provenance.finish(
+                    self.workdir, sub.job_name, protocol.runs_file(Path(sub.log)) if sub.log else None,
+                    {"state": "success", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+                )  # fmt: skip
+            except provenance.ProvenanceError as err:  # the bookkeeping fails, loudly; the training did not
+                return Ended(sub, False, f"SLURM job {sub.jobid} succeeded, but {err}")
             return Ended(sub, True)
         if outcome.failed_node:
             self.failed_nodes[sub.outputs] = (*self.failed_nodes.get(sub.outputs, ()), outcome.failed_node)

@@ -101,6 +101,7 @@ class Executor(RemoteExecutor):
             attempt=facts.attempt,
             declared_nodes=facts.declared_nodes,
             key=f"{str(job.jobid)[:8]}.{facts.attempt}",
+            keep=(*facts.outputs, *facts.logs),
         )
         try:
             return self.session.plan(rule_job, facts.outputs, facts.container_image, facts.shellcmd)

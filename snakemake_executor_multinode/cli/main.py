@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     from snakemake_executor_multinode.cli.runs import add_parsers as add_run_commands  # status, cancel, report
 
     add_run_commands(sub)
+    from snakemake_executor_multinode.watching.provenance import add_parser as add_provenance
+
+    add_provenance(sub)
     args = parser.parse_args(argv)
     if args.command != "cluster":
         return args.func(args)

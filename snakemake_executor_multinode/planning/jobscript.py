@@ -33,6 +33,8 @@ class ScriptContext:
     state_dir: PurePath
     job_name: str
     title: str = ""
+    code: str = ""  # what code the command runs (the snapshot), for the script's reader
+    code_manifest: PurePath | None = None  # the restart's code check (sha256sum -c), when nothing is frozen
 
 
 def safe_component(text: str, limit: int = 80) -> str:
@@ -126,6 +128,10 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "workdir": shell_quote(str(ctx.workdir)),
         "command": f"bash -c {q(ctx.command)}",
         "max_requeues": str(req.max_requeues),
+        "code": inert(ctx.code or "as the command names it"),
+        "code_manifest": shell_quote(str(ctx.code_manifest or "/dev/null/none")),
+        "exit_code_changed": str(protocol.EXIT_CODE_CHANGED),
+        "runs_file": f"{shell_quote(str(ctx.workdir / ctx.log_dir))}/{stem}{protocol.RUNS_SUFFIX}",
     }
     template = resources.files(__package__).joinpath("templates", "job.sh").read_text()
 

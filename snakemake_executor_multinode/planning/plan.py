@@ -16,9 +16,10 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from snakemake_executor_multinode import protocol
-from snakemake_executor_multinode.planning import environment, jobscript
+from snakemake_executor_multinode.planning import environment, jobscript, snapshot
 from snakemake_executor_multinode.planning.request import JobRequest, RequestError, build_request
 from snakemake_executor_multinode.planning.settings import Settings, SettingsError
+from snakemake_executor_multinode.planning.snapshot import Snapshot
 
 _NODE = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a node name as the launcher reports it
 _LOGDIR = re.compile(r"^[A-Za-z0-9_.+\-][A-Za-z0-9_./+\-]*$")
@@ -37,6 +38,7 @@ class RuleJob:
     declared_nodes: int | None = None  # what the rule itself asked for, when Snakemake's --resources capped it
     key: str = ""  # tells this submission apart from every other of the run (in the job name)
     avoid_nodes: tuple[str, ...] = ()  # nodes an earlier attempt of this job failed on: excluded for this one
+    keep: tuple[str, ...] = ()  # the job's outputs and logs: paths the code snapshot never takes over
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,23 @@ class JobPlan:
     workdir: Path
     log_dir: PurePath  # relative to workdir
     state_dir: Path
+    command: str = ""  # the rule's command as Snakemake formatted it (the script runs it with frozen code)
+    snapshot: Snapshot | None = None  # the frozen code the script's command points into
+    code_files: tuple[Path, ...] = ()  # without a snapshot: the files a restart checks for changes
 
     @property
     def fingerprint(self) -> str:
-        """The script without what differs between runs of the same job (its name): equal means same job."""
-        return hashlib.sha256(self.script.replace(self.job_name, "").encode()).hexdigest()[:16]
+        """The script without what differs between runs of the same job (its name; the snapshot holding its code,
+        whose changes Snakemake's own rerun triggers judge): equal means same job."""
+        script = self.script.replace(self.job_name, "")
+        if self.snapshot is not None:
+            script = script.replace(str(self.snapshot.root), "")
+        return hashlib.sha256(script.encode()).hexdigest()[:16]
+
+    @property
+    def code_manifest(self) -> Path:
+        """sha256sum's check file of `code_files`, beside the job's script (written at submission)."""
+        return self.workdir / self.log_dir / f"{self.job_name}.code.sha256"
 
     def log_path(self, jobid: str) -> Path:
         return self.workdir / self.log_dir / f"{protocol.log_stem(jobid, self.request.attempt)}.log"
@@ -75,6 +89,7 @@ class Planner:
                 f"--multinode-logdir={settings.logdir!r}: a relative folder of letters, digits and _ . / + - only"
             )
         self.profiles = environment.load_profiles(settings.env_profiles)  # EnvProfileError names file and key
+        self.snapshots = snapshot.SnapshotStore(workdir, settings.snapshot)  # SnapshotError names setting and path
         if settings.env_profile is not None:
             environment.select(self.profiles, settings.env_profile, where="--multinode-env-profile")
 
@@ -112,11 +127,29 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
     log_dir = jobscript.log_dir_for(PurePath(planner.settings.logdir), req)
     state_dir = planner.workdir / protocol.STATE_DIR
     name = jobscript.safe_component(f"mn-{planner.run_id}-{req.rule}" + (f"-{job.key}" if job.key else ""), 120)
+    frozen = planner.snapshots.freeze()
+    code_files: tuple[Path, ...] = ()
+    if frozen is not None:
+        command = snapshot.rewrite(job.command, frozen, planner.workdir, job.keep)
+        if loose := snapshot.unfrozen(job.command, frozen, planner.workdir, job.keep):
+            names = ", ".join(str(f) for f in loose)
+            note = f"rule {job.rule!r}: not frozen with the code (git does not track it; `git add` it): {names}"
+            req = replace(req, warnings=(*req.warnings, note))
+    else:
+        command, code_files = job.command, tuple(snapshot.named_files(job.command, planner.workdir, job.keep))
     ctx = jobscript.ScriptContext(
-        command=job.command, workdir=planner.workdir, log_dir=log_dir, state_dir=state_dir, job_name=name
+        command=command,
+        workdir=planner.workdir,
+        log_dir=log_dir,
+        state_dir=state_dir,
+        job_name=name,
+        code=frozen.describe() if frozen else "not frozen: a restart checks the files the command names",
+        code_manifest=planner.workdir / log_dir / f"{name}.code.sha256",
     )
     script = jobscript.render(req, ctx, lines)
-    return JobPlan(req, name, tuple(lines), script, planner.workdir, log_dir, state_dir)
+    return JobPlan(
+        req, name, tuple(lines), script, planner.workdir, log_dir, state_dir, job.command, frozen, code_files
+    )
 
 
 def direct_command(shellcmd: str, outputs: Sequence[str], logs: Sequence[str] = ()) -> str:

@@ -120,6 +120,14 @@ class Settings:
             f"{protocol.REPORTS_DIR}/<run>.{{csv,md}} and print its summary."
         },
     )
+    snapshot: str = field(
+        default="git",
+        metadata={
+            "help": "The code every run of a job (first, requeue, restart) executes, frozen at submission: 'git' (the "
+            "workflow repository's files git knows, with uncommitted changes), comma-separated files or folders "
+            "(relative to the working directory; without git), or 'off' (a restart whose code changed stops)."
+        },
+    )
     progress_seconds: float = field(
         default=60.0,
         metadata={

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from snakemake_executor_multinode.protocol import (
+    EXIT_CODE_CHANGED,
     EXIT_MARKER,
     EXIT_PREEMPTED,
     FAILED_NODE_MARKER,
@@ -51,6 +52,8 @@ class Outcome:
             parts.append(f"job script exit {self.exit_code}")
             if self.exit_code == EXIT_PREEMPTED:
                 parts.append("(checkpointed before the time limit and not requeued: a rerun resumes)")
+            if self.exit_code == EXIT_CODE_CHANGED:
+                parts.append("(a restart found the code changed since submission and did not resume: see the log)")
         if self.failed_node:
             parts.append(f"failing node {self.failed_node}")
         if self.finished and self.note:

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Snakemake rule train
 # Written by snakemake-executor-plugin-multinode; `multinode preview` prints the same script.
+# Code: as the command names it
 # ==== 1. resources ===============================================================================
 #SBATCH --job-name=mn-0123abcd-train
 #SBATCH --comment=rule_train_wildcards__
@@ -32,11 +33,14 @@ MULTINODE_STATE_DIR=/work/project/.snakemake/multinode/state
 export MULTINODE_PREEMPT_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.preempted"
 export MULTINODE_FAILED_NODE_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.failed-node"
 export MULTINODE_METRICS_FILE=/work/project/.snakemake/multinode/logs/rule_train/_/"$SLURM_JOB_ID".attempt1.metrics.jsonl  # training progress: `multinode status` reads its last line
+MULTINODE_RUNS_FILE=/work/project/.snakemake/multinode/logs/rule_train/_/"$SLURM_JOB_ID".attempt1.runs.jsonl  # each run's start and end, for the outputs' provenance records
 MULTINODE_REQUEUED=0
 multinode_finish() {
     local rc=$?
     [ "$MULTINODE_REQUEUED" = 1 ] && return
     echo "[multinode] exit $rc, $(date -Is)"
+    printf '{"event": "end", "job": "%s", "restart": %s, "exit": %s, "time": "%s"}\n' \
+        "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$rc" "$(date -Is)" >>"$MULTINODE_RUNS_FILE"
     local marker="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit"
     # atomic (never read half-written); the restart tells a requeued job's earlier runs from its last, the job name
     # (unique to the submission) this job's marker from one of an earlier job with the same id
@@ -48,6 +52,15 @@ mkdir -p "$MULTINODE_STATE_DIR"
 rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE"
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
 [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.requeued"
+
+# A restart runs the code the job was submitted with; where it could not be frozen, changed code stops it.
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e /dev/null/none ]; then
+    if ! MULTINODE_CHANGED=$(sha256sum --quiet -c /dev/null/none 2>&1); then
+        echo "[multinode] not resuming: the code changed since the job was submitted:" $MULTINODE_CHANGED
+        echo "[multinode] rerun the job with Snakemake (or keep the code frozen: --multinode-snapshot)"
+        exit 86
+    fi
+fi
 
 # ==== 2. environment =============================================================================
 # CUDA: PATH keeps what it had; LD_LIBRARY_PATH and CUDA_HOME are replaced so CUDA versions never mix
@@ -90,6 +103,10 @@ export MULTINODE_OMP_NUM_THREADS=8  # CPUs per GPU process, for rules that start
 echo "NODE_NUM=$NODE_NUM"
 echo "NODELIST: $(echo $NODELIST)"
 echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+# This run's nodes, GPUs and package versions (importlib metadata: no torch import), in the job's environment
+multinode provenance --start "$MULTINODE_RUNS_FILE" 2>/dev/null ||
+    printf '{"event": "start", "job": "%s", "restart": %s, "nodes": "%s", "time": "%s"}\n' "$SLURM_JOB_ID" \
+        "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_NODELIST" "$(date -Is)" >>"$MULTINODE_RUNS_FILE"
 
 # ==== 4. the rule ================================================================================
 # Snakemake gives every shell command OMP/BLAS threads = the rule's threads; `multinode torchrun` sets

@@ -91,7 +91,12 @@ def test_the_core_never_imports_the_adapter():
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
-BENCHMARK_MODULES = ["benchmarks/chain_overhead.py", "benchmarks/launch.py", "benchmarks/gpu/plain_torch.py"]
+BENCHMARK_MODULES = [
+    "benchmarks/chain_overhead.py",
+    "benchmarks/launch.py",
+    "benchmarks/gpu/plain_torch.py",
+    "benchmarks/snapshot.py",
+]
 
 
 @pytest.mark.parametrize("script", BENCHMARK_MODULES)
@@ -99,6 +104,16 @@ def test_every_benchmark_script_imports(script):
     spec = importlib.util.spec_from_file_location(Path(script).stem + "_under_test", REPO / script)
     assert spec and spec.loader
     spec.loader.exec_module(importlib.util.module_from_spec(spec))  # its main() runs only as __main__
+
+
+def test_the_snapshot_benchmark_runs_at_a_tiny_size(tmp_path):
+    out = tmp_path / "r.json"
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks/snapshot.py"), "--files", "20", "--out", str(out)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    results = json.loads(out.read_text())
+    assert results["generated_20_files"]["files"] == 21 and results["example_repository"]["snapshot_dirs"] == 2
 
 
 def test_the_gpu_summary_runs_on_a_tiny_metrics_file(tmp_path):

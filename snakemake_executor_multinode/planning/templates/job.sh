@@ -1,6 +1,7 @@
 #!/bin/bash
 # {{title}}
 # Written by snakemake-executor-plugin-multinode; `multinode preview` prints the same script.
+# Code: {{code}}
 # ==== 1. resources ===============================================================================
 {{sbatch}}
 
@@ -17,11 +18,14 @@ MULTINODE_STATE_DIR={{state_dir}}
 export MULTINODE_PREEMPT_FILE={{preempt_marker}}
 export MULTINODE_FAILED_NODE_FILE={{failed_node_marker}}
 export MULTINODE_METRICS_FILE={{metrics_file}}  # training progress: `multinode status` reads its last line
+MULTINODE_RUNS_FILE={{runs_file}}  # each run's start and end, for the outputs' provenance records
 MULTINODE_REQUEUED=0
 multinode_finish() {
     local rc=$?
     [ "$MULTINODE_REQUEUED" = 1 ] && return
     echo "[multinode] exit $rc, $(date -Is)"
+    printf '{"event": "end", "job": "%s", "restart": %s, "exit": %s, "time": "%s"}\n' \
+        "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$rc" "$(date -Is)" >>"$MULTINODE_RUNS_FILE"
     local marker={{exit_marker}}
     # atomic (never read half-written); the restart tells a requeued job's earlier runs from its last, the job name
     # (unique to the submission) this job's marker from one of an earlier job with the same id
@@ -33,6 +37,15 @@ mkdir -p "$MULTINODE_STATE_DIR"
 rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE"
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
 [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f {{exit_marker}} {{requeue_marker}}
+
+# A restart runs the code the job was submitted with; where it could not be frozen, changed code stops it.
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e {{code_manifest}} ]; then
+    if ! MULTINODE_CHANGED=$(sha256sum --quiet -c {{code_manifest}} 2>&1); then
+        echo "[multinode] not resuming: the code changed since the job was submitted:" $MULTINODE_CHANGED
+        echo "[multinode] rerun the job with Snakemake (or keep the code frozen: --multinode-snapshot)"
+        exit {{exit_code_changed}}
+    fi
+fi
 
 # ==== 2. environment =============================================================================
 {{environment}}
@@ -53,6 +66,10 @@ export MULTINODE_OMP_NUM_THREADS={{omp_threads}}  # CPUs per GPU process, for ru
 echo "NODE_NUM=$NODE_NUM"
 echo "NODELIST: $(echo $NODELIST)"
 echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+# This run's nodes, GPUs and package versions (importlib metadata: no torch import), in the job's environment
+multinode provenance --start "$MULTINODE_RUNS_FILE" 2>/dev/null ||
+    printf '{"event": "start", "job": "%s", "restart": %s, "nodes": "%s", "time": "%s"}\n' "$SLURM_JOB_ID" \
+        "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_NODELIST" "$(date -Is)" >>"$MULTINODE_RUNS_FILE"
 
 # ==== 4. the rule ================================================================================
 # Snakemake gives every shell command OMP/BLAS threads = the rule's threads; `multinode torchrun` sets

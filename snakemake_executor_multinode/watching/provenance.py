@@ -1,0 +1,287 @@
+"""Every output says how it was made: one provenance record per job, written when the run sees the job end.
+
+Two halves. At submission (`submission`), what the plan knows: rule, wildcards, the command, the job script's hash,
+the code (snapshot digest, git commit, hash of the uncommitted changes; or the hashes of the files the command names),
+the resolved environment profile (values of secret-looking variables are never written), the container image, the
+submitting side's Snakemake and plugin. In the job (`multinode provenance --start FILE`, one line per run of the job:
+the first, each requeue, each SLURM restart): job id, restart count, nodes, this node's GPUs (where nvidia-smi
+answers), the job environment's Python, torch, NCCL, ColossalAI, Snakemake and plugin versions (read from package
+metadata: no torch import), and the container image's digest (podman); the job script's EXIT trap adds the run's
+end and exit code. `finish` joins both halves into the record of every output of the job, written atomically and
+readable by its owner only, under .snakemake/multinode/provenance/.
+
+`multinode provenance PATH` prints an output's record; `--diff A B` says what differs between two outputs' records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from snakemake_executor_multinode import __version__, protocol
+
+PROVENANCE_DIR = protocol.STATE_ROOT / "provenance"
+SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH", re.I)
+REDACTED = "<redacted>"
+PACKAGES = ("torch", "colossalai", "snakemake", "snakemake-executor-plugin-multinode", "numpy", "transformers")
+NCCL_PACKAGES = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+
+
+class ProvenanceError(OSError):
+    """A record that could not be written: the job's bookkeeping fails, loudly."""
+
+
+def redacted(profile: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved environment profile with the value of every secret-looking variable replaced (never written)."""
+
+    def clean(key: str, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {k: clean(str(k), v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(key, v) for v in value]
+        return REDACTED if SECRET.search(key) else value
+
+    return {k: clean(str(k), v) for k, v in profile.items()}
+
+
+def submission(
+    *,
+    rule: str,
+    wildcards: Mapping[str, str],
+    command: str,
+    script: str,
+    code: Mapping[str, Any],
+    environment: Mapping[str, Any],
+    outputs: Sequence[str],
+) -> dict[str, Any]:
+    """What the plan knows of a job when it is submitted."""
+    container = environment.get("container") or {}
+    return {
+        "rule": rule,
+        "wildcards": dict(wildcards),
+        "outputs": list(outputs),
+        "command": command,
+        "job_script_sha256": hashlib.sha256(script.encode()).hexdigest(),
+        "code": dict(code),
+        "environment": redacted(environment),
+        "container": {"image": container.get("image")} if isinstance(container, Mapping) and container else None,
+        "submitted": {
+            "time": _now(),
+            "host": socket.gethostname(),
+            "snakemake": _version("snakemake"),
+            "plugin": __version__,
+        },
+    }
+
+
+def save_submission(workdir: Path, job_name: str, record: Mapping[str, Any]) -> None:
+    _write(workdir / PROVENANCE_DIR / "jobs" / f"{job_name}.json", record)
+
+
+def finish(workdir: Path, job_name: str, runs_file: Path | None, ended: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The job's whole record (its submission half and every run's lines), written for each of its outputs;
+    None for a job submitted before records were kept. ProvenanceError when it cannot be written."""
+    try:
+        record = json.loads((workdir / PROVENANCE_DIR / "jobs" / f"{job_name}.json").read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise ProvenanceError(f"provenance of {job_name}: {err}") from err
+    record["runs"] = _runs(runs_file)
+    record["ended"] = dict(ended)
+    for output in record["outputs"]:
+        _write(record_path(workdir, output), record)
+    return record
+
+
+def record_path(workdir: Path, output: str) -> Path:
+    key = hashlib.sha256(os.path.normpath(output).encode()).hexdigest()[:32]
+    return workdir / PROVENANCE_DIR / "outputs" / f"{key}.json"
+
+
+def find(workdir: Path, output: str) -> dict[str, Any] | None:
+    """The record of an output (a path relative to the working directory, or absolute inside it)."""
+    path = Path(output)
+    if path.is_absolute():
+        try:
+            path = path.resolve().relative_to(workdir.resolve())
+        except ValueError:
+            return None
+    try:
+        return json.loads(record_path(workdir, str(path)).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# What --diff compares, by theme: (label, keys into the record)
+THEMES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("code", ("code",)),
+    ("config", ("rule", "wildcards", "command", "job_script_sha256")),
+    ("environment", ("environment", "container", "versions")),
+    ("nodes", ("nodes", "gpus")),
+)
+
+
+def diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """What differs between two records, theme by theme: one line per differing leaf."""
+    fa, fb = _flat(_comparable(a)), _flat(_comparable(b))
+    lines = []
+    for theme, keys in THEMES:
+        for key in sorted(set(fa) | set(fb)):
+            if key.split(".")[0] in keys and fa.get(key) != fb.get(key):
+                lines.append(f"{theme}: {key}: {fa.get(key, '-')!r} -> {fb.get(key, '-')!r}")
+    return lines
+
+
+def _comparable(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The record with its runs' versions, nodes and GPUs lifted out (of the last run): what made the output."""
+    starts = [r for r in record.get("runs", []) if r.get("event") == "start"]
+    last = starts[-1] if starts else {}
+    return {**record, "versions": last.get("versions"), "nodes": last.get("nodes"), "gpus": last.get("gpus")}
+
+
+def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out |= _flat(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return {prefix: obj}
+
+
+# --- in the job -------------------------------------------------------------------------------------------------
+def versions() -> dict[str, str | None]:
+    """The job environment's versions, from package metadata (nothing is imported)."""
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        found[name] = _version(name)
+    found["nccl"] = next((v for n in NCCL_PACKAGES if (v := _version(n))), None)
+    return found
+
+
+def gpus() -> list[str]:
+    """This node's GPUs as nvidia-smi names them ("NVIDIA H200, GPU-<uuid>"); [] where it does not answer."""
+    try:
+        proc = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,uuid", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in proc.stdout.splitlines() if line.strip()] if proc.returncode == 0 else []
+
+
+def container_digest(env: Mapping[str, str]) -> str | None:
+    if env.get(protocol.CONTAINER_RUNTIME_VAR) != "podman" or not env.get(protocol.CONTAINER_IMAGE_VAR):
+        return None
+    try:
+        proc = subprocess.run(
+            ["podman", "image", "inspect", "--format", "{{.Digest}}", env[protocol.CONTAINER_IMAGE_VAR]],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def start_line(env: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "event": "start",
+        "job": env.get("SLURM_JOB_ID"),
+        "restart": int(env.get("SLURM_RESTART_COUNT") or 0),
+        "nodes": env.get("SLURM_JOB_NODELIST"),
+        "host": socket.gethostname(),
+        "time": _now(),
+        "gpus": gpus(),
+        "versions": versions(),
+        "container_digest": container_digest(env),
+    }
+
+
+def _runs(path: Path | None) -> list[dict[str, Any]]:
+    if path is None:
+        return []
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a node's death: the others still count
+    return out
+
+
+def _write(path: Path, record: Mapping[str, Any]) -> None:
+    """Atomically (a reader never sees half), readable by the owner only (records name hosts, paths, commands)."""
+    try:
+        path.parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # provenance/: owner only, as its files
+        path.parent.mkdir(exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh, indent=1, sort_keys=True)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except OSError as err:
+        raise ProvenanceError(f"cannot write the provenance record {path}: {err}") from err
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+# --- `multinode provenance` ------------------------------------------------------------------------------------
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("provenance", help="how an output was made: its job's code, config, environment and runs")
+    p.add_argument("paths", nargs="*", help="an output file (with --diff: two)")
+    p.add_argument("--diff", action="store_true", help="what differs between the records of two outputs")
+    p.add_argument("-d", "--directory", type=Path, default=Path("."), help="Snakemake's working directory")
+    p.add_argument("--start", metavar="FILE", help=argparse.SUPPRESS)  # the job script: this run's start line
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.start:
+        line = json.dumps(start_line(os.environ), sort_keys=True)
+        with open(args.start, "a") as fh:
+            fh.write(line + "\n")
+        return 0
+    workdir = args.directory.resolve()
+    wanted = 2 if args.diff else 1
+    if len(args.paths) != wanted:
+        print(f"multinode provenance: give {'two outputs with --diff' if args.diff else 'one output'}", file=sys.stderr)
+        return 2
+    records = []
+    for path in args.paths:
+        rec = find(workdir, path)
+        if rec is None:
+            print(f"multinode provenance: no record for {path} (made by this plugin, in {workdir}?)", file=sys.stderr)
+            return 1
+        records.append(rec)
+    if not args.diff:
+        print(json.dumps(records[0], indent=1, sort_keys=True))
+        return 0
+    lines = diff(*records)
+    print("\n".join(lines) if lines else "no difference in code, config, environment or nodes")
+    return 0

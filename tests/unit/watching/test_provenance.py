@@ -1,0 +1,110 @@
+"""Every output says how it was made: the submission's half and every run's lines, joined into a record per output,
+with secrets never written; `multinode provenance` prints it and says what differs between two."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from snakemake_executor_multinode.watching import provenance
+
+
+def submitted(tmp_path: Path, command: str = "python train.py", token: str = "s3cret", **code) -> None:
+    record = provenance.submission(
+        rule="train",
+        wildcards={"size": "small"},
+        command=command,
+        script="#!/bin/bash\n",
+        code={"snapshot": "abc", "commit": "c1", **code},
+        environment={"env": {"WANDB_API_KEY": token, "HF_TOKEN": token, "OMP_PLACES": "cores"}, "modules": ["cuda"]},
+        outputs=["results/model.pt"],
+    )
+    provenance.save_submission(tmp_path, "mn-run-train", record)
+
+
+def runs_file(tmp_path: Path, *lines: dict) -> Path:
+    path = tmp_path / "41.attempt1.runs.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_the_record_joins_the_submission_and_every_run_and_never_writes_a_secret(tmp_path):
+    submitted(tmp_path)
+    runs = runs_file(
+        tmp_path,
+        {"event": "start", "job": "41", "restart": 0, "nodes": "node[1-2]", "versions": {"torch": "2.13.0"}},
+        {"event": "start", "job": "41", "restart": 1, "nodes": "node[2-3]", "versions": {"torch": "2.13.0"}},
+        {"event": "end", "job": "41", "restart": 1, "exit": 0},
+    )
+    provenance.finish(tmp_path, "mn-run-train", runs, {"state": "success"})
+    path = provenance.record_path(tmp_path, "results/model.pt")
+    text = path.read_text()
+    assert "s3cret" not in text  # the value of a secret-looking variable is never written
+    record = json.loads(text)
+    assert record["environment"]["env"] == {
+        "WANDB_API_KEY": "<redacted>",
+        "HF_TOKEN": "<redacted>",
+        "OMP_PLACES": "cores",
+    }
+    assert [(r["restart"], r["nodes"]) for r in record["runs"] if r["event"] == "start"] == [
+        (0, "node[1-2]"),
+        (1, "node[2-3]"),
+    ]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert provenance.find(tmp_path, "results/model.pt") == record
+    assert provenance.find(tmp_path, str(tmp_path / "results/model.pt")) == record
+
+
+def test_a_record_that_cannot_be_written_is_an_error_not_silence(tmp_path):
+    submitted(tmp_path)
+    (tmp_path / provenance.PROVENANCE_DIR / "outputs").write_text("a file where the folder should be")
+    with pytest.raises(provenance.ProvenanceError, match="cannot write the provenance record"):
+        provenance.finish(tmp_path, "mn-run-train", None, {"state": "success"})
+
+
+def test_diff_says_what_differs_by_theme(tmp_path):
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    submitted(a)
+    submitted(b, command="python train.py --lr 1e-3", commit="c2")
+    start = {"event": "start", "nodes": "node[1-2]", "versions": {"torch": "2.13.0"}}
+    ra = provenance.finish(a, "mn-run-train", runs_file(a, start), {"state": "success"})
+    rb = provenance.finish(b, "mn-run-train", runs_file(b, {**start, "nodes": "node[2-3]"}), {"state": "success"})
+    lines = provenance.diff(ra, rb)
+    assert "code: code.commit: 'c1' -> 'c2'" in lines
+    assert "config: command: 'python train.py' -> 'python train.py --lr 1e-3'" in lines
+    assert "nodes: nodes: 'node[1-2]' -> 'node[2-3]'" in lines
+    assert not any(line.startswith("environment") for line in lines)
+    assert provenance.diff(ra, ra) == []
+
+
+def test_the_command_prints_the_record_of_an_output(tmp_path, capsys):
+    submitted(tmp_path)
+    provenance.finish(tmp_path, "mn-run-train", None, {"state": "success"})
+    args = argparse.Namespace(paths=["results/model.pt"], diff=False, directory=tmp_path, start=None)
+    assert provenance.main(args) == 0
+    assert json.loads(capsys.readouterr().out)["rule"] == "train"
+    missing = argparse.Namespace(paths=["other.pt"], diff=False, directory=tmp_path, start=None)
+    assert provenance.main(missing) == 1 and "no record for other.pt" in capsys.readouterr().err
+
+
+def test_a_runs_start_line_reads_versions_without_importing_torch(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "runs.jsonl"
+    code = (
+        "import sys, json, os\n"
+        "from snakemake_executor_multinode.watching import provenance\n"
+        "line = provenance.start_line({'SLURM_JOB_ID': '7', 'SLURM_RESTART_COUNT': '2'})\n"
+        "print(json.dumps({'torch_imported': 'torch' in sys.modules, **line}))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    line = json.loads(run.stdout)
+    assert line["torch_imported"] is False and line["versions"]["torch"] and line["restart"] == 2
+    assert line["gpus"] == []  # no nvidia-smi here
+    assert not out.exists()
