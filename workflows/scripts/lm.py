@@ -72,13 +72,18 @@ CONFIG_SPEC: dict[str, tuple[Any, str]] = {
         "liger_fused_ce (package liger-kernel), flash_attn_hopper (flash-attn-4, Hopper GPU, bf16)",
     ),
     "compile": (False, "torch.compile the model (GPU; torch_ddp/low_level_zero only, ignored otherwise)"),
+    "deterministic": (
+        False,
+        "deterministic kernels (CUDA: torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, no TF32, cuDNN "
+        "deterministic): the same loss lines in two runs of one config, at a cost in speed; CPU is deterministic",
+    ),
     "log_every": (10, "metrics line + progress line every N steps"),
 }
 DEFAULT_CONFIG: dict[str, Any] = {key: spec[0] for key, spec in CONFIG_SPEC.items()}
 
 # Keys that may differ between a checkpoint and the run resuming it; any other difference is refused.
 # The data-parallel size may change (a different node count), the model/optimizer layout may not.
-RESUME_MUTABLE_KEYS = {"stop_after", "ckpt_every", "keep_ckpts", "log_every", "compile", "kernels"}
+RESUME_MUTABLE_KEYS = {"stop_after", "ckpt_every", "keep_ckpts", "log_every", "compile", "kernels", "deterministic"}
 MODEL_KEYS = ("n_layer", "n_head", "d_model", "d_ff", "seq_len", "vocab", "rope_theta")
 
 

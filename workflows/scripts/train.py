@@ -28,6 +28,8 @@ Config keys (--config-json, a JSON object; omitted keys take the defaults printe
     kernels       optional fused kernels for the native model on CUDA, from the liger-kernel package (a list of
                   liger_rms_norm, liger_swiglu, liger_rope, liger_fused_ce; default []: none, no package needed)
     compile       torch.compile the model (CUDA, torch_ddp / low_level_zero; ignored otherwise)
+    deterministic deterministic CUDA kernels (use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, no TF32): the
+                  same loss lines in two runs of one config, slower; CPU runs are deterministic anyway
     log_every     metrics line + progress line every N steps
 
 Checkpoints (--ckpt-dir/step_NNNNNNNN, see checkpoint.py): sharded through the Booster (model and optimizer with
@@ -185,10 +187,16 @@ def log0(run_rank: int, msg: str) -> None:
 
 
 def setup(args: argparse.Namespace, cfg: dict[str, Any], cuda: bool) -> Run:
+    if cfg["deterministic"]:
+        # before the first cuBLAS call (the workspace size is read when its handle is made); an op without a
+        # deterministic kernel then raises, naming itself, instead of silently varying
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     lm.init_colossalai(cuda, cfg["seed"])
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    if cuda:
+    if cuda and not cfg["deterministic"]:  # TF32 matmuls: faster, and their results may vary between kernels
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     b = lm.boost(cfg, cuda, log=lambda msg: log0(rank, msg))
