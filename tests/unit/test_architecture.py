@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,20 @@ def test_every_benchmark_script_is_covered_here():
     covered |= {"benchmarks/launch_probe/sitecustomize.py", "benchmarks/gpu/run.sh"}
     scripts = {str(p.relative_to(REPO)) for p in (REPO / "benchmarks").rglob("*") if p.suffix in (".py", ".sh")}
     assert scripts == covered
+
+
+def test_no_test_module_imports_another():
+    """Shared test code lives in tests/helpers.py (and tests/training/helpers.py for the training tests) only."""
+    offenders = []
+    for path in (REPO / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if re.search(r"(^|\.)test_\w+$", n)]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("script", sorted(str(p.relative_to(REPO)) for p in (REPO / "scripts").glob("*.sh")))
+def test_every_script_parses(script):
+    """scripts/test.sh is CI itself and scripts/example.sh the README's first command: both at least parse."""
+    subprocess.run(["bash", "-n", str(REPO / script)], check=True)
