@@ -40,7 +40,15 @@ NCCL_KEYS = {
     "algo": "NCCL_ALGO",
     "proto": "NCCL_PROTO",
     "cross_nic": "NCCL_CROSS_NIC",
+    # torch's flight recorder: the last N collectives of every rank, dumped when a collective times out
+    "trace_buffer_size": "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "dump_on_timeout": "TORCH_NCCL_DUMP_ON_TIMEOUT",
 }
+# Where the flight recorder writes each rank's dump (<prefix><rank>): beside the job's log, whose stem the job script
+# exported before the environment section (relative to the submit folder, the working directory).
+FLIGHT_RECORDER_FILE = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+FLIGHT_RECORDER_PREFIX = '"$SLURM_SUBMIT_DIR/$MULTINODE_LOG_STEM".nccl-trace-rank'
+TORCH_NCCL_VARIABLES = (*(v for v in NCCL_KEYS.values() if v.startswith("TORCH_")), FLIGHT_RECORDER_FILE)
 
 
 class EnvProfileError(ValueError):
@@ -252,6 +260,8 @@ def render_lines(profile: dict[str, Any]) -> list[str]:
         for key, var in NCCL_KEYS.items():
             if key in nccl and nccl[key] is not None:
                 lines.append(f"export {var}={q(_value(nccl[key]))}")
+        if nccl.get("dump_on_timeout"):
+            lines.append(f"export {FLIGHT_RECORDER_FILE}={FLIGHT_RECORDER_PREFIX}  # the dumps, beside the job log")
     if "network_check" in profile:  # validated when the file was read
         seconds = network_check_seconds(profile["network_check"])
         lines.append(

@@ -82,6 +82,9 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export NCCL_LAUNCH_MODE=GROUP
 export NCCL_MIN_NRINGS=4
 export NCCL_DEBUG=WARN
+export TORCH_NCCL_TRACE_BUFFER_SIZE=2000
+export TORCH_NCCL_DUMP_ON_TIMEOUT=1
+export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$SLURM_SUBMIT_DIR/$MULTINODE_LOG_STEM".nccl-trace-rank  # the dumps, beside the job log
 # network preflight: one tiny all-reduce over all ranks before the training (docs/network-preflight.md)
 export MULTINODE_NETWORK_CHECK=60
 # variables

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import mmap
+from pathlib import Path
+
 import pytest
 
+from snakemake_executor_multinode.planning import environment
 from snakemake_executor_multinode.planning.environment import EnvProfileError, load_profiles, render_lines, resolve
 
 
@@ -88,3 +92,33 @@ def test_malformed_profile_files_name_the_file_and_key(tmp_path, text, expected)
 def test_missing_profile_file_is_named(tmp_path):
     with pytest.raises(EnvProfileError, match="nope.yaml: environment profile file not found"):
         load_profiles(tmp_path / "nope.yaml")
+
+
+def test_the_torch_nccl_variables_we_set_exist_in_the_installed_torch():
+    """torch renames its NCCL variables now and then (NCCL_ASYNC_ERROR_HANDLING became TORCH_NCCL_...): every
+    TORCH_NCCL_* name a profile can set must be one torch's c10d library reads."""
+    import os
+
+    import torch
+
+    root = Path(os.path.dirname(torch.__file__))
+    # the CPU wheel has no libtorch_cuda: ProcessGroupNCCL's names are in its header, the flight recorder's in libtorch
+    headers = b"".join(f.read_bytes() for f in (root / "include/torch/csrc/distributed/c10d").glob("*.hpp"))
+    with open(root / "lib" / "libtorch_cpu.so", "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as lib:
+        missing = [
+            v
+            for v in environment.TORCH_NCCL_VARIABLES
+            if f'"{v}"'.encode() not in headers and lib.find(v.encode() + b"\0") < 0
+        ]
+    assert missing == []
+
+
+def test_the_flight_recorder_dumps_beside_the_job_log():
+    lines = environment.render_lines({"nccl": {"trace_buffer_size": 2000, "dump_on_timeout": True}})
+    assert "export TORCH_NCCL_TRACE_BUFFER_SIZE=2000" in lines and "export TORCH_NCCL_DUMP_ON_TIMEOUT=1" in lines
+    assert any(
+        line.startswith(
+            'export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$SLURM_SUBMIT_DIR/$MULTINODE_LOG_STEM".nccl-trace-rank'
+        )
+        for line in lines
+    )
