@@ -30,13 +30,16 @@ EXIT_PREEMPTED = 85
 # Exit code of a restart (requeue, preemption) whose code changed since submission while nothing was frozen
 # (--multinode-snapshot off, or no git): it stops rather than resume a checkpoint with other code.
 EXIT_CODE_CHANGED = 86
+# Exit code of `multinode torchrun` (and so of the job) whose step the progress watchdog ended (on_stall: fail).
+EXIT_STALLED = 87
 
 # Markers the job script writes into the state folder (on the shared filesystem), named <jobid><suffix>.
 EXIT_MARKER = ".exit"  # "<exit code> <restart>" of the run that wrote it, written last (atomically, by rename)
 FAILED_NODE_MARKER = ".failed-node"  # the node whose launch failed first (written by the launcher)
 PREEMPT_MARKER = ".preempted"  # the training checkpointed on the signal (its step, written by rank 0)
 REQUEUE_MARKER = ".requeued"  # "<next restart> <why>": the job requeued itself after a checkpoint
-MARKERS = (EXIT_MARKER, FAILED_NODE_MARKER, PREEMPT_MARKER, REQUEUE_MARKER)
+STALL_MARKER = ".stalled"  # the watchdog's verdict, one line (written by the launcher, read by the tracker)
+MARKERS = (EXIT_MARKER, FAILED_NODE_MARKER, PREEMPT_MARKER, REQUEUE_MARKER, STALL_MARKER)
 # The metrics file is named after the job's log, not its id alone: the log folder keeps it for `multinode status`
 # after the run (the state folder's markers are removed once Snakemake has seen the job end).
 METRICS_SUFFIX = ".metrics.jsonl"
@@ -48,12 +51,15 @@ RUNS_SUFFIX = ".runs.jsonl"
 STATE_DIR_VAR = "MULTINODE_STATE_DIR"
 PREEMPT_FILE_VAR = "MULTINODE_PREEMPT_FILE"  # training: write your step here after checkpointing on SIGUSR2
 FAILED_NODE_FILE_VAR = "MULTINODE_FAILED_NODE_FILE"
+STALL_FILE_VAR = "MULTINODE_STALL_FILE"  # the progress watchdog's verdict (launching/stall.py)
 NODES_VAR = "MULTINODE_NODES"
 GPUS_PER_NODE_VAR = "MULTINODE_GPUS_PER_NODE"
 CPUS_PER_TASK_VAR = "MULTINODE_CPUS_PER_TASK"
 OMP_THREADS_VAR = "MULTINODE_OMP_NUM_THREADS"  # CPUs per GPU process, for rules that start their own workers
 REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run handed over to its requeued rerun
 COMMAND_VAR = "MULTINODE_COMMAND"  # internal to the job script: the rule's command (its process group's id)
+STALL_TIMEOUT_VAR = "MULTINODE_STALL_TIMEOUT"  # the launcher's watchdog: seconds without progress; 0 or unset: off
+ON_STALL_VAR = "MULTINODE_ON_STALL"  # fail | requeue
 RUNS_FILE_VAR = "MULTINODE_RUNS_FILE"  # internal to the job script: where each run's start and end are recorded
 CHANGED_VAR = "MULTINODE_CHANGED"  # internal to the job script: the files a restart found changed
 # Training: write your metrics JSON lines here, or make this path a link to your own metrics file. It lies beside
@@ -93,6 +99,7 @@ VARIABLES = (
     STATE_DIR_VAR,
     PREEMPT_FILE_VAR,
     FAILED_NODE_FILE_VAR,
+    STALL_FILE_VAR,
     NODES_VAR,
     GPUS_PER_NODE_VAR,
     CPUS_PER_TASK_VAR,
@@ -100,6 +107,8 @@ VARIABLES = (
     REQUEUED_VAR,
     COMMAND_VAR,
     RUNS_FILE_VAR,
+    STALL_TIMEOUT_VAR,
+    ON_STALL_VAR,
     CHANGED_VAR,
     METRICS_FILE_VAR,
     LOG_STEM_VAR,

@@ -24,10 +24,11 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from snakemake_executor_multinode import protocol
-from snakemake_executor_multinode.launching import container, liveness, netcheck, nodelog
+from snakemake_executor_multinode.launching import container, liveness, netcheck, nodelog, stall
 from snakemake_executor_multinode.launching.allocation import (
     Allocation,
     allocation,
@@ -340,7 +341,7 @@ def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) 
     STOP_WAIT_S)."""
     proc = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
     assert proc.stderr is not None
-    watch = StepWatch(nodes)
+    watch, stalls = StepWatch(nodes), StallCheck(env, nodes)
 
     def forward(signum: int, _frame: object) -> None:
         watch.stopped = watch.stopped or watch.failure is None  # stopped from outside: no node failed
@@ -349,12 +350,15 @@ def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) 
 
     before = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        code = _supervise(proc, watch, env)
+        code = _supervise(proc, watch, env, stalls)
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
     if code == 0:
         return 0
+    if stalls.verdict is not None:
+        log(f"FAILED: {stalls.verdict}" if stalls.on_stall == "fail" else f"{stalls.verdict}; requeued to resume")
+        return protocol.EXIT_STALLED
     if watch.failure is not None:
         f = watch.failure
         why = "does not answer: the node is down" if f.victim else f"exited with {f.code}"
@@ -364,7 +368,7 @@ def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) 
     return code if code > 0 else 1
 
 
-def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str]) -> int:
+def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str], stalls: StallCheck) -> int:
     assert proc.stderr is not None
     fd, out = proc.stderr.fileno(), sys.stderr.buffer
     give_up: float | None = None  # set by a failure
@@ -374,6 +378,10 @@ def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str])
             proc.kill()  # SLURM ends what is left of the step with the job
             break
         wait = 1.0 if give_up is None else max(0.0, min(1.0, give_up - time.monotonic()))
+        if give_up is None and stalls.due():  # no progress for stall_timeout, every rank's stack taken
+            watch.stopped = True  # the tasks' ends that follow are the launcher's doing, no node's failure
+            proc.send_signal(signal.SIGTERM)
+            give_up = time.monotonic() + STOP_WAIT_S
         if select.select([fd], [], [], wait)[0]:
             data = os.read(fd, 65536)
             if not data:
@@ -390,6 +398,40 @@ def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str])
         elif proc.poll() is not None:
             break
     return proc.wait()
+
+
+class StallCheck:
+    """The progress watchdog on the head node (stall.py), ticked by the supervising loop about once a second."""
+
+    def __init__(self, env: Mapping[str, str], nodes: Sequence[str]) -> None:
+        value = env.get(protocol.STALL_TIMEOUT_VAR, "0")
+        self.timeout_s = int(value) if value.isdigit() else 0
+        self.on_stall = env.get(protocol.ON_STALL_VAR, "fail")
+        self.env, self.nodes, self.stem = env, list(nodes), nodelog.log_stem(env)
+        paths = [Path(protocol.node_log(self.stem, n)) for n in nodes] if self.stem else []
+        if metrics := env.get(protocol.METRICS_FILE_VAR):
+            paths.append(Path(metrics))
+        self.watchdog = stall.Watchdog(self.timeout_s if paths else 0, paths)
+        self.asked: float | None = None  # when every node was asked for its stacks
+        self.verdict: str | None = None
+
+    def due(self) -> bool:
+        """True once, when the step should end: the stacks of every node are in (or STACKS_WAIT_S passed)."""
+        if self.verdict is not None:
+            return False
+        if self.asked is None:
+            if not self.watchdog.stalled():
+                return False
+            when = datetime.now().astimezone().isoformat(timespec="seconds")
+            log(f"stall noticed at {when}: no progress for {self.timeout_s} s on any rank: taking every rank's stack")
+            stall.request_file(self.stem).write_text(f"{time.time()}\n")
+            self.asked = time.monotonic()
+        done = all(stall.done_file(self.stem, n).exists() for n in self.nodes)
+        if not done and time.monotonic() - self.asked < stall.STACKS_WAIT_S:
+            return False
+        self.verdict = stall.verdict(self.stem, self.nodes, self.timeout_s, f"{self.stem}.log")
+        stall.record(self.env, self.verdict, self.on_stall)
+        return True
 
 
 def blame(

@@ -29,11 +29,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.launching import stall
 from snakemake_executor_multinode.launching.torchrun_flags import option_value
 
 POLL_S = 0.05  # how often new rank files are looked for and read: the delay a line may see, nothing more
@@ -243,8 +245,9 @@ def run(torchrun: Sequence[str], nproc: int, dynamic: bool, env: dict[str, str],
 
     _handle_signals(proc)
     files = RankFiles(root, node, rank, lambda local: shown_ranks is None or local in shown_ranks)
+    stacks = StackRequests(log_stem(env), node, proc.pid, out)
     try:
-        code = _follow(proc, agent, files, out)
+        code = _follow(proc, agent, files, out, stacks.tick)
     finally:
         if not user_dir:
             shutil.rmtree(root, ignore_errors=True)
@@ -283,11 +286,38 @@ def _handle_signals(proc: subprocess.Popen) -> None:
     signal.signal(signal.SIGUSR2, pass_on)
 
 
-def _follow(proc: subprocess.Popen, agent: tuple[Source, Source], files: RankFiles, out: Labeller) -> int:
+class StackRequests:
+    """The progress watchdog's request (launching/stall.py), looked for about once a second: this node's workers'
+    Python stacks, labelled with their ranks, into the node's file; then the node says it is done."""
+
+    def __init__(self, stem: str, node: str, agent_pid: int, out: Labeller) -> None:
+        self.stem, self.node, self.agent_pid, self.out = stem, node, agent_pid, out
+        self.next_look = 0.0
+        self.answered = False
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.answered or not self.stem or now < self.next_look:
+            return
+        self.next_look = now + 1.0
+        if not stall.request_file(self.stem).exists():
+            return
+        self.answered = True
+        for pid, rank in stall.worker_ranks(self.agent_pid, _children):
+            src = Source(f"[{self.node} rank{rank}] {stall.STACK_LABEL}".encode(), 2)
+            for line in [f"pid {pid} on {self.node}:", *stall.dump(pid)]:
+                self.out.write(src, line.encode(errors="replace") + b"\n")
+        stall.done_file(self.stem, self.node).write_text("done\n")
+
+
+def _follow(
+    proc: subprocess.Popen, agent: tuple[Source, Source], files: RankFiles, out: Labeller, tick: Callable[[], None]
+) -> int:
     """Read torchrun's own output and the rank files until torchrun has ended and everything is drained."""
     assert proc.stdout is not None and proc.stderr is not None
     pipes = {proc.stdout.fileno(): agent[0], proc.stderr.fileno(): agent[1]}
     while pipes:
+        tick()
         for fd in select.select(list(pipes), [], [], POLL_S)[0]:
             data = os.read(fd, 1 << 16)
             if data:

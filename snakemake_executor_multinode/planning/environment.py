@@ -21,7 +21,10 @@ from snakemake_executor_multinode.protocol import NETWORK_CHECK_DEFAULT_S, NETWO
 
 DEFAULT_VARS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-PROFILE_KEYS = {"extends", "cuda", "modules", "conda", "venv", "setup", "nccl", "env", "container", "network_check"}
+PROFILE_KEYS = {
+    "extends", "cuda", "modules", "conda", "venv", "setup", "nccl", "env", "container", "network_check",
+    "stall_timeout", "on_stall",  # read by the request (request.py), like a rule's resources of the same names
+}  # fmt: skip
 # profile key -> NCCL variable; booleans become 1/0 (ib is inverted: NCCL_IB_DISABLE).
 NCCL_KEYS = {
     "socket_ifname": "NCCL_SOCKET_IFNAME",

@@ -120,6 +120,7 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
         defaults=planner.settings,
         env_profile=selection,
         declared_nodes=job.declared_nodes,
+        profile=environment.resolve(profiles, selection) if selection else None,
     )
     if avoid := [n for n in job.avoid_nodes if _NODE.match(n)]:
         req = replace(req, exclude=",".join(filter(None, [req.exclude, *avoid])))

@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snakemake_executor_multinode.planning.settings import Settings
-from snakemake_executor_multinode.planning.units import mib_to_mb, parse_mem_mb, read_runtime, runtime_hint
+from snakemake_executor_multinode.planning.units import (
+    mib_to_mb,
+    parse_mem_mb,
+    read_runtime,
+    runtime_hint,
+    timespan_seconds,
+)
 from snakemake_executor_multinode.slurm.sbatch_flags import parse_sbatch_flags
 
 
@@ -61,8 +67,14 @@ OWN_RESOURCES = frozenset(
         "env_profile",
         "master_port",
         "slurm_extra",
+        "stall_timeout",
+        "on_stall",
     }
 )
+# A multi-node `multinode torchrun` job with no stall_timeout of its own (rule or profile) is ended once no rank has
+# written a line (and no metrics line came) for this long: a deadlock holds N nodes until the time limit otherwise.
+DEFAULT_STALL_TIMEOUT_S = 30 * 60
+ON_STALL = ("fail", "requeue")
 # The official SLURM plugin's resources with another meaning here: mapped onto ours, or accepted where they mean
 # what this plugin does anyway (see build_request and docs/resources.md).
 MAPPED_RESOURCES = frozenset(
@@ -288,6 +300,8 @@ class JobRequest:
     master_port: int | None = None
     slurm_extra: tuple[str, ...] = ()
     max_requeues: int = Settings.max_requeues
+    stall_timeout_s: int = 0  # the launcher's progress watchdog; 0: off
+    on_stall: str = "fail"  # fail | requeue (resumes from the last checkpoint)
     attempt: int = 1
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
@@ -500,6 +514,7 @@ def build_request(
     defaults: Settings = DEFAULTS,
     env_profile: str | None = None,
     declared_nodes: int | None = None,
+    profile: Mapping[str, Any] | None = None,
 ) -> JobRequest:
     """Validate one job's resources. `env_profile` is the job's environment profile selection, already validated
     by environment.select (environment.py owns profiles). `declared_nodes` is what the rule itself asked for, when
@@ -549,6 +564,8 @@ def build_request(
         master_port=_master_port(rule, r),
         slurm_extra=_slurm_extra(rule, r.get("slurm_extra")),
         max_requeues=max(0, defaults.max_requeues),
+        stall_timeout_s=_stall_timeout(rule, r, profile or {}, nodes),
+        on_stall=_on_stall(rule, r, profile or {}),
         attempt=attempt,
         warnings=tuple(warnings),
     )
@@ -653,3 +670,32 @@ def _master_port(rule: str, r: Mapping[str, Any]) -> int | None:
     if port is not None and port > 65535:
         raise RequestError(rule, "master_port", port, "a port number 1024..65535")
     return port
+
+
+def _stall_timeout(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any], nodes: int) -> int:
+    """Seconds without progress before the launcher ends the step: the rule's, the profile's, or for a multi-node
+    job the default; a duration with its unit ('20m', '90s', '1h'), or 'off' / 0."""
+    where = "stall_timeout" if "stall_timeout" in r else "env_profile stall_timeout"
+    value = r.get("stall_timeout", profile.get("stall_timeout"))
+    if value is None:
+        return DEFAULT_STALL_TIMEOUT_S if nodes > 1 else 0
+    if value in (0, "0", "off", "none", False):
+        return 0
+    allowed = "a duration with its unit, e.g. '20m', '90s' or '1h' (a bare number is ambiguous), or 'off'"
+    if isinstance(value, bool) or not isinstance(value, str) or not re.search(r"[A-Za-z]", value):
+        raise RequestError(rule, where, value, allowed)
+    try:
+        seconds = timespan_seconds(value)
+    except ValueError as err:
+        raise RequestError(rule, where, value, allowed) from err
+    if seconds <= 0:
+        raise RequestError(rule, where, value, allowed)
+    return max(1, round(seconds))
+
+
+def _on_stall(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any]) -> str:
+    value = r.get("on_stall", profile.get("on_stall", "fail"))
+    if value not in ON_STALL:
+        where = "on_stall" if "on_stall" in r else "env_profile on_stall"
+        raise RequestError(rule, where, value, "'fail' or 'requeue' (resume from the last checkpoint)")
+    return str(value)

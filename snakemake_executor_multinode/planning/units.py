@@ -63,6 +63,11 @@ def _timespan_seconds(text: str) -> float:
     raise ValueError(text)
 
 
+def timespan_seconds(text: str) -> float:
+    """Seconds of a duration as Snakemake writes them ('90s', '20m', '1.5h')."""
+    return _timespan_seconds(text.strip().strip("'\""))
+
+
 def _size_bytes(text: str) -> int:
     """humanfriendly.parse_size (decimal, as Snakemake calls it): a number (bytes) or one number and one unit."""
     tokens = _tokenize(text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from snakemake_executor_multinode.protocol import (
@@ -19,6 +19,7 @@ from snakemake_executor_multinode.protocol import (
     FAILED_NODE_MARKER,
     MARKERS,
     REQUEUE_MARKER,
+    STALL_MARKER,
     marker,
 )
 from snakemake_executor_multinode.slurm.client import JobState, QueryError, SlurmClient
@@ -37,9 +38,10 @@ class Outcome:
     state: JobState | None = None
     failed_node: str | None = None
     note: str | None = None  # news of a job still running, e.g. "requeued (...), restart 2"
+    stalled: str | None = None  # the progress watchdog's verdict (launching/stall.py), when it ended the job
 
     def describe(self) -> str:
-        parts = []
+        parts = [self.stalled] if self.stalled else []
         if self.state is not None:
             parts.append(f"SLURM state {self.state.state}")
             if self.state.reason and self.state.reason not in ("None", "(null)"):
@@ -103,7 +105,10 @@ class Tracker:
             return None  # another job's, of the same id
         word = words[0] if words else ""
         code = int(word) if word.lstrip("-").isdigit() else 1
-        return Outcome(jobid, True, code == 0, code, failed_node=self._read(jobid, FAILED_NODE_MARKER))
+        return Outcome(
+            jobid, True, code == 0, code, failed_node=self._read(jobid, FAILED_NODE_MARKER),
+            stalled=self._read(jobid, STALL_MARKER),
+        )  # fmt: skip
 
     def _requeue_note(self, jobid: str) -> str | None:
         """The job's own requeue (after a pre-time-limit checkpoint), once per restart."""
@@ -138,10 +143,10 @@ class Tracker:
             # dead node's cleanup, that is SlurmdTimeout (minutes).
             if live.active and not (live.state == "COMPLETING" and live.restarts is not None):
                 return Outcome(jobid, False, state=live)
-            return Outcome(jobid, True, False, ended.exit_code, state or live, ended.failed_node)
+            return replace(ended, state=state or live)
         if not answered or (state is not None and state.active):
             return Outcome(jobid, False, state=state)  # neither source is sure yet: never a failure on a guess
-        return Outcome(jobid, True, False, ended.exit_code, state, ended.failed_node)
+        return replace(ended, state=state)
 
     def poll(self, jobids: Iterable[str], force_sweep: bool = False) -> dict[str, Outcome]:
         """Outcome of every job given; `finished=False` for those still pending or running (or requeued)."""

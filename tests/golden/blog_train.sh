@@ -32,6 +32,7 @@ echo "[multinode] job $SLURM_JOB_ID, rule train, attempt 1, restart ${SLURM_REST
 MULTINODE_STATE_DIR=/work/project/.snakemake/multinode/state
 export MULTINODE_PREEMPT_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.preempted"
 export MULTINODE_FAILED_NODE_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.failed-node"
+export MULTINODE_STALL_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.stalled"
 export MULTINODE_METRICS_FILE=/work/project/.snakemake/multinode/logs/rule_train/_/"$SLURM_JOB_ID".attempt1.metrics.jsonl  # training progress: `multinode status` reads its last line
 MULTINODE_RUNS_FILE=/work/project/.snakemake/multinode/logs/rule_train/_/"$SLURM_JOB_ID".attempt1.runs.jsonl  # each run's start and end, for the outputs' provenance records
 MULTINODE_REQUEUED=0
@@ -49,7 +50,7 @@ multinode_finish() {
 trap multinode_finish EXIT
 trap 'exit 143' TERM
 mkdir -p "$MULTINODE_STATE_DIR"
-rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE"
+rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE"
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
 [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.requeued"
 
@@ -103,6 +104,8 @@ MASTER_PORT=$((20000 + SLURM_JOB_ID * 4 % 40000))
 export NODELIST NODE_NUM MASTER_ADDR MASTER_PORT
 export MULTINODE_NODES=2 MULTINODE_GPUS_PER_NODE=8 MULTINODE_CPUS_PER_TASK=64
 export MULTINODE_OMP_NUM_THREADS=8  # CPUs per GPU process, for rules that start their own workers
+# `multinode torchrun`'s progress watchdog: seconds without a new line from any rank or a metrics line (0: off)
+export MULTINODE_STALL_TIMEOUT=1800 MULTINODE_ON_STALL=fail
 echo "NODE_NUM=$NODE_NUM"
 echo "NODELIST: $(echo $NODELIST)"
 echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"

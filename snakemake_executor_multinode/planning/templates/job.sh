@@ -17,6 +17,7 @@ echo "[multinode] job $SLURM_JOB_ID, rule {{rule_q}}, attempt {{attempt}}, resta
 MULTINODE_STATE_DIR={{state_dir}}
 export MULTINODE_PREEMPT_FILE={{preempt_marker}}
 export MULTINODE_FAILED_NODE_FILE={{failed_node_marker}}
+export MULTINODE_STALL_FILE={{stall_marker}}
 export MULTINODE_METRICS_FILE={{metrics_file}}  # training progress: `multinode status` reads its last line
 MULTINODE_RUNS_FILE={{runs_file}}  # each run's start and end, for the outputs' provenance records
 MULTINODE_REQUEUED=0
@@ -34,7 +35,7 @@ multinode_finish() {
 trap multinode_finish EXIT
 trap 'exit 143' TERM
 mkdir -p "$MULTINODE_STATE_DIR"
-rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE"
+rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE"
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
 [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f {{exit_marker}} {{requeue_marker}}
 
@@ -63,6 +64,8 @@ MASTER_PORT={{master_port}}
 export NODELIST NODE_NUM MASTER_ADDR MASTER_PORT
 export MULTINODE_NODES={{nodes}} MULTINODE_GPUS_PER_NODE={{gpus}} MULTINODE_CPUS_PER_TASK={{cpus_per_task}}
 export MULTINODE_OMP_NUM_THREADS={{omp_threads}}  # CPUs per GPU process, for rules that start their own workers
+# `multinode torchrun`'s progress watchdog: seconds without a new line from any rank or a metrics line (0: off)
+export MULTINODE_STALL_TIMEOUT={{stall_timeout}} MULTINODE_ON_STALL={{on_stall}}
 echo "NODE_NUM=$NODE_NUM"
 echo "NODELIST: $(echo $NODELIST)"
 echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"

@@ -681,3 +681,31 @@ def test_a_signal_lead_as_long_as_the_runtime_is_reported():
     r = build_request("train", {"gpus": 1, "runtime": 2})
     assert "arrives within 30 s of every start" in r.warnings[0]
     assert build_request("train", {"gpus": 1, "runtime": 10}).warnings == ()
+
+
+def test_a_multinode_job_gets_the_documented_stall_timeout_and_a_plain_job_none():
+    from snakemake_executor_multinode.planning.request import DEFAULT_STALL_TIMEOUT_S
+
+    assert build_request("train", {"nodes": 2}).stall_timeout_s == DEFAULT_STALL_TIMEOUT_S == 1800
+    assert build_request("prep", {}).stall_timeout_s == 0
+    r = build_request("train", {"nodes": 2, "stall_timeout": "90s", "on_stall": "requeue"})
+    assert (r.stall_timeout_s, r.on_stall) == (90, "requeue")
+    assert build_request("train", {"nodes": 2, "stall_timeout": "off"}).stall_timeout_s == 0
+    assert build_request("one", {}, profile={"stall_timeout": "20m"}).stall_timeout_s == 1200  # a profile key
+
+
+@pytest.mark.parametrize(
+    "resources, field",
+    [
+        ({"stall_timeout": "-5m"}, "stall_timeout"),
+        ({"stall_timeout": 20}, "stall_timeout"),  # minutes or seconds? refused: write the unit
+        ({"stall_timeout": "20"}, "stall_timeout"),
+        ({"stall_timeout": "soon"}, "stall_timeout"),
+        ({"on_stall": "retry"}, "on_stall"),
+    ],
+)
+def test_a_bad_stall_setting_is_refused_naming_rule_key_and_what_is_allowed(resources, field):
+    with pytest.raises(RequestError) as err:
+        build_request("train", {"nodes": 2, **resources})
+    assert err.value.field == field and "train" in str(err.value)
+    assert ("'20m'" in str(err.value)) if field == "stall_timeout" else ("'fail' or 'requeue'" in str(err.value))

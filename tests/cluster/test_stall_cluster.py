@@ -1,0 +1,45 @@
+"""A stalled job is noticed (launching/stall.py): a 2-node job whose rank 3 never joins the barrier its peers wait
+in ends within stall_timeout + 30 s of its last progress, with every rank's Python stack in the log, the rank that
+differs named in Snakemake's error, and nothing of it left running. The stall is the worker's own code; no
+verdict depends on how fast anything runs (the one time bound is the issue's: timeout + 30 s)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from datetime import datetime
+
+from tests.helpers import REPO, alive, job_logs, log_times
+
+WORKFLOW = REPO / "tests" / "workflows" / "stall"
+
+
+def test_a_deadlocked_two_node_job_is_ended_with_every_ranks_stack_and_the_odd_rank_named(slurm_cluster, tmp_path):
+    wd = tmp_path / "stall"
+    shutil.copytree(WORKFLOW, wd)
+    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--latency-wait", "5"]
+    proc = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=600)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0, said
+    (log,) = job_logs(wd, "train")
+    text = log.read_text()
+    # Snakemake's error: what happened, where the stacks are, which rank differs
+    assert "stalled: no progress for 20s on any rank; stacks in" in said, said
+    assert re.search(r"rank 3 differs: <module> \(stall\.py:\d+\)", said), said
+    assert "exit code 87" in said or "job script exit 87" in said
+    # every rank's stack in the log, labelled; the blocking lines of the worker among them
+    stacks = {int(m[1]) for m in re.finditer(r"^\[node\d rank(\d)\] stack\| ", text, re.M)}
+    assert stacks == {0, 1, 2, 3}, text
+    assert re.search(r"^\[node\d rank3\] stack\| .*<module> \(stall\.py:\d+\)", text, re.M)
+    assert re.search(r"^\[node\d rank0\] stack\| .*barrier \(.*distributed_c10d\.py:\d+\)", text, re.M)
+    # ended within stall_timeout + 30 s of the last progress, not at the time limit (30 min)
+    noticed = re.search(r"^\[multinode torchrun\] stall noticed at (\S+): no progress for (\d+) s", text, re.M)
+    assert noticed, text
+    last_progress = datetime.fromisoformat(noticed[1]).timestamp() - int(noticed[2])
+    _, end = log_times(log)
+    assert end.timestamp() - last_progress <= 20 + 30, text
+    # nothing left: every worker process ended with the job
+    pids = [int((wd / "pids" / str(r)).read_text()) for r in range(4)]
+    assert not [p for p in pids if alive(p, "python3") or alive(p, "python")]

@@ -1,0 +1,87 @@
+"""The progress watchdog's parts without a cluster: what counts as progress, the workers it asks for stacks, and
+the verdict that names the rank whose stack differs (the whole on the real cluster: tests/cluster/
+test_stall_cluster.py)."""
+
+from __future__ import annotations
+
+import os
+
+from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.launching import stall
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_any_new_line_or_metrics_line_is_progress_and_silence_is_a_stall(tmp_path):
+    node, metrics = tmp_path / "job.node1.out", tmp_path / "job.metrics.jsonl"
+    clock = Clock()
+    dog = stall.Watchdog(20, [node, metrics], clock)
+    assert not dog.stalled()
+    clock.now = 15
+    node.write_text("[node1 rank0] step 1\n")
+    assert not dog.stalled()  # seen at 15
+    clock.now = 30
+    metrics.write_text('{"step": 2}\n')
+    assert not dog.stalled()  # seen at 30
+    clock.now = 49.9
+    assert not dog.stalled()
+    clock.now = 50.1  # 20 s of silence since the metrics line
+    assert dog.stalled()
+    assert not stall.Watchdog(0, [node], clock).stalled()  # off
+
+
+def write_stacks(stem: str, tops: dict[str, tuple[str, str]]) -> None:
+    for rank, (node, top) in tops.items():
+        with open(protocol.node_log(stem, node), "a") as fh:
+            fh.write(f'[{node} rank{rank}] stack| Thread 1 (idle): "MainThread"\n')
+            fh.write(f"[{node} rank{rank}] stack|     {top}\n")
+            fh.write(f"[{node} rank{rank}] stack|     <module> (train.py:9)\n")
+
+
+def test_the_verdict_names_the_rank_that_differs_from_the_majority(tmp_path):
+    stem = str(tmp_path / "7.attempt1")
+    barrier = "barrier (torch/distributed/distributed_c10d.py:5356)"
+    write_stacks(
+        stem, {"0": ("n1", barrier), "1": ("n1", barrier), "2": ("n2", barrier), "3": ("n2", "get (queue.py:180)")}
+    )
+    said = stall.verdict(stem, ["n1", "n2"], 600, "job.log")
+    assert said == "stalled: no progress for 10m on any rank; stacks in job.log; rank 3 differs: get (queue.py:180)"
+
+
+def test_without_a_majority_every_place_is_named_and_alike_stacks_name_none(tmp_path):
+    stem = str(tmp_path / "8.attempt1")
+    write_stacks(stem, {"0": ("n1", "a (x.py:1)"), "1": ("n2", "b (y.py:2)")})
+    assert stall.verdict(stem, ["n1", "n2"], 90, "l").endswith("; rank 0: a (x.py:1); rank 1: b (y.py:2)")
+    same = str(tmp_path / "9.attempt1")
+    write_stacks(same, {"0": ("n1", "a (x.py:1)"), "1": ("n2", "a (x.py:1)")})
+    assert stall.verdict(same, ["n1", "n2"], 90, "l") == "stalled: no progress for 90s on any rank; stacks in l"
+
+
+def test_the_workers_are_found_below_the_agent_by_their_rank_not_their_data_loaders():
+    envs = {10: b"RANK=0\0LOCAL_RANK=0", 11: b"RANK=1\0LOCAL_RANK=1", 12: b"RANK=0\0LOCAL_RANK=0", 13: b"PATH=/bin"}
+    tree = {1: [13], 13: [10, 11], 10: [12]}  # agent 1 -> a wrapper 13 -> workers 10, 11; 12 is 10's data loader
+    assert stall.worker_ranks(1, lambda: tree, envs.__getitem__) == [(10, "0"), (11, "1")]
+
+
+def test_without_py_spy_the_stack_says_so(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert stall.dump(os.getpid()) == ["no stack: py-spy is not installed on this node (pip install py-spy)"]
+
+
+def test_py_spy_dumps_a_live_python_process():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"])
+    try:
+        lines = stall.dump(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert any("<module> (<string>:2)" in line for line in lines), lines
