@@ -128,7 +128,9 @@ class Tracker:
         try:
             live = self.client.live([jobid]).get(jobid)
         except QueryError:
-            live = None
+            # Without slurmctld's word a requeue cannot be told from a failure (seen under load: squeue timed out,
+            # sacct did not know the job yet, and a failure went out without SLURM's state): ask again next cycle.
+            return Outcome(jobid, False, state=state)
         if live is not None:
             if (live.restarts or 0) > restart or live.state in REQUEUED_STATES:
                 self._stale[jobid] = text

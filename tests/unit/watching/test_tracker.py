@@ -13,12 +13,13 @@ class FakeClient:
 
     def __init__(self, states=None, fail=False, live=None):
         self.states = states or {}
-        self.live_states = live or {}
+        self.live_states = live if live is not None else {}
         self.fail = fail
+        self.fail_live = False
         self.queries: list[list[str]] = []
 
     def live(self, ids):
-        if self.fail:
+        if self.fail or self.fail_live:
             raise QueryError("slurmctld down")
         return {i: self.live_states[i] for i in ids if i in self.live_states}
 
@@ -198,3 +199,17 @@ def test_an_exit_marker_counts_only_for_the_submission_that_wrote_it(tmp_path):
     assert not tracker.poll(["7"], force_sweep=True)["7"].finished
     (tmp_path / "7.exit").write_text("0 0 mn-new-run-work\n")
     assert tracker.poll(["7"])["7"].success
+
+
+def test_a_failed_run_waits_for_slurmctlds_word_before_it_is_a_failure(tmp_path):
+    """Under load squeue may time out while sacct does not know the job yet: a requeue cannot be told from a failure
+    then, so the job is asked about again, and reported with SLURM's state once slurmctld answers."""
+    client = FakeClient({}, live={})
+    tracker = Tracker(tmp_path, client, clock=Clock())
+    (tmp_path / "7.exit").write_text("3 0\n")
+    client.fail_live = True
+    assert not tracker.poll(["7"])["7"].finished
+    client.fail_live = False
+    client.live_states["7"] = JobState("7", "FAILED", restarts=0)
+    out = tracker.poll(["7"])["7"]
+    assert out.finished and not out.success and "SLURM state FAILED" in out.describe()
