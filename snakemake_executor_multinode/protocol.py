@@ -39,7 +39,8 @@ FAILED_NODE_MARKER = ".failed-node"  # the node whose launch failed first (writt
 PREEMPT_MARKER = ".preempted"  # the training checkpointed on the signal (its step, written by rank 0)
 REQUEUE_MARKER = ".requeued"  # "<next restart> <why>": the job requeued itself after a checkpoint
 STALL_MARKER = ".stalled"  # the watchdog's verdict, one line (written by the launcher, read by the tracker)
-MARKERS = (EXIT_MARKER, FAILED_NODE_MARKER, PREEMPT_MARKER, REQUEUE_MARKER, STALL_MARKER)
+SELF_REQUEUE_MARKER = ".self-requeues"  # how often the job requeued itself after a checkpoint (its budget)
+MARKERS = (EXIT_MARKER, FAILED_NODE_MARKER, PREEMPT_MARKER, REQUEUE_MARKER, STALL_MARKER, SELF_REQUEUE_MARKER)
 # The metrics file is named after the job's log, not its id alone: the log folder keeps it for `multinode status`
 # after the run (the state folder's markers are removed once Snakemake has seen the job end).
 METRICS_SUFFIX = ".metrics.jsonl"
@@ -56,6 +57,7 @@ NODES_VAR = "MULTINODE_NODES"
 GPUS_PER_NODE_VAR = "MULTINODE_GPUS_PER_NODE"
 CPUS_PER_TASK_VAR = "MULTINODE_CPUS_PER_TASK"
 OMP_THREADS_VAR = "MULTINODE_OMP_NUM_THREADS"  # CPUs per GPU process, for rules that start their own workers
+SELF_REQUEUES_VAR = "MULTINODE_SELF_REQUEUES"  # internal to the job script: its own requeues so far
 REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run handed over to its requeued rerun
 COMMAND_VAR = "MULTINODE_COMMAND"  # internal to the job script: the rule's command (its process group's id)
 STALL_TIMEOUT_VAR = "MULTINODE_STALL_TIMEOUT"  # the launcher's watchdog: seconds without progress; 0 or unset: off
@@ -105,6 +107,7 @@ VARIABLES = (
     CPUS_PER_TASK_VAR,
     OMP_THREADS_VAR,
     REQUEUED_VAR,
+    SELF_REQUEUES_VAR,
     COMMAND_VAR,
     RUNS_FILE_VAR,
     STALL_TIMEOUT_VAR,

@@ -120,6 +120,7 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "failed_node_marker": protocol.marker_shell(protocol.FAILED_NODE_MARKER),
         "requeue_marker": protocol.marker_shell(protocol.REQUEUE_MARKER),
         "stall_marker": protocol.marker_shell(protocol.STALL_MARKER),
+        "self_requeue_marker": protocol.marker_shell(protocol.SELF_REQUEUE_MARKER),
         "exit_preempted": str(protocol.EXIT_PREEMPTED),
         "nodes": str(req.nodes),
         "gpus": str(req.gpus),

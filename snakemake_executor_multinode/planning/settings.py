@@ -68,8 +68,8 @@ class Settings:
     max_requeues: int = field(
         default=3,
         metadata={
-            "help": "How often a job that checkpointed on the pre-time-limit signal is requeued by SLURM "
-            "(0: never; Snakemake's --retries then reruns it)."
+            "help": "How often a job that checkpointed on the pre-time-limit signal requeues itself (0: never; "
+            "Snakemake's --retries then reruns it). Preemptions and admin requeues do not count."
         },
     )
     gpu_flag: str = field(

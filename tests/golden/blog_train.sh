@@ -52,7 +52,7 @@ trap 'exit 143' TERM
 mkdir -p "$MULTINODE_STATE_DIR"
 rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE"
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
-[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.requeued"
+[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.requeued" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.self-requeues"
 
 # A restart runs the code the job was submitted with; where it could not be frozen, changed code stops it.
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e /dev/null/none ]; then
@@ -134,9 +134,13 @@ wait "$MULTINODE_COMMAND" || rc=$?
 # ==== 5. checkpointed before the time limit? requeue, so the rerun resumes ========================
 if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
     echo "[multinode] checkpointed after SIG${SLURM_SIGNAL:-USR2} ($(cat "$MULTINODE_PREEMPT_FILE"))"
-    if [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ]; then  # at most 3 requeue(s)
+    # The job's own requeues only: SLURM's restart count also counts preemptions and admin requeues, which must not
+    # use up the budget (a job preempted 3 times still requeues itself at its time limit).
+    MULTINODE_SELF_REQUEUES=$(cat "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.self-requeues" 2>/dev/null || echo 0)
+    if [ "$MULTINODE_SELF_REQUEUES" -lt 3 ]; then  # at most 3 requeue(s) of its own
         MULTINODE_REQUEUED=1
         rm -f "$MULTINODE_PREEMPT_FILE"
+        echo "$((MULTINODE_SELF_REQUEUES + 1))" >"$MULTINODE_STATE_DIR/$SLURM_JOB_ID.self-requeues"
         printf '%s checkpointed before the time limit\n' "$((${SLURM_RESTART_COUNT:-0} + 1))" >"$MULTINODE_STATE_DIR/$SLURM_JOB_ID.requeued"
         if scontrol requeue "$SLURM_JOB_ID"; then
             echo "[multinode] requeued; the next run resumes from the checkpoint"

@@ -80,3 +80,47 @@ def test_the_job_script_and_the_launcher_derive_the_same_port(job_id):
 def test_steps_of_one_job_and_neighbouring_jobs_get_distinct_ports():
     ports = {protocol.master_port(job, step) for job in range(100, 110) for step in range(protocol.PORTS_PER_JOB)}
     assert len(ports) == 10 * protocol.PORTS_PER_JOB
+
+
+def run_job_script(tmp_path: Path, restart: int, own_requeues: int | None) -> tuple[int, list[str], Path]:
+    """The rendered job script, run with bash as slurmd would run a restart of a job whose training checkpointed on
+    the pre-time-limit signal; `scontrol` is a stand-in that records its arguments and, for a requeue, ends the
+    run as slurmctld does (SIGTERM). Returns (exit code, scontrol calls, the state folder)."""
+    req = build_request("train", {"nodes": 1, "gpus": 1})  # max_requeues: the default, 3
+    state = tmp_path / "state"
+    ctx = jobscript.ScriptContext(
+        command=f'touch "${protocol.PREEMPT_FILE_VAR}"', workdir=tmp_path, log_dir=Path("logs"), state_dir=state,
+        job_name="t",
+    )  # fmt: skip
+    script = tmp_path / "job.sh"
+    script.write_text(jobscript.render(req, ctx, []))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol.calls"
+    (bin_dir / "scontrol").write_text(
+        f'#!/bin/bash\necho "$*" >> {calls}\ncase "$1" in show) echo node1 ;; requeue) kill -TERM "$PPID" ;; esac\n'
+    )
+    (bin_dir / "scontrol").chmod(0o755)
+    state.mkdir()
+    if own_requeues is not None:
+        protocol.marker(state, "42", protocol.SELF_REQUEUE_MARKER).write_text(f"{own_requeues}\n")
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": str(restart),
+        "SLURM_JOB_NODELIST": "node1", "HOME": str(tmp_path),
+    }  # fmt: skip
+    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    return proc.returncode, calls.read_text().splitlines() if calls.exists() else [], state
+
+
+def test_preemptions_and_admin_requeues_do_not_use_up_the_jobs_own_requeue_budget(tmp_path):
+    """SLURM's restart count is 3 (three preemptions or admin requeues), the job has not requeued itself yet: it
+    does now, and counts it."""
+    code, calls, state = run_job_script(tmp_path, restart=3, own_requeues=None)
+    assert "requeue 42" in calls, calls
+    assert protocol.marker(state, "42", protocol.SELF_REQUEUE_MARKER).read_text().strip() == "1"
+    assert code == 143  # ended by slurmctld's SIGTERM, as a requeued run is
+
+
+def test_a_job_that_used_its_own_requeues_stops_and_a_rerun_resumes(tmp_path):
+    code, calls, _ = run_job_script(tmp_path, restart=1, own_requeues=3)
+    assert not any(c.startswith("requeue") for c in calls) and code == protocol.EXIT_PREEMPTED

@@ -37,7 +37,7 @@ trap 'exit 143' TERM
 mkdir -p "$MULTINODE_STATE_DIR"
 rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE"
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
-[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f {{exit_marker}} {{requeue_marker}}
+[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f {{exit_marker}} {{requeue_marker}} {{self_requeue_marker}}
 
 # A restart runs the code the job was submitted with; where it could not be frozen, changed code stops it.
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e {{code_manifest}} ]; then
@@ -94,9 +94,13 @@ wait "$MULTINODE_COMMAND" || rc=$?
 # ==== 5. checkpointed before the time limit? requeue, so the rerun resumes ========================
 if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
     echo "[multinode] checkpointed after SIG${SLURM_SIGNAL:-USR2} ($(cat "$MULTINODE_PREEMPT_FILE"))"
-    if [ "${SLURM_RESTART_COUNT:-0}" -lt {{max_requeues}} ]; then  # at most {{max_requeues}} requeue(s)
+    # The job's own requeues only: SLURM's restart count also counts preemptions and admin requeues, which must not
+    # use up the budget (a job preempted 3 times still requeues itself at its time limit).
+    MULTINODE_SELF_REQUEUES=$(cat {{self_requeue_marker}} 2>/dev/null || echo 0)
+    if [ "$MULTINODE_SELF_REQUEUES" -lt {{max_requeues}} ]; then  # at most {{max_requeues}} requeue(s) of its own
         MULTINODE_REQUEUED=1
         rm -f "$MULTINODE_PREEMPT_FILE"
+        echo "$((MULTINODE_SELF_REQUEUES + 1))" >{{self_requeue_marker}}
         printf '%s checkpointed before the time limit\n' "$((${SLURM_RESTART_COUNT:-0} + 1))" >{{requeue_marker}}
         if scontrol requeue "$SLURM_JOB_ID"; then
             echo "[multinode] requeued; the next run resumes from the checkpoint"
