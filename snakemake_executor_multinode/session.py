@@ -21,6 +21,7 @@ from snakemake_executor_multinode.planning import environment, snapshot, submit_
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.planning.request import refuse_container_directive
 from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError
 from snakemake_executor_multinode.watching import provenance, reattach, report
 from snakemake_executor_multinode.watching.failure import failure_message
@@ -69,6 +70,7 @@ class Session:
         self.failed_nodes: dict[tuple[str, ...], tuple[str, ...]] = {}  # job outputs -> nodes its attempts failed on
         self._said: set[str] = set()
         self._cancelled: set[str] = set()  # job ids this run has cancelled
+        self._told: set[str] = set()  # pending jobs whose wait was explained
 
     # --- planning -------------------------------------------------------------------------------------------
     def plan(
@@ -181,11 +183,21 @@ class Session:
         for sub, label in jobs:
             assert sub.jobid is not None
             outcome = outcomes[sub.jobid]
-            if outcome.note:
+            if outcome.note and not outcome.finished:
                 self.info(f"SLURM job {sub.jobid} ({label}): {outcome.note}")
+            self._explain_wait(sub, label, outcome)
             if not outcome.finished and (line := self.progress.line(sub.jobid, label, sub.log)):
                 self.info(line)
         return outcomes
+
+    def _explain_wait(self, sub: Submission, label: str, outcome: Outcome) -> None:
+        """Once per job, when it has waited longer than --multinode-pending-notice-seconds: why, in plain words."""
+        state = outcome.state
+        if outcome.finished or state is None or state.state != "PENDING" or not state.reason or sub.jobid in self._told:
+            return
+        if time.time() - sub.submitted_at >= self.settings.pending_notice_seconds:
+            self._told.add(str(sub.jobid))
+            self.info(f"SLURM job {sub.jobid} ({label}) is waiting: {reasons.say(state.reason, str(sub.jobid))}")
 
     def end(self, sub: Submission, outcome: Outcome) -> Ended:
         """A job's end, recorded (before Snakemake hears of it: a reported end is never adopted by a later run),
@@ -202,6 +214,8 @@ class Session:
             except provenance.ProvenanceError as err:  # the bookkeeping fails, loudly; the training did not
                 return Ended(sub, False, f"SLURM job {sub.jobid} succeeded, but {err}")
             return Ended(sub, True)
+        if outcome.state is not None and outcome.state.state == "PENDING":  # it can never start: not left queued
+            self.cancel([sub.jobid], "it can never start")
         if outcome.failed_node:
             self.failed_nodes[sub.outputs] = (*self.failed_nodes.get(sub.outputs, ()), outcome.failed_node)
         return Ended(sub, False, failure_message(sub.jobid, outcome, Path(sub.log) if sub.log else None))

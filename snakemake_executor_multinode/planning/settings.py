@@ -120,6 +120,13 @@ class Settings:
             f"{protocol.REPORTS_DIR}/<run>.{{csv,md}} and print its summary."
         },
     )
+    pending_notice_seconds: float = field(
+        default=300.0,
+        metadata={
+            "help": "Once a job has waited this long in the queue, say once why, in plain words with what to do "
+            "(SLURM's pending reason, read by the status sweeps); `multinode status` always shows it."
+        },
+    )
     snapshot: str = field(
         default="git",
         metadata={

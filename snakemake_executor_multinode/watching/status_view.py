@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from snakemake_executor_multinode.protocol import EXIT_MARKER, RUNS_DIR, STATE_DIR, marker
+from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient
 from snakemake_executor_multinode.watching import progress
 from snakemake_executor_multinode.watching.registry import Submission, runs
@@ -315,7 +316,12 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(line[:-1], widths, strict=True)) + "  " + line[-1] for line in table
     ]
-    return "\n".join([head, *lines])
+    waits = [
+        f"  job {r.jobid}: {reasons.say(r.reason, r.jobid)}"
+        for r in rows
+        if r.state == "PENDING" and r.reason and r.jobid and reasons.explain(r.reason)
+    ]
+    return "\n".join([head, *lines, *(["why they wait:", *waits] if waits else [])])
 
 
 def watch(

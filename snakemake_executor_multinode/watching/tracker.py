@@ -22,6 +22,7 @@ from snakemake_executor_multinode.protocol import (
     STALL_MARKER,
     marker,
 )
+from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import JobState, QueryError, SlurmClient
 
 # States of a job that SLURM has put back into the queue after a run ended.
@@ -185,7 +186,15 @@ class Tracker:
                     continue
             elif state is not None:
                 self._unknown.pop(jobid, None)
-            if state is None or state.active:
+            if (
+                state is not None
+                and state.state == "PENDING"
+                and (why := reasons.explain(state.reason))
+                and why.hopeless
+            ):
+                note = f"it can never start: {reasons.say(state.reason, jobid)}"
+                outcomes[jobid] = Outcome(jobid, True, False, state=state, note=note)
+            elif state is None or state.active:
                 outcomes[jobid] = Outcome(jobid, False, state=state, note=self._requeue_note(jobid))
             elif (late := self._from_marker(jobid)) is not None:  # ended between the stat and the query
                 outcomes[jobid] = Outcome(jobid, True, late.success, late.exit_code, state, late.failed_node)
