@@ -85,3 +85,12 @@ def test_py_spy_dumps_a_live_python_process():
         child.kill()
         child.wait()
     assert any("<module> (<string>:2)" in line for line in lines), lines
+
+
+def test_the_verdict_goes_to_the_tracker_and_on_stall_requeue_asks_the_job_script_to_requeue(tmp_path):
+    env = {protocol.STALL_FILE_VAR: str(tmp_path / "7.stalled"), protocol.PREEMPT_FILE_VAR: str(tmp_path / "7.pre")}
+    stall.record(env, "stalled: no progress for 20s on any rank", "fail")
+    assert (tmp_path / "7.stalled").read_text() == "stalled: no progress for 20s on any rank\n"
+    assert not (tmp_path / "7.pre").exists()
+    stall.record(env, "stalled: again", "requeue")
+    assert (tmp_path / "7.pre").read_text() == "stalled\n"  # the job script's requeue path, as after USR2
