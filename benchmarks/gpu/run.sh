@@ -13,7 +13,8 @@
 #        native model, or one at a time with +liger_fused_ce, +liger_rms_norm, +liger_swiglu, +liger_rope;
 #        +flash_attn_hopper: FlashAttention for Hopper; +mbN: micro-batch N; +cdt: Inductor's coordinate-descent
 #        tuning; +hybrid_adam: ColossalAI's fused CUDA Adam instead of torch's fused AdamW; +prof: profile summary
-#   PLUGIN[+compile][+hf][+KERNEL...]      workflows/scripts/train.py with that plugin (+hf: model_impl hf)
+#   PLUGIN[+compile][+hf][+KERNEL...][+det]   workflows/scripts/train.py with that plugin (+hf: model_impl hf;
+#        +det: "deterministic": true, deterministic CUDA kernels and no TF32)
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$(mktemp -d)}
@@ -57,13 +58,14 @@ for v in $VARIANTS; do
       2>> $OUT/$v.log | tee -a $OUT/$v.log | grep '^{' >> $OUT/results.jsonl \
       || echo "{\"variant\": \"$v\", \"error\": \"$(tail -1 $OUT/$v.log | tr -d '"\\')\"}" >> $OUT/results.jsonl
   else
-    comp=false; impl=auto
+    comp=false; impl=auto; det=false
     has "$v" compile && comp=true
+    has "$v" det && det=true
     has "$v" hf && impl=hf
     ks=$(kernels_of "$v" | sed '/./s/\([^,]*\)/"\1"/g')  # none: an empty list
     python3 -m torch.distributed.run --standalone --nproc_per_node=1 workflows/scripts/train.py \
       --data-dir $OUT/data --out $OUT/$v/model.pt --ckpt-dir $OUT/$v/ckpt --metrics $OUT/$v/metrics.jsonl \
-      --config-json "{$COMMON,\"plugin\":\"$base\",\"compile\":$comp,\"model_impl\":\"$impl\",\"kernels\":[$ks]}" > $OUT/$v.log 2>&1
+      --config-json "{$COMMON,\"plugin\":\"$base\",\"compile\":$comp,\"deterministic\":$det,\"model_impl\":\"$impl\",\"kernels\":[$ks]}" > $OUT/$v.log 2>&1
     python3 benchmarks/gpu/summarize.py "$v" $OUT/$v/metrics.jsonl >> $OUT/results.jsonl
   fi
   echo "== $v $((SECONDS - t0)) s: $(tail -1 $OUT/results.jsonl | cut -c1-600)"

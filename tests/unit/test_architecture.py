@@ -139,9 +139,27 @@ def test_scripts_that_run_only_inside_a_benchmark_job_compile(script):
         compile(path.read_text(), str(path), "exec")
 
 
+SITE_STUB = "benchmarks/gpu/site_stub"
+SITE_STUB_FILES = ["bitsandbytes/__init__.py", "bitsandbytes/optim/__init__.py", "bitsandbytes/optim/optimizer.py"]
+
+
+def test_the_bitsandbytes_stand_in_gives_the_base_class_galore_needs_and_refuses_to_be_used():
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from bitsandbytes.optim.optimizer import Optimizer2State\n"
+        "class GaLore8bit(Optimizer2State): pass\n"  # what galore_torch and ColossalAI do at import time
+        "try:\n    GaLore8bit([])\nexcept RuntimeError as e:\n    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / SITE_STUB)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "not installed here" in out
+
+
 def test_every_benchmark_script_is_covered_here():
     covered = {*BENCHMARK_MODULES, "benchmarks/gpu/summarize.py", "benchmarks/launch_worker.py"}
     covered |= {"benchmarks/launch_probe/sitecustomize.py", "benchmarks/gpu/run.sh"}
+    covered |= {f"{SITE_STUB}/{f}" for f in SITE_STUB_FILES}
     scripts = {str(p.relative_to(REPO)) for p in (REPO / "benchmarks").rglob("*") if p.suffix in (".py", ".sh")}
     assert scripts == covered
 

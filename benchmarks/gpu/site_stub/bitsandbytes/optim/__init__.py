@@ -1,0 +1,1 @@
+"""See bitsandbytes/__init__.py: an import-time stand-in."""
