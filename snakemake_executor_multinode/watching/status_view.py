@@ -321,7 +321,7 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
         for r in rows
         if r.state == "PENDING" and r.reason and r.jobid and reasons.explain(r.reason)
     ]
-    return "\n".join([head, *lines, *(["why they wait:", *waits] if waits else [])])
+    return "\n".join([head, *lines, *(["", "why they wait:", *waits] if waits else [])])
 
 
 def watch(

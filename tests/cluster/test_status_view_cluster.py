@@ -47,12 +47,13 @@ def multinode(wd: Path, *args: str) -> str:
 
 
 def table(wd: Path, *args: str) -> dict[str, list[str]]:
-    """`multinode status` as {rule label: the row's cells}, the columns split where the header's are."""
+    """`multinode status` as {rule label: the row's cells}, the columns split where the header's are (the table
+    ends at the first empty line: why pending jobs wait follows)."""
     lines = multinode(wd, "status", *args).splitlines()
     header = lines[1]
     starts = [header.index(name) for name in header.split()]
     rows = {}
-    for line in lines[2:]:
+    for line in lines[2 : lines.index("") if "" in lines else None]:
         cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
         rows[cells[0]] = cells
     return rows
@@ -106,6 +107,8 @@ def test_status_of_an_immediate_submit_run_after_snakemake_exited(slurm_cluster,
     rows = wait_for(training, "the training running with its metrics")
     assert set(rows) == {"train", "evaluate"}
     assert cell(rows["evaluate"], "STATE") == "PENDING (Dependency)"  # afterok on the training
+    said = multinode(wd, "status")
+    assert f"job {cell(rows['evaluate'], 'JOBID')}: Dependency: waiting for the jobs it depends on to finish" in said
     (wd / "release").touch()
 
     def ended() -> dict[str, list[str]] | None:
