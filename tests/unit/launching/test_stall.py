@@ -78,13 +78,15 @@ def test_py_spy_dumps_a_live_python_process():
     import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"])
+    code = "import time\nprint('looping', flush=True)\nwhile True: time.sleep(0.1)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout is not None and child.stdout.readline() == "looping\n"  # in its loop, past start-up
         lines = stall.dump(child.pid)
     finally:
         child.kill()
         child.wait()
-    assert any("<module> (<string>:2)" in line for line in lines), lines
+    assert any("<module> (<string>:3)" in line for line in lines), lines
 
 
 def test_the_verdict_goes_to_the_tracker_and_on_stall_requeue_asks_the_job_script_to_requeue(tmp_path):
