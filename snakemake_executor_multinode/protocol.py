@@ -32,6 +32,9 @@ EXIT_PREEMPTED = 85
 EXIT_CODE_CHANGED = 86
 # Exit code of `multinode torchrun` (and so of the job) whose step the progress watchdog ended (on_stall: fail).
 EXIT_STALLED = 87
+# Exit code of a job whose runs failed soon after their start several times in a row (a crash loop; the job script
+# ends it so that nothing requeues it again: --multinode-crash-loop-runs).
+EXIT_CRASH_LOOP = 88
 
 # Markers the job script writes into the state folder (on the shared filesystem), named <jobid><suffix>.
 EXIT_MARKER = ".exit"  # "<exit code> <restart>" of the run that wrote it, written last (atomically, by rename)
@@ -40,7 +43,10 @@ PREEMPT_MARKER = ".preempted"  # the training checkpointed on the signal (its st
 REQUEUE_MARKER = ".requeued"  # "<next restart> <why>": the job requeued itself after a checkpoint
 STALL_MARKER = ".stalled"  # the watchdog's verdict, one line (written by the launcher, read by the tracker)
 SELF_REQUEUE_MARKER = ".self-requeues"  # how often the job requeued itself after a checkpoint (its budget)
-MARKERS = (EXIT_MARKER, FAILED_NODE_MARKER, PREEMPT_MARKER, REQUEUE_MARKER, STALL_MARKER, SELF_REQUEUE_MARKER)
+CRASH_MARKER = ".crashes"  # "<runs> <exit>": failed runs in a row soon after their start, the last one's exit code
+MARKERS = (
+    EXIT_MARKER, FAILED_NODE_MARKER, PREEMPT_MARKER, REQUEUE_MARKER, STALL_MARKER, SELF_REQUEUE_MARKER, CRASH_MARKER,
+)  # fmt: skip
 # The metrics file is named after the job's log, not its id alone: the log folder keeps it for `multinode status`
 # after the run (the state folder's markers are removed once Snakemake has seen the job end).
 METRICS_SUFFIX = ".metrics.jsonl"
@@ -58,6 +64,8 @@ GPUS_PER_NODE_VAR = "MULTINODE_GPUS_PER_NODE"
 CPUS_PER_TASK_VAR = "MULTINODE_CPUS_PER_TASK"
 OMP_THREADS_VAR = "MULTINODE_OMP_NUM_THREADS"  # CPUs per GPU process, for rules that start their own workers
 SELF_REQUEUES_VAR = "MULTINODE_SELF_REQUEUES"  # internal to the job script: its own requeues so far
+STARTED_VAR = "MULTINODE_STARTED"  # internal to the job script: this run's start (epoch seconds)
+CRASHES_VAR = "MULTINODE_CRASHES"  # internal to the job script: quick failures in a row, this run's included
 REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run handed over to its requeued rerun
 COMMAND_VAR = "MULTINODE_COMMAND"  # internal to the job script: the rule's command (its process group's id)
 STALL_TIMEOUT_VAR = "MULTINODE_STALL_TIMEOUT"  # the launcher's watchdog: seconds without progress; 0 or unset: off
@@ -108,6 +116,8 @@ VARIABLES = (
     OMP_THREADS_VAR,
     REQUEUED_VAR,
     SELF_REQUEUES_VAR,
+    STARTED_VAR,
+    CRASHES_VAR,
     COMMAND_VAR,
     RUNS_FILE_VAR,
     STALL_TIMEOUT_VAR,

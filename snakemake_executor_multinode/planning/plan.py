@@ -88,6 +88,10 @@ class Planner:
             raise SettingsError(
                 f"--multinode-logdir={settings.logdir!r}: a relative folder of letters, digits and _ . / + - only"
             )
+        if settings.crash_loop_runs < 0:
+            raise SettingsError(f"--multinode-crash-loop-runs={settings.crash_loop_runs}: 0 (no bound) or more runs")
+        if not settings.crash_loop_seconds > 0:
+            raise SettingsError(f"--multinode-crash-loop-seconds={settings.crash_loop_seconds}: more than 0 seconds")
         self.profiles = environment.load_profiles(settings.env_profiles)  # EnvProfileError names file and key
         self.snapshots = snapshot.SnapshotStore(workdir, settings.snapshot)  # SnapshotError names setting and path
         if settings.env_profile is not None:

@@ -15,6 +15,7 @@ Durations and sizes are read with Snakemake's own rules (units.py); slurm_extra 
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -300,6 +301,8 @@ class JobRequest:
     master_port: int | None = None
     slurm_extra: tuple[str, ...] = ()
     max_requeues: int = Settings.max_requeues
+    crash_loop_runs: int = Settings.crash_loop_runs  # quick failures in a row that end a requeued job; 0: no bound
+    crash_loop_s: int = int(Settings.crash_loop_seconds)  # "quick": within this many seconds of the run's start
     stall_timeout_s: int = 0  # the launcher's progress watchdog; 0: off
     on_stall: str = "fail"  # fail | requeue (resumes from the last checkpoint)
     attempt: int = 1
@@ -564,6 +567,8 @@ def build_request(
         master_port=_master_port(rule, r),
         slurm_extra=_slurm_extra(rule, r.get("slurm_extra")),
         max_requeues=max(0, defaults.max_requeues),
+        crash_loop_runs=defaults.crash_loop_runs,
+        crash_loop_s=math.ceil(defaults.crash_loop_seconds),
         stall_timeout_s=_stall_timeout(rule, r, profile or {}, nodes),
         on_stall=_on_stall(rule, r, profile or {}),
         attempt=attempt,

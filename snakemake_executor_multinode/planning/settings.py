@@ -72,6 +72,19 @@ class Settings:
             "Snakemake's --retries then reruns it). Preemptions and admin requeues do not count."
         },
     )
+    crash_loop_runs: int = field(
+        default=3,
+        metadata={
+            "help": "A job whose runs fail this many times in a row, each within --multinode-crash-loop-seconds of "
+            "its start, is not run again: it fails with its last error (0: no bound). Only a requeued failed run "
+            "can loop (SLURM's RequeueExit, a node failure); SLURM's own SIGTERM (preemption, admin requeue, "
+            "scancel) is not a failure here."
+        },
+    )
+    crash_loop_seconds: float = field(
+        default=300.0,
+        metadata={"help": "A run that fails within this many seconds of its start counts toward the crash loop."},
+    )
     gpu_flag: str = field(
         default="gres",
         metadata={

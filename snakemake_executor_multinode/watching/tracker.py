@@ -13,7 +13,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from snakemake_executor_multinode.protocol import (
+    CRASH_MARKER,
     EXIT_CODE_CHANGED,
+    EXIT_CRASH_LOOP,
     EXIT_MARKER,
     EXIT_PREEMPTED,
     FAILED_NODE_MARKER,
@@ -40,6 +42,7 @@ class Outcome:
     failed_node: str | None = None
     note: str | None = None  # news of a job still running, e.g. "requeued (...), restart 2"
     stalled: str | None = None  # the progress watchdog's verdict (launching/stall.py), when it ended the job
+    crashes: str | None = None  # "<runs> <exit>" of a crash loop the job script ended (EXIT_CRASH_LOOP)
 
     def describe(self) -> str:
         parts = [self.stalled] if self.stalled else []
@@ -57,6 +60,10 @@ class Outcome:
                 parts.append("(checkpointed before the time limit and not requeued: a rerun resumes)")
             if self.exit_code == EXIT_CODE_CHANGED:
                 parts.append("(a restart found the code changed since submission and did not resume: see the log)")
+            if self.exit_code == EXIT_CRASH_LOOP and self.crashes:
+                runs, _, last = self.crashes.partition(" ")
+                parts.append(f"(a crash loop: {runs} runs in a row failed soon after their start, the last with exit "
+                             f"{last}; not run again: see the log)")  # fmt: skip
         if self.failed_node:
             parts.append(f"failing node {self.failed_node}")
         if self.finished and self.note:
@@ -108,7 +115,7 @@ class Tracker:
         code = int(word) if word.lstrip("-").isdigit() else 1
         return Outcome(
             jobid, True, code == 0, code, failed_node=self._read(jobid, FAILED_NODE_MARKER),
-            stalled=self._read(jobid, STALL_MARKER),
+            stalled=self._read(jobid, STALL_MARKER), crashes=self._read(jobid, CRASH_MARKER),
         )  # fmt: skip
 
     def _requeue_note(self, jobid: str) -> str | None:

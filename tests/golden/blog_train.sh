@@ -26,6 +26,7 @@ if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
     MULTINODE_LOG_STEM="$MULTINODE_LOG_STEM.restart$SLURM_RESTART_COUNT"
     exec >>"$MULTINODE_LOG_STEM".log 2>&1
 fi
+MULTINODE_STARTED=$(date +%s)
 echo "[multinode] job $SLURM_JOB_ID, rule train, attempt 1, restart ${SLURM_RESTART_COUNT:-0}, $(date -Is)"
 
 # ==== bookkeeping: a marker on the shared filesystem tells Snakemake the job ended (no slurmctld query)
@@ -52,7 +53,7 @@ trap 'exit 143' TERM
 mkdir -p "$MULTINODE_STATE_DIR"
 rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE"
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
-[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.requeued" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.self-requeues"
+[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.requeued" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.self-requeues" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.crashes"
 
 # A restart runs the code the job was submitted with; where it could not be frozen, changed code stops it.
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e /dev/null/none ]; then
@@ -150,5 +151,22 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
     fi
     echo "[multinode] not requeued: a rerun or --retries resumes from the checkpoint"
     exit 85
+fi
+
+# ==== 6. a crash loop ends here ==================================================================================
+# SLURM runs some failed jobs again (a site's RequeueExit, a node failure). 3 failures in a row,
+# each within 300 s of its start, end the job with an exit code no RequeueExit names. SLURM's
+# SIGTERM (143: preemption, admin requeue, scancel) is no failure of the job's: it neither counts nor breaks a streak.
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 143 ] && [ 3 -gt 0 ]; then
+    MULTINODE_CRASHES=0
+    if [ $(($(date +%s) - MULTINODE_STARTED)) -lt 300 ]; then
+        MULTINODE_CRASHES=$(($(cut -d ' ' -f 1 "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.crashes" 2>/dev/null || echo 0) + 1))
+    fi
+    echo "$MULTINODE_CRASHES $rc" >"$MULTINODE_STATE_DIR/$SLURM_JOB_ID.crashes"
+    if [ "$MULTINODE_CRASHES" -ge 3 ]; then
+        echo "[multinode] crash loop: $MULTINODE_CRASHES runs in a row failed within 300 s of their" \
+            "start, the last with exit $rc; not run again"
+        exit 88
+    fi
 fi
 exit "$rc"

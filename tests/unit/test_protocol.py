@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 from pathlib import Path
@@ -82,15 +83,24 @@ def test_steps_of_one_job_and_neighbouring_jobs_get_distinct_ports():
     assert len(ports) == 10 * protocol.PORTS_PER_JOB
 
 
-def run_job_script(tmp_path: Path, restart: int, own_requeues: int | None) -> tuple[int, list[str], Path]:
-    """The rendered job script, run with bash as slurmd would run a restart of a job whose training checkpointed on
-    the pre-time-limit signal; `scontrol` is a stand-in that records its arguments and, for a requeue, ends the
-    run as slurmctld does (SIGTERM). Returns (exit code, scontrol calls, the state folder)."""
-    req = build_request("train", {"nodes": 1, "gpus": 1})  # max_requeues: the default, 3
+def run_job_script(
+    tmp_path: Path,
+    restart: int,
+    own_requeues: int | None = None,
+    command: str = f'touch "${protocol.PREEMPT_FILE_VAR}"',
+    crashes: str | None = None,
+    crash_window_s: int | None = None,
+) -> tuple[int, list[str], Path, str]:
+    """The rendered job script, run with bash as slurmd would run it (by default a restart of a job whose training
+    checkpointed on the pre-time-limit signal); `scontrol` is a stand-in that records its arguments and, for a
+    requeue, ends the run as slurmctld does (SIGTERM). `crashes`: the crash marker earlier runs left.
+    Returns (exit code, scontrol calls, the state folder, the script's output)."""
+    req = build_request("train", {"nodes": 1, "gpus": 1})  # max_requeues 3, crash loop: 3 runs within 300 s
+    if crash_window_s is not None:
+        req = dataclasses.replace(req, crash_loop_s=crash_window_s)
     state = tmp_path / "state"
     ctx = jobscript.ScriptContext(
-        command=f'touch "${protocol.PREEMPT_FILE_VAR}"', workdir=tmp_path, log_dir=Path("logs"), state_dir=state,
-        job_name="t",
+        command=command, workdir=tmp_path, log_dir=Path("logs"), state_dir=state, job_name="t",
     )  # fmt: skip
     script = tmp_path / "job.sh"
     script.write_text(jobscript.render(req, ctx, []))
@@ -104,23 +114,66 @@ def run_job_script(tmp_path: Path, restart: int, own_requeues: int | None) -> tu
     state.mkdir()
     if own_requeues is not None:
         protocol.marker(state, "42", protocol.SELF_REQUEUE_MARKER).write_text(f"{own_requeues}\n")
+    if crashes is not None:
+        protocol.marker(state, "42", protocol.CRASH_MARKER).write_text(f"{crashes}\n")
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": str(restart),
         "SLURM_JOB_NODELIST": "node1", "HOME": str(tmp_path),
     }  # fmt: skip
     proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    return proc.returncode, calls.read_text().splitlines() if calls.exists() else [], state
+    scontrol = calls.read_text().splitlines() if calls.exists() else []
+    return proc.returncode, scontrol, state, proc.stdout + proc.stderr
 
 
 def test_preemptions_and_admin_requeues_do_not_use_up_the_jobs_own_requeue_budget(tmp_path):
     """SLURM's restart count is 3 (three preemptions or admin requeues), the job has not requeued itself yet: it
     does now, and counts it."""
-    code, calls, state = run_job_script(tmp_path, restart=3, own_requeues=None)
+    code, calls, state, _ = run_job_script(tmp_path, restart=3, own_requeues=None)
     assert "requeue 42" in calls, calls
     assert protocol.marker(state, "42", protocol.SELF_REQUEUE_MARKER).read_text().strip() == "1"
     assert code == 143  # ended by slurmctld's SIGTERM, as a requeued run is
 
 
 def test_a_job_that_used_its_own_requeues_stops_and_a_rerun_resumes(tmp_path):
-    code, calls, _ = run_job_script(tmp_path, restart=1, own_requeues=3)
+    code, calls, _, _ = run_job_script(tmp_path, restart=1, own_requeues=3)
     assert not any(c.startswith("requeue") for c in calls) and code == protocol.EXIT_PREEMPTED
+
+
+# --- the crash loop: SLURM runs some failed jobs again (RequeueExit, node failure); the job script bounds it --------
+
+
+def crash_marker(state: Path) -> str:
+    return protocol.marker(state, "42", protocol.CRASH_MARKER).read_text().strip()
+
+
+def test_the_third_quick_failure_in_a_row_ends_the_job_with_the_crash_loop_code_and_its_last_error(tmp_path):
+    code, _, state, out = run_job_script(tmp_path, restart=2, command="exit 3", crashes="2 3")
+    assert code == protocol.EXIT_CRASH_LOOP
+    assert crash_marker(state) == "3 3"
+    assert "crash loop: 3 runs in a row failed within 300 s of their start, the last with exit 3" in out
+
+
+def test_a_first_quick_failure_keeps_its_own_exit_code_and_starts_the_count(tmp_path):
+    code, _, state, _ = run_job_script(tmp_path, restart=1, command="exit 3")
+    assert (code, crash_marker(state)) == (3, "1 3")
+
+
+def test_a_failure_after_the_window_breaks_the_streak(tmp_path):
+    code, _, state, _ = run_job_script(tmp_path, restart=2, command="exit 3", crashes="2 3", crash_window_s=0)
+    assert (code, crash_marker(state)) == (3, "0 3")
+
+
+def test_slurms_sigterm_neither_counts_nor_breaks_the_streak(tmp_path):
+    """Preemption, admin requeue, scancel: the run ends with 143, which is SLURM's decision, not a crash."""
+    code, _, state, _ = run_job_script(tmp_path, restart=2, command="exit 143", crashes="2 3")
+    assert (code, crash_marker(state)) == (143, "2 3")
+
+
+def test_success_ends_the_job_whatever_the_streak(tmp_path):
+    code, _, state, _ = run_job_script(tmp_path, restart=2, command="true", crashes="2 3")
+    assert (code, crash_marker(state)) == (0, "2 3")
+
+
+def test_a_first_run_forgets_the_crashes_of_an_earlier_job_with_the_same_id(tmp_path):
+    code, _, state, _ = run_job_script(tmp_path, restart=0, command="exit 3", crashes="2 3")
+    assert (code, crash_marker(state)) == (3, "1 3")

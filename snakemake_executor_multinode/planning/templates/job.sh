@@ -11,6 +11,7 @@ if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
     MULTINODE_LOG_STEM="$MULTINODE_LOG_STEM.restart$SLURM_RESTART_COUNT"
     exec >>"$MULTINODE_LOG_STEM".log 2>&1
 fi
+MULTINODE_STARTED=$(date +%s)
 echo "[multinode] job $SLURM_JOB_ID, rule {{rule_q}}, attempt {{attempt}}, restart ${SLURM_RESTART_COUNT:-0}, $(date -Is)"
 
 # ==== bookkeeping: a marker on the shared filesystem tells Snakemake the job ended (no slurmctld query)
@@ -37,7 +38,7 @@ trap 'exit 143' TERM
 mkdir -p "$MULTINODE_STATE_DIR"
 rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE"
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
-[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f {{exit_marker}} {{requeue_marker}} {{self_requeue_marker}}
+[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f {{exit_marker}} {{requeue_marker}} {{self_requeue_marker}} {{crash_marker}}
 
 # A restart runs the code the job was submitted with; where it could not be frozen, changed code stops it.
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e {{code_manifest}} ]; then
@@ -110,5 +111,22 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
     fi
     echo "[multinode] not requeued: a rerun or --retries resumes from the checkpoint"
     exit {{exit_preempted}}
+fi
+
+# ==== 6. a crash loop ends here ==================================================================================
+# SLURM runs some failed jobs again (a site's RequeueExit, a node failure). {{crash_loop_runs}} failures in a row,
+# each within {{crash_loop_seconds}} s of its start, end the job with an exit code no RequeueExit names. SLURM's
+# SIGTERM (143: preemption, admin requeue, scancel) is no failure of the job's: it neither counts nor breaks a streak.
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 143 ] && [ {{crash_loop_runs}} -gt 0 ]; then
+    MULTINODE_CRASHES=0
+    if [ $(($(date +%s) - MULTINODE_STARTED)) -lt {{crash_loop_seconds}} ]; then
+        MULTINODE_CRASHES=$(($(cut -d ' ' -f 1 {{crash_marker}} 2>/dev/null || echo 0) + 1))
+    fi
+    echo "$MULTINODE_CRASHES $rc" >{{crash_marker}}
+    if [ "$MULTINODE_CRASHES" -ge {{crash_loop_runs}} ]; then
+        echo "[multinode] crash loop: $MULTINODE_CRASHES runs in a row failed within {{crash_loop_seconds}} s of their" \
+            "start, the last with exit $rc; not run again"
+        exit {{exit_crash_loop}}
+    fi
 fi
 exit "$rc"

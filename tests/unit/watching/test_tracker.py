@@ -213,3 +213,14 @@ def test_a_failed_run_waits_for_slurmctlds_word_before_it_is_a_failure(tmp_path)
     client.live_states["7"] = JobState("7", "FAILED", restarts=0)
     out = tracker.poll(["7"])["7"]
     assert out.finished and not out.success and "SLURM state FAILED" in out.describe()
+
+
+def test_a_crash_loop_the_job_script_ended_is_reported_with_its_runs_and_last_error(tmp_path):
+    client = FakeClient({"9": JobState("9", "FAILED", "88:0", "NonZeroExitCode", "node1")})
+    client.live_states["9"] = JobState("9", "FAILED", "88:0", "NonZeroExitCode", "node1", restarts=2)
+    tracker = Tracker(tmp_path, client, clock=Clock())
+    (tmp_path / "9.exit").write_text("88 2\n")
+    (tmp_path / "9.crashes").write_text("3 3\n")
+    out = tracker.poll(["9"])["9"]
+    assert out.finished and not out.success
+    assert "a crash loop: 3 runs in a row failed soon after their start, the last with exit 3" in out.describe()
