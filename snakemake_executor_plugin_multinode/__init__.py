@@ -188,6 +188,10 @@ class Executor(RemoteExecutor):
     async def check_active_jobs(self, active_jobs: list[SubmittedJobInfo]) -> AsyncGenerator[SubmittedJobInfo, None]:
         if not active_jobs:
             return
+        if self.workflow.remote_execution_settings.immediate_submit:
+            # Snakemake counted each job done at its submission: an outcome reported now hits a job it no longer
+            # runs (a KeyError in its scheduler). SLURM's afterok chains them; `multinode status` watches them.
+            return
         async with self.status_rate_limiter:
             outcomes = self.session.poll([(info.aux["submission"], info.job.name) for info in active_jobs])
         running, failed = [], False

@@ -63,9 +63,8 @@ def test_a_job_requeued_by_an_admin_three_times_still_requeues_itself_after_its_
         sm.stop()
     assert rc == 0, sm.text
     logs = {p.name: p.read_text() for p in job_logs(wd, "train")}
-    assert sorted(logs) == sorted(
-        [f"{job}.attempt1.log"] + [f"{job}.attempt1.restart{r}.log" for r in range(1, 5)]
-    ), sorted(logs)
+    restarts = [f"{job}.attempt1.restart{r}.log" for r in range(1, 5)]
+    assert sorted(logs) == sorted([f"{job}.attempt1.log", *restarts]), sorted(logs)
     third = logs[f"{job}.attempt1.restart3.log"]
     assert "[multinode] checkpointed after SIGUSR2" in third
     assert "[multinode] requeued; the next run resumes from the checkpoint" in third
@@ -108,9 +107,7 @@ rule work:
 """
 
 
-def test_a_job_that_crashes_right_after_every_start_stops_after_three_runs_with_its_last_error(
-    slurm_cluster, tmp_path
-):
+def test_a_job_that_crashes_after_every_start_stops_after_three_runs_with_its_last_error(slurm_cluster, tmp_path):
     """A site requeues every job that exits 3; the job exits 3 right after it starts. Without a bound SLURM would run
     it forever; with the default (3 failures within 300 s of their start) the third run ends it with exit 88,
     which no RequeueExit names, and Snakemake reports the crash loop with the last exit code."""
