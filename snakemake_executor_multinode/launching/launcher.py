@@ -372,15 +372,20 @@ def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str],
     assert proc.stderr is not None
     fd, out = proc.stderr.fileno(), sys.stderr.buffer
     give_up: float | None = None  # set by a failure
+    gentle: float | None = None  # a stalled step's gentle end: srun is forced to end it at this time
     while True:
         if give_up is not None and time.monotonic() >= give_up:
             log(f"srun still waits for the step {STOP_WAIT_S:.0f} s after the failure: not the launcher")
             proc.kill()  # SLURM ends what is left of the step with the job
             break
         wait = 1.0 if give_up is None else max(0.0, min(1.0, give_up - time.monotonic()))
-        if give_up is None and stalls.due():  # no progress for stall_timeout, every rank's stack taken
+        if give_up is None and gentle is None and stalls.due():  # no progress for stall_timeout, stacks taken
             watch.stopped = True  # the tasks' ends that follow are the launcher's doing, no node's failure
-            proc.send_signal(signal.SIGTERM)
+            stall.stop_file(stalls.stem).write_text(f"{time.time()}\n")
+            proc.send_signal(signal.SIGUSR1)  # srun passes it to every node's task: SIGTERM to its torchrun
+            gentle = time.monotonic() + stall.STOP_GRACE_S
+        if give_up is None and gentle is not None and time.monotonic() >= gentle:
+            proc.send_signal(signal.SIGTERM)  # srun: "forcing job termination"
             give_up = time.monotonic() + STOP_WAIT_S
         if select.select([fd], [], [], wait)[0]:
             data = os.read(fd, 65536)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from snakemake_executor_multinode import protocol
-from snakemake_executor_multinode.launching import stall
+from snakemake_executor_multinode.launching import proctree, stall
 from snakemake_executor_multinode.launching.torchrun_flags import option_value
 
 POLL_S = 0.05  # how often new rank files are looked for and read: the delay a line may see, nothing more
@@ -111,25 +111,12 @@ def _write_all(fd: int, data: bytes) -> None:
             return
 
 
-def _children() -> dict[int, list[int]]:
-    """Every process's children, from one pass over /proc (ppid is the 4th field of /proc/<pid>/stat)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                ppid = int(Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    return children
-
-
 def rank_of_worker(agent_pid: int, local_rank: int, attempt: int) -> int | None:
     """The global rank torchrun gave a worker (with c10d the rendezvous picks it), read from the worker's
     environment: a child of the agent with this LOCAL_RANK and TORCHELASTIC_RESTART_COUNT."""
-    for pid in _children().get(agent_pid, []):
+    for pid in proctree.children().get(agent_pid, []):
         try:
-            env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
+            env = proctree.environ(pid)
         except OSError:
             continue
         if (
@@ -206,7 +193,7 @@ class RankFiles:
 
 def descendants(root: int) -> list[int]:
     """Every process below `root` (torchrun's workers run in sessions of their own: a process group misses them)."""
-    children = _children()
+    children = proctree.children()
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -243,7 +230,7 @@ def run(torchrun: Sequence[str], nproc: int, dynamic: bool, env: dict[str, str],
             return node_rank * nproc + local
         return rank_of_worker(proc.pid, local, attempt)  # the rendezvous picked it; None until the worker runs
 
-    _handle_signals(proc)
+    _handle_signals(proc, log_stem(env))
     files = RankFiles(root, node, rank, lambda local: shown_ranks is None or local in shown_ranks)
     stacks = StackRequests(log_stem(env), node, proc.pid, out)
     try:
@@ -263,9 +250,10 @@ def _node_file(env: Mapping[str, str], node: str) -> Path | None:
     return path
 
 
-def _handle_signals(proc: subprocess.Popen) -> None:
+def _handle_signals(proc: subprocess.Popen, stem: str) -> None:
     """SIGTERM/SIGINT go to torchrun (it stops its workers; the reading goes on until it is gone); USR2 to torchrun
-    and everything below it."""
+    and everything below it. USR1 is the launcher's gentle end of a stalled step (stall.stop_file exists): SIGTERM
+    to torchrun; else a user's checkpoint signal (signal="USR1@..."), passed on as USR2 is."""
 
     def forward(signum: int, _frame: object) -> None:
         if proc.poll() is None:
@@ -280,10 +268,17 @@ def _handle_signals(proc: subprocess.Popen) -> None:
             except OSError:
                 pass
 
+    def usr1(signum: int, frame: object) -> None:
+        if stem and stall.stop_file(stem).exists():
+            forward(signal.SIGTERM, frame)
+        else:
+            pass_on(signum, frame)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    # torchrun started with USR2 ignored (set in main, inherited); from here on this process passes it on
+    # torchrun started with USR1 and USR2 ignored (set in main, inherited); from here on this process passes them on
     signal.signal(signal.SIGUSR2, pass_on)
+    signal.signal(signal.SIGUSR1, usr1)
 
 
 class StackRequests:
@@ -303,7 +298,11 @@ class StackRequests:
         if not stall.request_file(self.stem).exists():
             return
         self.answered = True
-        for pid, rank in stall.worker_ranks(self.agent_pid, _children):
+        workers = stall.worker_ranks(self.agent_pid, step=os.environ)
+        if not workers:
+            src = Source(f"[{self.node}] {stall.STACK_LABEL}".encode(), 2)
+            self.out.write(src, f"no stack: no worker process found on {self.node}".encode() + b"\n")
+        for pid, rank in workers:
             src = Source(f"[{self.node} rank{rank}] {stall.STACK_LABEL}".encode(), 2)
             for line in [f"pid {pid} on {self.node}:", *stall.dump(pid)]:
                 self.out.write(src, line.encode(errors="replace") + b"\n")
@@ -345,8 +344,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SLURM's --signal=USR2 (and scancel --signal) reaches every process of the step with proctrack/linuxproc, but
     # only the step's task (this process) with proctrack/cgroup, most production clusters. So torchrun starts with
     # USR2 ignored (its agent must not die of it), and this process passes it on to the workers (run: pass_on);
-    # under linuxproc a worker gets it twice, which its flag-setting handler absorbs.
+    # under linuxproc a worker gets it twice, which its flag-setting handler absorbs. USR1 likewise (a rule may
+    # choose it; the launcher also uses it, with a request file, to end a stalled step gently).
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     return run(torchrun, args.nproc, args.dynamic, dict(os.environ), args.echo)
 
 

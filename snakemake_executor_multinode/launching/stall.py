@@ -9,7 +9,10 @@ After `stall_timeout` seconds without progress the launcher (head node):
 1. asks every node for its ranks' Python stacks: it writes `<stem>.stall-request`; each node's labeller sees it, runs
    `py-spy dump` on each of its workers and appends the stack, labelled `[<node> rank<R>] stack| ...`, to its file
    (so to the job log), then writes `<stem>.<node>.stacks-done`; it waits for every node, at most STACKS_WAIT_S;
-2. ends the step (srun ends every task);
+2. ends the step: first gently (it writes `<stem>.stop-request` and sends srun SIGUSR1, which srun passes to every
+   node's task; the labeller, seeing the request, sends its torchrun SIGTERM: torchrun ends its workers, and a
+   container runtime's client ends its container, which a SIGKILL to the client would leave running), after
+   STOP_GRACE_S by srun's forced termination;
 3. writes its verdict to the stall marker ("stalled: no progress for 10m on any rank; stacks in <log>; rank 1 differs:
    time.sleep (worker.py:12)"), which Snakemake's error quotes;
 4. on_stall fail: exits EXIT_STALLED; requeue: writes the preempt file, so the job script requeues the job (it resumes
@@ -27,10 +30,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.launching import proctree
 
 STACK_LABEL = "stack| "
 STACKS_WAIT_S = 30.0  # every node's stacks, at most this long after the request (py-spy takes ~0.1 s per process)
 PY_SPY_TIMEOUT_S = 15.0
+STOP_GRACE_S = 20.0  # a stalled step's gentle end (SIGTERM to each node's torchrun), before srun's SIGKILL
 _FRAME = re.compile(r"^\s+(\S.*?) \((\S+?):(\d+)\)")  # py-spy: "    sleep (worker.py:12)"
 _LABELLED = re.compile(r"^\[(?P<node>[^ \]]+) rank(?P<rank>\d+)\] " + re.escape(STACK_LABEL) + r"(?P<text>.*)$")
 
@@ -41,6 +46,11 @@ def request_file(stem: str) -> Path:
 
 def done_file(stem: str, node: str) -> Path:
     return Path(f"{stem}.{node}.stacks-done")
+
+
+def stop_file(stem: str) -> Path:
+    """The launcher's request to every node to end its torchrun gently (SIGTERM), sent with SIGUSR1 through srun."""
+    return Path(f"{stem}.stop-request")
 
 
 class Watchdog:
@@ -66,28 +76,53 @@ class Watchdog:
         return self.clock() - self.last_progress >= self.timeout_s
 
 
-def _environ(pid: int) -> bytes:
-    return Path(f"/proc/{pid}/environ").read_bytes()
-
-
 def worker_ranks(
-    agent_pid: int, children: Callable[[], dict[int, list[int]]], environ: Callable[[int], bytes] = _environ
+    agent_pid: int,
+    children: Callable[[], dict[int, list[int]]] = proctree.children,
+    environ: Callable[[int], proctree.Environ] = proctree.environ,
+    step: Mapping[str, str] | None = None,
 ) -> list[tuple[int, str]]:
-    """(pid, global rank) of the training workers below torchrun's agent: the first processes down the tree with
-    RANK in their environment (not their own children, a data loader's workers, which inherit it)."""
-    found, todo, tree = [], [agent_pid], children()
+    """(pid, global rank) of this node's training workers: the first processes down the tree below torchrun's agent
+    with RANK in their environment (not their own children, a data loader's workers, which inherit it). A container
+    runtime's monitor (podman's conmon) is not below its client, so where the tree holds none, the workers are the
+    processes of this node's SLURM step (`step`: this process's SLURM_JOB_ID, SLURM_STEP_ID and SLURMD_NODENAME, which
+    the runtime passes in) with a RANK, again without their children."""
+    tree = children()
+    found, todo = [], [agent_pid]
     while todo:
         for pid in tree.get(todo.pop(), []):
             try:
-                env = environ(pid).split(b"\0")
+                rank = environ(pid).get(b"RANK")
             except OSError:
                 continue
-            rank = next((kv[5:].decode() for kv in env if kv.startswith(b"RANK=")), None)
             if rank is not None:
-                found.append((pid, rank))
+                found.append((pid, rank.decode()))
             else:
                 todo.append(pid)  # a wrapper (a container runtime's client): the worker is further down
+    if not found and step is not None:
+        found = _step_workers(tree, environ, step)
     return sorted(found, key=lambda pr: int(pr[1]) if pr[1].isdigit() else 0)
+
+
+STEP_KEYS = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURMD_NODENAME")
+
+
+def _step_workers(
+    tree: dict[int, list[int]], environ: Callable[[int], proctree.Environ], step: Mapping[str, str]
+) -> list[tuple[int, str]]:
+    if not all(step.get(k) for k in STEP_KEYS):
+        return []  # outside SLURM: the tree is all there is
+    want = {k.encode(): step[k].encode() for k in STEP_KEYS}
+    ranked: dict[int, str] = {}
+    for pid in {p for kids in tree.values() for p in kids}:
+        try:
+            env = environ(pid)
+        except OSError:
+            continue
+        if b"RANK" in env and all(env.get(k) == v for k, v in want.items()):
+            ranked[pid] = env[b"RANK"].decode()
+    parent = {kid: p for p, kids in tree.items() for kid in kids}
+    return [(pid, rank) for pid, rank in ranked.items() if parent.get(pid) not in ranked]
 
 
 def dump(pid: int) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.launching import proctree
 from tests.helpers import REPO, job_logs, slurm, snakemake, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -181,3 +183,38 @@ def test_a_container_directive_on_a_multi_node_rule_is_refused_before_anything_i
     plain = subprocess.run(check, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     assert "train: 2 nodes, no GPU" in plain.stdout
+
+
+def test_a_stalled_job_in_podman_is_ended_with_every_ranks_stack(slurm_cluster, podman_image, tmp_path):
+    """The stall of tests/workflows/stall (rank 3 sleeps, ranks 0-2 wait in a barrier) with every rank inside the
+    image: the watchdog on each node finds the workers below podman's client (conmon detaches from it) and py-spy,
+    run on the node, reads their stacks through /proc (the image needs no py-spy)."""
+    write_workflow(tmp_path, podman_image, container=True)
+    shutil.copy(REPO / "tests" / "workflows" / "stall" / "stall.py", tmp_path / "stall.py")
+    (tmp_path / "Snakefile").write_text(
+        "rule train:\n"
+        '    output: "done.txt"\n'
+        '    resources: nodes=2, gpus=0, cpus_per_task=2, runtime=30, env_profile="probe", stall_timeout="20s"\n'
+        '    shell: "multinode torchrun --nproc_per_node=2 stall.py && touch {output}"\n'
+    )
+    proc = snakemake(tmp_path, "--multinode-env-profiles", "profiles.yaml", timeout=600, check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0, said
+    assert "stalled: no progress for 20s on any rank; stacks in" in said, said
+    (log,) = job_logs(tmp_path, "train")
+    text = log.read_text()
+    stacks = {int(m[1]) for m in re.finditer(r"^\[node\d rank(\d)\] stack\| ", text, re.M)}
+    assert stacks == {0, 1, 2, 3}, text
+    assert re.search(r"^\[node\d rank3\] stack\| .*<module> \(stall\.py:\d+\)", text, re.M), text
+    assert re.search(r"^\[node\d rank0\] stack\| .*barrier \(.*distributed_c10d\.py:\d+\)", text, re.M), text
+    assert re.search(r"rank 3 differs: <module> \(stall\.py:\d+\)", said), said
+    # nothing of the job is left on any node (the sandbox's nodes share this kernel's /proc)
+    job = log.name.split(".")[0].encode()
+
+    def of_the_job(pid: int) -> bool:
+        try:
+            return proctree.environ(pid).get(b"SLURM_JOB_ID") == job
+        except OSError:
+            return False
+
+    wait_for(lambda: not [p for kids in proctree.children().values() for p in kids if of_the_job(p)], "no process", 60)

@@ -64,9 +64,36 @@ def test_without_a_majority_every_place_is_named_and_alike_stacks_name_none(tmp_
 
 
 def test_the_workers_are_found_below_the_agent_by_their_rank_not_their_data_loaders():
-    envs = {10: b"RANK=0\0LOCAL_RANK=0", 11: b"RANK=1\0LOCAL_RANK=1", 12: b"RANK=0\0LOCAL_RANK=0", 13: b"PATH=/bin"}
+    envs = {10: {b"RANK": b"0"}, 11: {b"RANK": b"1"}, 12: {b"RANK": b"0"}, 13: {b"PATH": b"/bin"}}
     tree = {1: [13], 13: [10, 11], 10: [12]}  # agent 1 -> a wrapper 13 -> workers 10, 11; 12 is 10's data loader
     assert stall.worker_ranks(1, lambda: tree, envs.__getitem__) == [(10, "0"), (11, "1")]
+
+
+STEP = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "node1"}
+
+
+def step_env(rank: str | None, **other: str) -> dict[bytes, bytes]:
+    env = {k.encode(): v.encode() for k, v in (STEP | other).items()}
+    return env | ({b"RANK": rank.encode()} if rank is not None else {})
+
+
+def test_workers_in_a_container_are_found_by_their_step_not_below_the_agent():
+    """podman: the agent (1) runs the client (2); the workers (10, 11) are below conmon (30), which left the client.
+    Their data loader (12), another node's worker (20), another step's (21) and another job's (22) are not theirs."""
+    envs = {
+        2: {b"PATH": b"/bin"}, 30: {b"PATH": b"/bin"}, 31: step_env(None), 10: step_env("0"), 11: step_env("1"),
+        12: step_env("0"), 20: step_env("2", SLURMD_NODENAME="node2"), 21: step_env("0", SLURM_STEP_ID="1"),
+        22: step_env("0", SLURM_JOB_ID="8"),
+    }  # fmt: skip
+    tree = {1: [2], 0: [30, 20, 21, 22], 30: [31], 31: [10, 11], 10: [12]}
+    assert stall.worker_ranks(1, lambda: tree, envs.__getitem__, STEP) == [(10, "0"), (11, "1")]
+    assert stall.worker_ranks(1, lambda: tree, envs.__getitem__) == []  # outside SLURM: the tree only
+
+
+def test_the_tree_wins_over_the_step():
+    envs = {10: step_env("0"), 11: step_env("1")}
+    tree = {1: [10], 0: [11]}
+    assert stall.worker_ranks(1, lambda: tree, envs.__getitem__, STEP) == [(10, "0")]
 
 
 def test_without_py_spy_the_stack_says_so(monkeypatch):
