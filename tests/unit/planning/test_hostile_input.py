@@ -61,3 +61,16 @@ def test_a_logdir_that_would_break_the_sbatch_block_is_refused():
     for bad in ("logs\n#SBATCH --nodes=9", "my logs", "/abs/../x y", "$(id)"):
         with pytest.raises(SettingsError, match="--multinode-logdir"):
             Planner(Settings(logdir=bad), Path("/w"), "r")
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (Settings(crash_loop_runs=-1), r"--multinode-crash-loop-runs=-1: 0 \(no bound\) or more runs"),
+        (Settings(crash_loop_seconds=0), r"--multinode-crash-loop-seconds=0: more than 0 seconds"),
+        (Settings(crash_loop_seconds=-5.0), r"--multinode-crash-loop-seconds=-5.0: more than 0 seconds"),
+    ],
+)
+def test_a_crash_loop_bound_below_its_range_is_refused_naming_the_setting(settings, message):
+    with pytest.raises(SettingsError, match=message):
+        Planner(settings, Path("/w"), "r")
