@@ -13,6 +13,7 @@ from pathlib import Path, PurePath
 STATE_ROOT = PurePath(".snakemake/multinode")
 STATE_DIR = STATE_ROOT / "state"  # the markers below, named <jobid><suffix>
 RUNS_DIR = STATE_ROOT / "runs"  # the run registry (registry.py)
+INDEX_DIR = STATE_ROOT / "index"  # the registry's newest submissions by outputs, for reattach (registry.py)
 REPORTS_DIR = STATE_ROOT / "reports"  # efficiency reports (report.py)
 LOGS_DIR = STATE_ROOT / "logs"  # job scripts and logs: the default of --multinode-logdir
 

@@ -4,18 +4,30 @@ It is what lets a rerun reattach to a job a killed Snakemake left running (inste
 twice), what Ctrl-C cancels (this run's jobs, including one whose sbatch was still in flight), and what
 `multinode status` reads. One small JSON file per submission, written to a temporary name and renamed: a reader
 never sees half a record, and two runs in one folder never write the same file.
+
+Reattach asks for the newest earlier submission of the same outputs once per job. Reading every record ever written
+would cost more with every run (5,000 records: 144 ms per job), so each record with a job id also goes into an index
+keyed by its outputs (.snakemake/multinode/index/<hash>.json: the best records of the two newest runs), one file
+read per question whatever the history. A folder written before the index existed is indexed once, at the first
+run that finds no index.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
+import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from snakemake_executor_multinode.protocol import RUNS_DIR
+from snakemake_executor_multinode.protocol import INDEX_DIR, RUNS_DIR
+
+INDEX_KEEP = 2  # runs per outputs in the index: this run's own record never hides the one before it
 
 
 @dataclass(frozen=True)
@@ -43,13 +55,13 @@ class Registry:
         self.root = workdir / RUNS_DIR
         self.run_id = run_id
         self.folder = self.root / run_id
+        self.index = Index(workdir / INDEX_DIR)
+        self.index.build_if_missing(self.root)
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     def record(self, sub: Submission) -> Submission:
-        path = self.folder / f"{sub.job_name}.json"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(sub), sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        _write(self.folder / f"{sub.job_name}.json", asdict(sub))
+        self.index.add(sub)
         return sub
 
     def submitted(self, sub: Submission, jobid: str, log: str, script: str) -> Submission:
@@ -67,16 +79,73 @@ class Registry:
         return list(_read_folder(self.folder))
 
     def latest_for(self, outputs: Sequence[str]) -> Submission | None:
-        """The newest submission of another run, with a job id, that writes exactly these outputs. A job that a later
-        run adopted has a record in each run (with the same submission time): a reported end in any of them wins."""
-        want = tuple(sorted(outputs))
-        best = None
-        for sub in runs(self.root):
-            if sub.run_id == self.run_id or sub.jobid is None or tuple(sorted(sub.outputs)) != want:
-                continue
-            if best is None or (sub.submitted_at, sub.ended is not None) > (best.submitted_at, best.ended is not None):
-                best = sub
-        return best
+        """The newest submission of another run, with a job id, that writes exactly these outputs (one index read)."""
+        return next((s for s in self.index.best(outputs) if s.run_id != self.run_id), None)
+
+
+def _rank(sub: Submission) -> tuple[float, bool]:
+    """Newer first; a job that a later run adopted has a record in each run (with the same submission time): a
+    reported end in any of them wins the tie."""
+    return (sub.submitted_at, sub.ended is not None)
+
+
+class Index:
+    """The best records of the newest runs for each set of outputs (a file per set, written whole)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def path(self, outputs: Sequence[str]) -> Path:
+        key = hashlib.sha256("\0".join(sorted(outputs)).encode()).hexdigest()[:40]
+        return self.folder / f"{key}.json"
+
+    def best(self, outputs: Sequence[str]) -> list[Submission]:
+        try:
+            entries = json.loads(self.path(outputs).read_text())
+        except (OSError, ValueError):
+            return []
+        subs = [_submission(e) for e in entries]
+        return [s for s in subs if tuple(sorted(s.outputs)) == tuple(sorted(outputs))]  # a hash never misleads
+
+    def add(self, sub: Submission, folder: Path | None = None) -> None:
+        if sub.jobid is None:
+            return  # sbatch has not answered: nothing to reattach to
+        target = (folder or self.folder) / self.path(sub.outputs).name
+        try:
+            entries = [_submission(e) for e in json.loads(target.read_text())]
+        except (OSError, ValueError):
+            entries = []
+        newest = {s.run_id: s for s in entries}
+        if sub.run_id not in newest or _rank(sub) >= _rank(newest[sub.run_id]):
+            newest[sub.run_id] = sub
+        kept = sorted(newest.values(), key=_rank, reverse=True)[:INDEX_KEEP]
+        _write(target, [asdict(s) for s in kept])
+
+    def build_if_missing(self, runs_root: Path) -> None:
+        """Index a registry written before the index existed (or after `multinode clean` dropped it): once, into a
+        temporary folder renamed into place, so that a run never reads half an index."""
+        if self.folder.is_dir():
+            return
+        self.folder.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = Path(tempfile.mkdtemp(prefix=".index-", dir=self.folder.parent))
+        for sub in runs(runs_root):
+            self.add(sub, tmp)
+        try:
+            os.rename(tmp, self.folder)
+        except OSError:  # another run built it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write(path: Path, data: object) -> None:
+    """Whole or not at all: a temporary name of this writer's own (two runs may write one index file), renamed."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _submission(data: dict) -> Submission:
+    data["outputs"] = tuple(data["outputs"])
+    return Submission(**data)
 
 
 def runs(root: Path) -> Iterator[Submission]:
@@ -93,5 +162,4 @@ def _read_folder(folder: Path) -> Iterator[Submission]:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # removed meanwhile, or not ours
-        data["outputs"] = tuple(data["outputs"])
-        yield Submission(**data)
+        yield _submission(data)

@@ -7,6 +7,7 @@ die without writing a marker: cancelled, killed at the time limit, lost with the
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -89,6 +90,7 @@ class Tracker:
         self._noted: dict[str, str] = {}  # job -> requeue marker text already reported
         self._unknown: dict[str, int] = {}  # job -> sweeps in a row in which SLURM did not know it
         self._names: dict[str, str] = {}  # job -> its job name, unique to the submission (expect())
+        self._present: set[str] | None = None  # the state folder's names during a cycle (None: read the files)
 
     def expect(self, jobid: str, job_name: str) -> None:
         """Markers of `jobid` count only when the job of this name wrote them. A job id repeats when a cluster's
@@ -99,12 +101,26 @@ class Tracker:
         return marker(self.state_dir, jobid, EXIT_MARKER)
 
     def _read(self, jobid: str, suffix: str) -> str | None:
+        path = marker(self.state_dir, jobid, suffix)
+        if self._present is not None and path.name not in self._present:
+            return None  # not in this cycle's listing: no open() per running job
         try:
-            return marker(self.state_dir, jobid, suffix).read_text().strip()
+            return path.read_text().strip()
         except FileNotFoundError:
             return None
 
-    def _from_marker(self, jobid: str) -> Outcome | None:
+    def _list(self) -> set[str] | None:
+        """The state folder's names, one listing per cycle: a cycle's cost does not grow with the running jobs."""
+        try:
+            return set(os.listdir(self.state_dir))
+        except FileNotFoundError:
+            return set()
+        except OSError:
+            return None  # read each marker instead
+
+    def _from_marker(self, jobid: str, fresh: bool = False) -> Outcome | None:
+        if fresh:
+            self._present = None
         text = self._read(jobid, EXIT_MARKER)
         if text is None or self._stale.get(jobid) == text:
             return None  # none yet, or the marker of a run that SLURM has requeued since
@@ -161,6 +177,13 @@ class Tracker:
     def poll(self, jobids: Iterable[str], force_sweep: bool = False) -> dict[str, Outcome]:
         """Outcome of every job given; `finished=False` for those still pending or running (or requeued)."""
         ids = list(jobids)
+        self._present = self._list()
+        try:
+            return self._poll(ids, force_sweep)
+        finally:
+            self._present = None  # reads outside a cycle look at the files themselves
+
+    def _poll(self, ids: list[str], force_sweep: bool) -> dict[str, Outcome]:
         outcomes = {j: o for j in ids if (o := self._from_marker(j)) is not None}
         failed = [j for j, o in outcomes.items() if not o.success]
         unknown = [j for j in ids if j not in outcomes]
@@ -186,7 +209,7 @@ class Tracker:
                 # Neither sacct nor squeue knows it: lost when slurmctld lost its newest state, or purged. A few
                 # sweeps of that (never one: a job is briefly unknown to sacct) and it is a failure, not a hang.
                 self._unknown[jobid] = self._unknown.get(jobid, 0) + 1
-                if self._unknown[jobid] >= UNKNOWN_SWEEPS and self._from_marker(jobid) is None:
+                if self._unknown[jobid] >= UNKNOWN_SWEEPS and self._from_marker(jobid, fresh=True) is None:
                     outcomes[jobid] = Outcome(
                         jobid, True, False, note=f"SLURM has no record of the job ({UNKNOWN_SWEEPS} sweeps)"
                     )
@@ -203,7 +226,7 @@ class Tracker:
                 outcomes[jobid] = Outcome(jobid, True, False, state=state, note=note)
             elif state is None or state.active:
                 outcomes[jobid] = Outcome(jobid, False, state=state, note=self._requeue_note(jobid))
-            elif (late := self._from_marker(jobid)) is not None:  # ended between the stat and the query
+            elif (late := self._from_marker(jobid, fresh=True)) is not None:  # ended between the listing and the query
                 outcomes[jobid] = Outcome(jobid, True, late.success, late.exit_code, state, late.failed_node)
             else:
                 outcomes[jobid] = Outcome(jobid, True, state.succeeded, None, state)

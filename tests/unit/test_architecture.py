@@ -97,6 +97,7 @@ BENCHMARK_MODULES = [
     "benchmarks/launch.py",
     "benchmarks/gpu/plain_torch.py",
     "benchmarks/snapshot.py",
+    "benchmarks/state_scaling.py",
 ]
 
 
@@ -115,6 +116,21 @@ def test_the_snapshot_benchmark_runs_at_a_tiny_size(tmp_path):
     )  # fmt: skip
     results = json.loads(out.read_text())
     assert results["generated_20_files"]["files"] == 21 and results["example_repository"]["snapshot_dirs"] == 2
+
+
+def test_the_state_scaling_benchmark_runs_at_a_tiny_size(tmp_path):
+    out = tmp_path / "r.json"
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmarks/state_scaling.py"), "--jobs", "20", "--histories", "0,2", "--running",
+         "20", "--cycles", "5", "--out", str(out)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    results = json.loads(out.read_text())
+    assert [row["records"] for row in results["reattach"]] == [0, 40]
+    cycles = results["status_cycle_file_syscalls"]
+    if cycles != "strace not installed":
+        assert [row["running_jobs"] for row in cycles] == [10, 20]
+        assert cycles[0]["listing"] == cycles[1]["listing"]  # flat: one listing, whatever runs
 
 
 def test_the_gpu_summary_runs_on_a_tiny_metrics_file(tmp_path):
