@@ -1,4 +1,5 @@
-"""`multinode status | cancel | report`: look at a run (or stop it) from its registry, without Snakemake.
+"""`multinode status | cancel | report | clean`: look at a run (or stop it, or clean up after it) from its registry,
+without Snakemake.
 
 A run is one Snakemake start with `--executor multinode`; its submissions are under
 .snakemake/multinode/runs/<run>/ of the working directory. `--run latest` (the default) is the run that started
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from snakemake_executor_multinode.protocol import REPORTS_DIR
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, RetryPolicy, SlurmClient
-from snakemake_executor_multinode.watching import report, status_view
+from snakemake_executor_multinode.watching import clean, report, status_view
 
 # An interactive command waits out a restarting controller for a minute, not the executor's ten.
 RETRY = RetryPolicy(total_seconds=60)
@@ -38,6 +39,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser("report", help=f"a run's efficiency report (written to {REPORTS_DIR}/)")
     common(rep, "latest (default), or a run id (or a unique prefix)")
     rep.set_defaults(func=report_command)
+    cl = sub.add_parser(
+        "clean",
+        help="remove what finished jobs left under .snakemake/multinode/ (never a queued or running job's state)",
+        description=clean.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cl.add_argument("--older-than", default="0", help="only jobs that ended this long ago: 30d, 12h, 90m (default 0)")
+    cl.add_argument("--keep-failed", action="store_true", help="keep jobs no run saw succeed (to read their logs)")
+    cl.add_argument("--dry-run", action="store_true", help="list what would be removed, with sizes; remove nothing")
+    cl.add_argument(
+        "-d", "--directory", type=Path, default=Path.cwd(), help="Snakemake's working directory (default: here)"
+    )
+    cl.set_defaults(func=clean_command)
 
 
 def _client() -> SlurmClient:
@@ -140,4 +154,37 @@ def report_command(args: argparse.Namespace) -> int:
     csv_path, md_path = report.write(result, workdir)
     print(report.to_markdown(result), end="")
     print(f"\nwritten: {md_path} and {csv_path}")
+    return 0
+
+
+def clean_command(args: argparse.Namespace) -> int:
+    try:
+        seconds = clean.older_than_seconds(args.older_than)
+    except clean.CleanError as err:
+        print(f"multinode clean: {err}", file=sys.stderr)
+        return 2
+    client = _client()
+
+    def active(ids: list[str]) -> set[str] | None:
+        try:
+            return {j for j, state in client.live(ids).items() if state.active}
+        except QueryError:
+            return None
+
+    workdir = args.directory.resolve()
+    cleaning = clean.plan(workdir, seconds, args.keep_failed, active)
+    if args.dry_run:
+        for path, size in sorted(cleaning.remove.items()):
+            shown = path.relative_to(workdir) if path.is_relative_to(workdir) else path
+            print(f"{clean.size_text(size):>9}  {shown}")
+    else:
+        clean.apply(workdir, cleaning)
+    kept = ", ".join(f"{n} {why}" for why, n in cleaning.kept.items()) or "none"
+    print(
+        f"multinode clean: {'would remove' if args.dry_run else 'removed'} {len(cleaning.remove)} file(s) and "
+        f"folder(s), {clean.size_text(cleaning.size)} ({len(cleaning.removed_records)} job record(s)); kept jobs: "
+        f"{kept}"
+    )
+    if cleaning.note:
+        print(f"multinode clean: {cleaning.note}", file=sys.stderr)
     return 0

@@ -14,6 +14,7 @@ run that finds no index.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -104,22 +106,47 @@ class Index:
             entries = json.loads(self.path(outputs).read_text())
         except (OSError, ValueError):
             return []
-        subs = [_submission(e) for e in entries]
+        subs = [submission(e) for e in entries]
         return [s for s in subs if tuple(sorted(s.outputs)) == tuple(sorted(outputs))]  # a hash never misleads
 
     def add(self, sub: Submission, folder: Path | None = None) -> None:
         if sub.jobid is None:
             return  # sbatch has not answered: nothing to reattach to
         target = (folder or self.folder) / self.path(sub.outputs).name
-        try:
-            entries = [_submission(e) for e in json.loads(target.read_text())]
-        except (OSError, ValueError):
-            entries = []
-        newest = {s.run_id: s for s in entries}
-        if sub.run_id not in newest or _rank(sub) >= _rank(newest[sub.run_id]):
-            newest[sub.run_id] = sub
-        kept = sorted(newest.values(), key=_rank, reverse=True)[:INDEX_KEEP]
-        _write(target, [asdict(s) for s in kept])
+        with self._locked(folder):
+            try:
+                entries = [submission(e) for e in json.loads(target.read_text())]
+            except (OSError, ValueError):
+                entries = []
+            newest = {s.run_id: s for s in entries}
+            if sub.run_id not in newest or _rank(sub) >= _rank(newest[sub.run_id]):
+                newest[sub.run_id] = sub
+            kept = sorted(newest.values(), key=_rank, reverse=True)[:INDEX_KEEP]
+            _write(target, [asdict(s) for s in kept])
+
+    def drop(self, records: set[Path]) -> None:
+        """Forget the entries of removed records (runs/<run>/<job name>.json; `multinode clean`)."""
+        gone = {(p.parent.name, p.stem) for p in records}
+        if not gone or not self.folder.is_dir():
+            return
+        for path in self.folder.glob("*.json"):
+            with self._locked():
+                try:
+                    entries = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                left = [e for e in entries if (e.get("run_id"), e.get("job_name")) not in gone]
+                if not left:
+                    path.unlink(missing_ok=True)
+                elif len(left) < len(entries):
+                    _write(path, left)
+
+    @contextmanager
+    def _locked(self, folder: Path | None = None) -> Iterator[None]:
+        """One writer of an entry at a time (two runs in one folder, or a run and `multinode clean`)."""
+        with open((folder or self.folder) / ".lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            yield
 
     def build_if_missing(self, runs_root: Path) -> None:
         """Index a registry written before the index existed (or after `multinode clean` dropped it): once, into a
@@ -143,7 +170,8 @@ def _write(path: Path, data: object) -> None:
     os.replace(tmp, path)
 
 
-def _submission(data: dict) -> Submission:
+def submission(data: dict) -> Submission:
+    """A record as read from its JSON."""
     data["outputs"] = tuple(data["outputs"])
     return Submission(**data)
 
@@ -162,4 +190,4 @@ def _read_folder(folder: Path) -> Iterator[Submission]:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # removed meanwhile, or not ours
-        yield _submission(data)
+        yield submission(data)
