@@ -20,9 +20,10 @@ from snakemake_executor_multinode import protocol
 from snakemake_executor_multinode.planning import environment, snapshot, submit_check
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.planning.request import refuse_container_directive
-from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.planning.settings import Settings, SettingsError
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError
+from snakemake_executor_multinode.slurm.pacing import Pace
 from snakemake_executor_multinode.watching import provenance, reattach, report
 from snakemake_executor_multinode.watching.failure import failure_message
 from snakemake_executor_multinode.watching.progress import ProgressLines
@@ -54,6 +55,11 @@ class Session:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def __post_init__(self) -> None:
+        rate, burst = self.settings.submit_rate, self.settings.submit_burst
+        if not rate > 0:
+            raise SettingsError(f"--multinode-submit-rate={rate}: more than 0 sbatch calls per second")
+        if burst < 1:
+            raise SettingsError(f"--multinode-submit-burst={burst}: 1 or more sbatch calls")
         self.planner = Planner(self.settings, self.workdir, self.run_id)  # EnvProfileError, SettingsError
         # Owner-only: job scripts carry profile values (tokens), logs carry what the training prints.
         for private in (self.workdir / protocol.STATE_ROOT, self.workdir / self.settings.logdir):
@@ -61,9 +67,16 @@ class Session:
             private.chmod(0o700)
         (self.workdir / protocol.STATE_DIR).mkdir(exist_ok=True, mode=0o700)
         self.registry = Registry(self.workdir, self.run_id)
+        if not self.settings.submit_rate > 0:
+            raise SettingsError(
+                f"--multinode-submit-rate={self.settings.submit_rate}: more than 0 sbatch calls per second"
+            )
+        if self.settings.submit_burst < 1:
+            raise SettingsError(f"--multinode-submit-burst={self.settings.submit_burst}: 1 or more sbatch calls")
         self.client = SlurmClient(
-            retry=RetryPolicy(total_seconds=self.settings.slurm_retry_seconds), notify=self.warning
-        )
+            retry=RetryPolicy(total_seconds=self.settings.slurm_retry_seconds), notify=self.warning,
+            pace=Pace(rate, burst),
+        )  # fmt: skip
         self.tracker = Tracker(self.workdir / protocol.STATE_DIR, self.client, self.settings.sweep_seconds)
         self.progress = ProgressLines(self.settings.progress_seconds)  # training progress: a file read, no SLURM
         self.job_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)

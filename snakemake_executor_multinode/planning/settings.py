@@ -92,6 +92,17 @@ class Settings:
             "choices": ["gres", "gpus-per-node"],
         },
     )
+    submit_rate: float = field(
+        default=10.0,
+        metadata={
+            "help": "At most this many sbatch calls per second, after a first burst of --multinode-submit-burst: a "
+            "fan-out reaches slurmctld as a stream (refusals for rate or load are retried with backoff, never "
+            "submitting a job twice)."
+        },
+    )
+    submit_burst: int = field(
+        default=30, metadata={"help": "sbatch calls allowed at once before --multinode-submit-rate paces them."}
+    )
     status_seconds: float = field(
         default=0.5,
         metadata={"help": "Seconds between status cycles; a cycle reads completion markers only (no SLURM query)."},

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from snakemake_executor_multinode.slurm.pacing import Pace
+
 # States in which a job may still produce its outputs (a requeued job passes through several).
 ACTIVE_STATES = {
     "PENDING",
@@ -46,6 +48,10 @@ TRANSIENT = (
     "in standby mode",
     "timed out after",  # our own subprocess timeout
     "slurmdbd",  # sacct while slurmdbd is down
+    "rate limit",  # rl_enable (23.02+): "RPC rate limit exceeded"
+    "too many rpcs",
+    "back off",
+    "try again later",
 )
 
 
@@ -109,8 +115,10 @@ class SlurmClient:
         notify: Callable[[str], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        pace: Pace | None = None,
     ) -> None:
         self.env = dict(env) if env is not None else None
+        self.pace = pace  # sbatch calls per second (pacing.py); None: unpaced
         self.runner = runner
         self.timeout = timeout
         self.retry = retry
@@ -176,6 +184,8 @@ class SlurmClient:
                     found.append(ids[0])
                     return None
             tried = True
+            if self.pace is not None:
+                self.pace.take()
             return self._run(["sbatch", "--parsable", *extra, str(script)], cwd=cwd)
 
         try:

@@ -621,3 +621,48 @@ def test_exiting_on_a_failed_job_cancels_this_runs_running_jobs_not_others(slurm
     assert lines(wd / "b/long.txt") == ["b"] and not (wd / "a/long.txt").exists()
     assert jobs_from(slurm_cluster, wd) == {long_a, fail_a, long_b, hand}
     figures("exit on error", error_to_snakemake_exit_s=round(ended - failed, 1), other_jobs_cancelled=0)
+
+
+# --- 8. a burst of submissions meets a controller that stops answering ---------------------------------------------
+FAN_OUT = 60
+FANOUT = f"""
+rule all:
+    input: expand("shard/{{i}}.txt", i=range({FAN_OUT}))
+rule shard:
+    output: "shard/{{i}}.txt"
+    shell: "echo $SLURM_JOB_ID >> ran/{{wildcards.i}}; echo done > {{output}}"
+"""
+
+
+def test_a_burst_of_submissions_through_a_frozen_slurmctld_submits_and_runs_every_job_exactly_once(
+    slurm_cluster, workflow
+):
+    """60 independent jobs submitted as fast as the pace allows (--multinode-submit-rate 20); once 10 are in,
+    slurmctld is stopped (SIGSTOP by its pid) for longer than sbatch's MessageTimeout, then continued: sbatch calls
+    time out, some after slurmctld queued their job (a lost reply), and are retried with backoff. Every job is
+    submitted once, runs once, and the run ends with rc 0."""
+    wd = workflow
+    snakefile(wd, FANOUT)
+    (wd / "ran").mkdir()
+    sm = Snakemake(wd, "--multinode-submit-rate", "20", jobs=FAN_OUT)
+    try:
+        wait_for(lambda: len([r for r in records(wd) if r.get("jobid")]) >= 10, "10 submissions", 300)
+        pid = daemon_pid(slurm_cluster, "slurmctld")
+        assert pid is not None
+        with daemon_outage(slurm_cluster):
+            os.kill(pid, signal.SIGSTOP)  # the fault: a controller that hangs (overloaded, swapping)
+            try:
+                sm.wait_line("waiting for SLURM (sbatch)", timeout=120)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        rc = sm.wait(600)
+    finally:
+        sm.stop()
+    assert rc == 0, sm.text
+    assert sorted(int(p.name) for p in (wd / "ran").iterdir()) == list(range(FAN_OUT))
+    assert all(len(lines(p)) == 1 for p in (wd / "ran").iterdir())  # every job ran exactly once
+    recs = records(wd)
+    ids = {r["jobid"] for r in recs}
+    assert len(recs) == FAN_OUT and len(ids) == FAN_OUT and None not in ids  # one submission per job
+    assert jobs_from(slurm_cluster, wd) == ids  # SLURM holds no duplicate
+    figures("frozen slurmctld during a burst", jobs=FAN_OUT, submissions=len(recs), duplicates=0)

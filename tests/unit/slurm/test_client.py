@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError
+from snakemake_executor_multinode.slurm.pacing import Pace
 
 DOWN = "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)"
 
@@ -100,3 +101,28 @@ def test_cancel_waits_out_an_outage_too():
     fake = FakeSlurm(scancel=[(1, "", "scancel: error: Unable to contact slurm controller")] * 3 + [(0, "", "")])
     client(fake, Clock(), []).cancel(["5", "6"])
     assert fake.count("scancel") == 4 and fake.calls[-1] == ["scancel", "5", "6"]
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "sbatch: error: Batch job submission failed: RPC rate limit exceeded, try again later",
+        "sbatch: error: Batch job submission failed: Resource temporarily unavailable",
+        "sbatch: error: Batch job submission failed: Unexpected message received",
+    ],
+)
+def test_a_refusal_for_rate_or_load_is_retried_and_submits_the_job_once(refusal):
+    # the refused sbatch queued nothing: the name lookup finds no job, and the next sbatch submits it
+    fake = FakeSlurm(sbatch=[(1, "", refusal), (0, "91\n", "")], squeue=[(0, "", "")])
+    clock = Clock()
+    assert client(fake, clock, []).submit(Path("job.sh"), Path("."), name="mn-run-x-1") == "91"
+    assert fake.count("sbatch") == 2 and fake.count("squeue") == 1 and len(clock.sleeps) == 1
+
+
+def test_every_sbatch_call_takes_a_token_of_the_pace():
+    fake = FakeSlurm(sbatch=[(0, "5\n", "")])
+    clock = Clock()
+    paced = SlurmClient(runner=fake, sleep=clock.sleep, clock=clock, pace=Pace(2, 1, clock=clock, sleep=clock.sleep))
+    for _ in range(3):
+        paced.submit(Path("job.sh"), Path("."))
+    assert clock.now == pytest.approx(1.0)  # one at once, then one every half second
