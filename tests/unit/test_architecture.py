@@ -94,6 +94,7 @@ def test_the_core_never_imports_the_adapter():
 
 BENCHMARK_MODULES = [
     "benchmarks/chain_overhead.py",
+    "benchmarks/fanout.py",
     "benchmarks/launch.py",
     "benchmarks/gpu/plain_torch.py",
     "benchmarks/snapshot.py",
