@@ -57,6 +57,11 @@ RUNS_SUFFIX = ".runs.jsonl"
 
 # Variables the job script exports for the launcher and the training.
 STATE_DIR_VAR = "MULTINODE_STATE_DIR"
+# The job's key, which names its markers and logs: $SLURM_JOB_ID, or <array job id>_<task id> for an element of a
+# job array (the array's script hands it over in ARRAY_KEY_VAR, and the element's script unsets that).
+JOB_KEY_VAR = "MULTINODE_JOB_KEY"
+ARRAY_KEY_VAR = "MULTINODE_ARRAY_KEY"
+JOB_NAME_VAR = "MULTINODE_JOB_NAME"  # internal to the job script: the submission's name, written into the exit marker
 PREEMPT_FILE_VAR = "MULTINODE_PREEMPT_FILE"  # training: write your step here after checkpointing on SIGUSR2
 FAILED_NODE_FILE_VAR = "MULTINODE_FAILED_NODE_FILE"
 STALL_FILE_VAR = "MULTINODE_STALL_FILE"  # the progress watchdog's verdict (launching/stall.py)
@@ -108,6 +113,9 @@ NETWORK_CHECK_DEFAULT_S = 60
 NETWORK_CHECK_VARIABLES = (NETWORK_CHECK_VAR,)  # set by the environment section, not by the template itself
 VARIABLES = (
     STATE_DIR_VAR,
+    JOB_KEY_VAR,
+    ARRAY_KEY_VAR,
+    JOB_NAME_VAR,
     PREEMPT_FILE_VAR,
     FAILED_NODE_FILE_VAR,
     STALL_FILE_VAR,
@@ -174,7 +182,7 @@ def marker(state_dir: Path, job_id: str, suffix: str) -> Path:
 
 def marker_shell(suffix: str) -> str:
     """A marker's path in the job script, where the state folder is $MULTINODE_STATE_DIR."""
-    return f'"${STATE_DIR_VAR}/$SLURM_JOB_ID{suffix}"'
+    return f'"${STATE_DIR_VAR}/${JOB_KEY_VAR}{suffix}"'
 
 
 def metrics_file(log: Path) -> Path:

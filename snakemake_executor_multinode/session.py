@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from snakemake_executor_multinode import protocol
-from snakemake_executor_multinode.planning import environment, snapshot, submit_check
+from snakemake_executor_multinode.planning import environment, jobscript, snapshot, submit_check
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.planning.request import refuse_container_directive
 from snakemake_executor_multinode.planning.settings import Settings, SettingsError
 from snakemake_executor_multinode.slurm import reasons
-from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError
+from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError, job_order
 from snakemake_executor_multinode.slurm.pacing import Pace
 from snakemake_executor_multinode.watching import provenance, reattach, report
 from snakemake_executor_multinode.watching.failure import failure_message
@@ -44,6 +44,10 @@ class Ended:
     submission: Submission
     success: bool
     message: str = ""  # the failure's description and the failing rank's last lines; "" on success
+
+
+# SLURM's MaxArraySize defaults to 1001 (task ids 0-1000): a larger group goes as several arrays.
+MAX_ARRAY = 1000
 
 
 @dataclass
@@ -120,24 +124,54 @@ class Session:
             -> Submission:  # fmt: skip
         """Adopt an earlier run's job (reattach.py) or submit the plan; `upstream`: the outputs of the jobs this one
         waits for (--immediate-submit: afterok on their SLURM jobs). SubmitRefused when sbatch refuses."""
-        self.warn_once(plan.request.warnings)
         outputs = tuple(outputs)
+        sub = self._adopted(plan, outputs, reason) or self._sbatch(plan, outputs, self._dependencies(upstream))
+        return self._tracked(sub)
+
+    def submit_many(self, jobs: Sequence[tuple[JobPlan, Sequence[str], reattach.RunReason]]) -> list[Submission]:
+        """Jobs Snakemake hands over together, in their order: each adopts an earlier run's job where it may; of the
+        rest, single-node jobs of one rule that ask SLURM for the same go as one job array (at least two, at most
+        MAX_ARRAY; --multinode-no-arrays: never), every other one as a job of its own."""
+        subs: dict[int, Submission] = {}
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for i, (plan, outputs, reason) in enumerate(jobs):
+            if (earlier := self._adopted(plan, tuple(outputs), reason)) is not None:
+                subs[i] = earlier
+            elif plan.request.nodes == 1 and not self.settings.no_arrays:
+                groups.setdefault((plan.request.rule, *jobscript.resource_options(plan.request)), []).append(i)
+            else:
+                subs[i] = self._sbatch(plan, tuple(outputs), [])
+        for members in groups.values():
+            for start in range(0, len(members), MAX_ARRAY):
+                chunk = members[start : start + MAX_ARRAY]
+                if len(chunk) == 1:
+                    subs[chunk[0]] = self._sbatch(jobs[chunk[0]][0], tuple(jobs[chunk[0]][1]), [])
+                    continue
+                made = self._sbatch_array([(jobs[i][0], tuple(jobs[i][1])) for i in chunk])
+                subs.update(zip(chunk, made, strict=True))
+        return [self._tracked(subs[i]) for i in range(len(jobs))]
+
+    def _adopted(self, plan: JobPlan, outputs: tuple[str, ...], reason: reattach.RunReason) -> Submission | None:
+        self.warn_once(plan.request.warnings)
         verdict = reattach.decide(
             plan.request.rule, outputs, plan.fingerprint, reason, self.registry, self.tracker, self.workdir,
             enabled=not self.settings.no_reattach,
         )  # fmt: skip
         if verdict.message:
             (self.warning if verdict.warning else self.info)(verdict.message)
-        sub = verdict.adopt or self._sbatch(plan, outputs, self._dependencies(upstream))
+        return verdict.adopt
+
+    def _tracked(self, sub: Submission) -> Submission:
         assert sub.jobid is not None
-        self.job_ids.update((f, sub.jobid) for f in outputs)
+        self.job_ids.update((f, sub.jobid) for f in sub.outputs)
         self.tracker.expect(sub.jobid, sub.job_name)
         return sub
 
-    def _sbatch(self, plan: JobPlan, outputs: tuple[str, ...], extra: list[str]) -> Submission:
+    def _prepare(self, plan: JobPlan, outputs: tuple[str, ...]) -> tuple[Path, Submission]:
+        """The job's script, code manifest, provenance and record, written before sbatch: under a name of its own,
+        owner-only (profiles may hold tokens), so that a refused script can be read; recorded, so that Ctrl-C during
+        sbatch still finds the job."""
         req = plan.request
-        # Written before sbatch (under a name of its own, owner-only: profiles may hold tokens) so that a refused
-        # script can be read; renamed after. Recorded before sbatch too: Ctrl-C during sbatch still finds the job.
         folder = plan.workdir / plan.log_dir
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         pending = folder / f"{plan.job_name}.sh"
@@ -151,6 +185,11 @@ class Session:
                 fingerprint=plan.fingerprint,
             )
         )  # fmt: skip
+        return pending, sub
+
+    def _sbatch(self, plan: JobPlan, outputs: tuple[str, ...], extra: list[str]) -> Submission:
+        req = plan.request
+        pending, sub = self._prepare(plan, outputs)
         try:
             jobid = self.client.submit(pending, cwd=self.workdir, extra=extra, name=plan.job_name)
         except SubmitError as err:
@@ -160,6 +199,33 @@ class Session:
         sub = self.registry.submitted(sub, jobid, str(plan.log_path(jobid)), str(script))
         self.info(f"rule {req.rule}: SLURM job {jobid} ({req.nodes} node(s) x {req.gpus} GPU(s)); log {sub.log}")
         return sub
+
+    def _sbatch_array(self, group: list[tuple[JobPlan, tuple[str, ...]]]) -> list[Submission]:
+        """One sbatch for the group: element i runs plan i's own script (kept under its job name, which the array's
+        script names) under the key <array job id>_<i>; its log, markers and record are its own."""
+        first = group[0][0]
+        prepared = [self._prepare(plan, outputs) for plan, outputs in group]
+        name = f"{first.job_name}-array{len(group)}"
+        driver = (first.workdir / first.log_dir).parent / f"{name}.sh"
+        _write_private(driver, jobscript.render_array(first.request, name, [pending for pending, _ in prepared]))
+        try:
+            jobid = self.client.submit(driver, cwd=self.workdir, name=name)
+        except SubmitError as err:
+            raise SubmitRefused(
+                f"rule {first.request.rule!r}: sbatch refused the job array: {err} (script kept at {driver})"
+            ) from err
+        subs = []
+        for i, ((plan, _), (pending, sub)) in enumerate(zip(group, prepared, strict=True)):
+            key = f"{jobid}_{i}"
+            script = plan.script_path(key)
+            os.link(pending, script)  # the array's script runs the pending name; users look for the key's
+            subs.append(self.registry.submitted(replace(sub, array=name), key, str(plan.log_path(key)), str(script)))
+        req = first.request
+        self.info(
+            f"rule {req.rule}: SLURM job array {jobid} of {len(group)} jobs ({jobid}_0 .. {jobid}_{len(group) - 1}, "
+            f"{req.nodes} node(s) x {req.gpus} GPU(s) each); logs {subs[0].log} and beside"
+        )
+        return subs
 
     def _provenance(self, plan: JobPlan, outputs: Sequence[str]) -> dict[str, Any]:
         req, frozen = plan.request, plan.snapshot
@@ -186,7 +252,7 @@ class Session:
         if not ids:
             return []
         # A failed upstream job cancels this one instead of leaving it pending forever.
-        return [f"--dependency=afterok:{':'.join(sorted(ids, key=int))}", "--kill-on-invalid-dep=yes"]
+        return [f"--dependency=afterok:{':'.join(sorted(ids, key=job_order))}", "--kill-on-invalid-dep=yes"]
 
     # --- watching -------------------------------------------------------------------------------------------
     def poll(self, jobs: Sequence[tuple[Submission, str]]) -> dict[str, Outcome]:
@@ -240,7 +306,7 @@ class Session:
         ids = set(ids)
         names = [sub.job_name for sub in self.registry.mine() if sub.jobid is None]
         ids |= set(self.client.find_by_names(names)) if names else set()
-        todo = sorted(ids - self._cancelled, key=int)
+        todo = sorted(ids - self._cancelled, key=job_order)
         if todo:
             self._cancelled |= set(todo)
             self.info(f"cancelling SLURM jobs {' '.join(todo)}" + (f" ({why})" if why else ""))

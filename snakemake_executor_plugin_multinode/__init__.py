@@ -21,6 +21,7 @@ from snakemake_executor_multinode.planning.plan import JobPlan, RuleJob, direct_
 from snakemake_executor_multinode.planning.request import RequestError
 from snakemake_executor_multinode.planning.settings import Settings, SettingsError
 from snakemake_executor_multinode.session import Session, SubmitRefused
+from snakemake_executor_multinode.watching.registry import Submission
 from snakemake_executor_plugin_multinode.facts import JobFacts, job_facts, rerun_reason
 
 
@@ -169,6 +170,24 @@ class Executor(RemoteExecutor):
         return direct_command(facts.shellcmd, facts.outputs, facts.logs)
 
     # --- submission ----------------------------------------------------------------------------
+    def run_jobs(self, jobs: list[JobExecutorInterface]) -> None:
+        """Jobs that are ready together: single-node jobs of one rule that ask for the same become one job array
+        (session.submit_many). --immediate-submit chains each job by its own afterok: one at a time then."""
+        if len(jobs) < 2 or self.workflow.remote_execution_settings.immediate_submit:
+            super().run_jobs(jobs)
+            return
+        planned = []
+        for job in jobs:
+            self.run_job_pre(job)  # Snakemake's own lines about the job
+            facts = job_facts(job)
+            planned.append((self.plan_for(job, facts), facts.outputs, rerun_reason(job)))
+        try:
+            subs = self.session.submit_many(planned)
+        except SubmitRefused as err:
+            raise WorkflowError(str(err)) from err
+        for job, sub in zip(jobs, subs, strict=True):
+            self._submitted(job, sub)
+
     def run_job(self, job: JobExecutorInterface) -> None:
         facts = job_facts(job)
         plan = self.plan_for(job, facts)
@@ -181,6 +200,9 @@ class Executor(RemoteExecutor):
             sub = self.session.submit(plan, facts.outputs, rerun_reason(job), upstream)
         except SubmitRefused as err:
             raise WorkflowError(str(err)) from err
+        self._submitted(job, sub)
+
+    def _submitted(self, job: JobExecutorInterface, sub: Submission) -> None:
         aux = {"log": Path(sub.log), "script": Path(sub.script), "submission": sub}
         self.report_job_submission(SubmittedJobInfo(job, external_jobid=sub.jobid, aux=aux))
 

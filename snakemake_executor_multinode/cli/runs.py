@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from snakemake_executor_multinode.protocol import REPORTS_DIR
-from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, RetryPolicy, SlurmClient
+from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, RetryPolicy, SlurmClient, job_order
 from snakemake_executor_multinode.watching import clean, report, status_view
 
 # An interactive command waits out a restarting controller for a minute, not the executor's ten.
@@ -124,9 +124,9 @@ def cancel_command(args: argparse.Namespace) -> int:
         ids |= set(client.find_by_names(names))
     try:
         views = status_view.slurm_views(client, ids)
-        active = sorted((j for j in ids if j in views and views[j].state in ACTIVE_STATES), key=int)
+        active = sorted((j for j in ids if j in views and views[j].state in ACTIVE_STATES), key=job_order)
     except QueryError:
-        active = sorted(ids, key=int)  # not known which still run: scancel of an ended job does no harm
+        active = sorted(ids, key=job_order)  # not known which still run: scancel of an ended job does no harm
     if not active:
         print(f"run {run}: no job queued or running ({len(ids)} job(s) ended)")
         return 0

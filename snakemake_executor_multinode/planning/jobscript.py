@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
 from snakemake_executor_multinode import protocol
 from snakemake_executor_multinode.planning.quoting import shell_quote
@@ -58,10 +59,17 @@ def log_dir_for(base: PurePath, req: JobRequest) -> PurePath:
 
 
 def sbatch_options(req: JobRequest, ctx: ScriptContext) -> list[str]:
-    opts = [
+    return [
         f"--job-name={safe_component(ctx.job_name, 120)}",
         f"--comment=rule_{safe_component(req.rule)}_wildcards_{safe_component(req.wildcards_str or '_')}",
         f"--output={ctx.log_dir}/{protocol.log_stem('%j', req.attempt)}.log",
+        *resource_options(req),
+    ]
+
+
+def resource_options(req: JobRequest) -> list[str]:
+    """What a job asks SLURM for; jobs of one rule that ask for the same may go as one job array."""
+    opts = [
         "--open-mode=append",
         "--export=ALL",
         f"--nodes={req.nodes}",
@@ -90,6 +98,28 @@ def sbatch_options(req: JobRequest, ctx: ScriptContext) -> list[str]:
     return opts
 
 
+def render_array(req: JobRequest, name: str, scripts: Sequence[Path]) -> str:
+    """The script of a job array whose element i runs scripts[i], each a job script as `render` writes it."""
+    opts = [
+        f"--job-name={safe_component(name, 120)}",
+        f"--comment=rule_{safe_component(req.rule)}_array",
+        "--output=/dev/null",  # each element writes its own log
+        f"--array=0-{len(scripts) - 1}",
+        *resource_options(req),
+    ]
+    elements = "\n".join(
+        f'    {i}) export {protocol.ARRAY_KEY_VAR}="${{SLURM_ARRAY_JOB_ID}}_{i}"; exec bash {shell_quote(str(path))} ;;'
+        for i, path in enumerate(scripts)
+    )
+    values = {
+        "title": inert(f"Snakemake rule {req.rule}: a job array of {len(scripts)} jobs"),
+        "sbatch": _sbatch_lines(opts),
+        "elements": elements,
+    }
+    template = resources.files(__package__).joinpath("templates", "array.sh").read_text()
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+
+
 def _sbatch_lines(opts: list[str]) -> str:
     lines = []
     for opt in opts:
@@ -103,7 +133,7 @@ def _sbatch_lines(opts: list[str]) -> str:
 
 def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
     q = shlex.quote
-    stem = protocol.log_stem('"$SLURM_JOB_ID"', req.attempt)
+    stem = protocol.log_stem(f'"${protocol.JOB_KEY_VAR}"', req.attempt)
     values = {
         "title": inert(ctx.title or f"Snakemake rule {req.rule} {req.wildcards_str}".strip()),
         "sbatch": _sbatch_lines(sbatch_options(req, ctx)),
@@ -111,6 +141,7 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         # absolute: the training may change folders before it writes there
         "metrics_file": f"{shell_quote(str(ctx.workdir / ctx.log_dir))}/{stem}{protocol.METRICS_SUFFIX}",
         "rule_q": q(req.rule),
+        "job_name": q(ctx.job_name),
         "attempt": str(req.attempt),
         "state_dir": shell_quote(str(ctx.state_dir)),
         "environment": "\n".join(environment) if environment else "# (no environment profile)",

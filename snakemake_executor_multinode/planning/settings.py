@@ -121,6 +121,14 @@ class Settings:
             "rerun reattaches to it while it runs, or takes its result when it succeeded."
         },
     )
+    no_arrays: bool = field(
+        default=False,
+        metadata={
+            "help": "Submit every job on its own. By default single-node jobs of one rule that Snakemake hands over "
+            "together and that ask SLURM for the same go as one job array (one submission; each element keeps its "
+            "own log, markers and record)."
+        },
+    )
     slurm_retry_seconds: float = field(
         default=600.0,
         metadata={

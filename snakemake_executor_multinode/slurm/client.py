@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -65,6 +66,19 @@ class QueryError(RuntimeError):
 
 class SlurmUnavailable(RuntimeError):
     """SLURM kept failing with transient errors for longer than the retry budget."""
+
+
+JOB_KEY = re.compile(r"^\d+(_\d+)?$")  # a job id, or an array element's <array job id>_<task id>
+
+
+def is_job_key(text: str) -> bool:
+    return bool(JOB_KEY.match(text))
+
+
+def job_order(key: str) -> tuple[int, int]:
+    """Numeric order of job ids and array elements ("41" before "41_0" before "41_2" before "42")."""
+    head, _, task = key.partition("_")
+    return int(head), int(task) if task else -1
 
 
 def is_transient(message: str) -> bool:
@@ -177,7 +191,8 @@ class SlurmClient:
         def attempt() -> subprocess.CompletedProcess | None:
             nonlocal tried
             if tried and name:
-                lookup = self._run(["squeue", "-h", "-t", "all", "-n", name, "-o", "%i"])
+                # %F: a job's id, or a job array's own id (its elements show as <id>_<task>)
+                lookup = self._run(["squeue", "-h", "-t", "all", "-n", name, "-o", "%F"])
                 if lookup.returncode != 0:
                     return lookup  # transient: ask again after the next delay, before submitting again
                 if ids := [x for x in lookup.stdout.split() if x.isdigit()]:
@@ -250,11 +265,11 @@ class SlurmClient:
 
         Jobs neither knows are left out. One attempt: the status loop asks again next cycle, so a failure here
         (QueryError) only delays the answer and never fails a job."""
-        ids = sorted(set(jobids), key=int)
+        ids = sorted(set(jobids), key=job_order)
         if not ids:
             return {}
         sacct = self._run(
-            ["sacct", "-X", "-P", "-n", "-j", ",".join(ids), "-o", "JobIDRaw,State,ExitCode,Reason,NodeList"]
+            ["sacct", "-X", "-P", "-n", "-j", ",".join(ids), "-o", "JobIDRaw,State,ExitCode,Reason,NodeList,JobID"]
         )
         states = parse_sacct(sacct.stdout) if sacct.returncode == 0 else {}
         missing = [j for j in ids if j not in states]
@@ -277,7 +292,7 @@ class SlurmClient:
         requeued job is a line of its own (--duplicates: the earlier runs say REQUEUED); `steps` adds the job steps
         after their run's line. One attempt unless `patient` (then transient failures are retried, as for sbatch);
         QueryError when accounting does not answer (off, or slurmdbd down)."""
-        ids = sorted(set(jobids), key=int)
+        ids = sorted(set(jobids), key=job_order)
         if not ids:
             return []
         cmd = ["sacct", "--duplicates", "-P", "-n", *([] if steps else ["-X"]), "-j", ",".join(ids)]
@@ -294,7 +309,7 @@ class SlurmClient:
         """squeue's view of these jobs in one call (-t all: finished ones too, until MinJobAge): one {field: text}
         per job, `fields` being squeue --Format names. slurmctld's word is current, where sacct's lags behind it
         by as long as slurmdbd takes. One attempt; QueryError when slurmctld does not answer."""
-        ids = sorted(set(jobids), key=int)
+        ids = sorted(set(jobids), key=job_order)
         if not ids:
             return []
         # "Field:|": no padding, "|" after each value, so that values are split exactly (-o has no restart count)
@@ -309,11 +324,11 @@ class SlurmClient:
     def live(self, jobids: Iterable[str]) -> dict[str, JobState]:
         """slurmctld's current view of these jobs, with their restart counts (one squeue; sacct lags behind it).
         Jobs it no longer knows (older than MinJobAge) are left out; QueryError when it does not answer."""
-        fields = ("JobID", "State", "Reason", "NodeList", "RestartCnt")
+        fields = ("JobID", "State", "Reason", "NodeList", "RestartCnt", "ArrayJobID", "ArrayTaskID")
         states = {}
         for row in self.queue(jobids, fields):
-            jobid, restarts = row.get("JobID", "").strip(), row.get("RestartCnt", "").strip()
-            if jobid.isdigit():
+            jobid, restarts = queue_key(row), row.get("RestartCnt", "").strip()
+            if is_job_key(jobid):
                 states[jobid] = JobState(
                     jobid,
                     row.get("State", "").strip(),
@@ -328,9 +343,9 @@ class SlurmClient:
         """slurmctld's (job name, state) of each job it knows (one squeue): whether a job id still belongs to the
         submission that got it, and its current state (sacct's lags). QueryError when slurmctld does not answer."""
         return {
-            row["JobID"].strip(): (row.get("Name", "").strip(), row.get("State", "").strip())
-            for row in self.queue(jobids, ("JobID", "Name", "State"))
-            if row.get("JobID", "").strip().isdigit()
+            queue_key(row): (row.get("Name", "").strip(), row.get("State", "").strip())
+            for row in self.queue(jobids, ("JobID", "Name", "State", "ArrayJobID", "ArrayTaskID"))
+            if is_job_key(queue_key(row))
         }
 
     def find_by_names(self, names: Iterable[str]) -> list[str]:
@@ -338,7 +353,7 @@ class SlurmClient:
         proc = self._patiently(
             "squeue", lambda: self._run(["squeue", "-h", "-t", "all", "-n", ",".join(names), "-o", "%i"])
         )
-        return [x for x in proc.stdout.split() if x.isdigit()] if proc is not None and proc.returncode == 0 else []
+        return [x for x in proc.stdout.split() if is_job_key(x)] if proc is not None and proc.returncode == 0 else []
 
     def cancel(self, jobids: Iterable[str]) -> None:
         """Cancel, waiting out a controller outage (bounded by the retry policy)."""
@@ -349,13 +364,25 @@ class SlurmClient:
                 raise QueryError(f"scancel: {proc.stderr.strip()}")
 
 
+def queue_key(row: dict[str, str]) -> str:
+    """squeue -O's job: its id, or <array job id>_<task id> for an array element (whose JobID is the array's while
+    it is pending)."""
+    task = row.get("ArrayTaskID", "").strip()
+    if task.isdigit():
+        return f"{row.get('ArrayJobID', '').strip()}_{task}"
+    return row.get("JobID", "").strip()
+
+
 def parse_sacct(text: str) -> dict[str, JobState]:
+    """JobIDRaw|State|ExitCode|Reason|NodeList[|JobID]: an array element is known by JobID (<array>_<task>)."""
     states: dict[str, JobState] = {}
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) < 5 or not parts[0].isdigit():
             continue
         jobid, state, exit_code, reason, nodes = parts[:5]
+        if len(parts) > 5 and "_" in parts[5] and is_job_key(parts[5]):
+            jobid = parts[5]
         # "CANCELLED by 0" -> CANCELLED; with requeues sacct may list a job more than once: the last row wins.
         states[jobid] = JobState(jobid, state.split()[0] if state else "UNKNOWN", exit_code, reason, nodes)
     return states
@@ -365,7 +392,7 @@ def parse_squeue(text: str) -> dict[str, JobState]:
     states: dict[str, JobState] = {}
     for line in text.splitlines():
         parts = line.strip().split("|")
-        if len(parts) < 4 or not parts[0].isdigit():
+        if len(parts) < 4 or not is_job_key(parts[0]):
             continue
         states[parts[0]] = JobState(parts[0], parts[1], "", parts[2], parts[3])
     return states

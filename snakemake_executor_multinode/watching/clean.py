@@ -2,7 +2,8 @@
 still needs, and never a file Snakemake declared as an output.
 
 Per job (a submission record): its record, its script and logs (every file of its log stem: restarts, node files,
-metrics, runs, stall and NCCL traces), its code manifest and its markers. Then the code snapshots no kept job's script
+metrics, runs, stall and NCCL traces), its code manifest and its markers; a job array's script with its last
+element. Then the code snapshots no kept job's script
 names and the stored objects no snapshot holds, and the reattach index's entries of removed records. The outputs'
 provenance records (provenance/) are kept: an output keeps saying what made it.
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from snakemake_executor_multinode.planning.units import timespan_seconds
 from snakemake_executor_multinode.protocol import INDEX_DIR, MARKERS, RUNS_DIR, STATE_DIR, STATE_ROOT, marker
+from snakemake_executor_multinode.slurm.client import job_order
 from snakemake_executor_multinode.watching import registry
 from snakemake_executor_multinode.watching.registry import Submission
 
@@ -70,7 +72,7 @@ def plan(
     now = time.time() if now is None else now
     result = CleanPlan()
     records = [(path, sub) for path, sub in _records(workdir / RUNS_DIR)]
-    unsure = sorted({s.jobid for _, s in records if s.jobid and s.ended is None}, key=int)
+    unsure = sorted({s.jobid for _, s in records if s.jobid and s.ended is None}, key=job_order)
     running = active(unsure) if unsure else set()
     if running is None:
         running = set(unsure)
@@ -133,7 +135,10 @@ def _job_files(workdir: Path, sub: Submission) -> list[Path]:
         stem = log.name.removesuffix(".log") + "."
         if log.parent.is_dir():
             files += [p for p in log.parent.iterdir() if p.name.startswith(stem)]
-            files.append(log.parent / f"{sub.job_name}.code.sha256")
+            # the code manifest, and a job array element's script under its job name (the array's script runs it)
+            files += [log.parent / f"{sub.job_name}.code.sha256", log.parent / f"{sub.job_name}.sh"]
+        if sub.array:
+            files.append(log.parent.parent / f"{sub.array}.sh")  # the array's script: goes with its last element
     if sub.script:
         files.append(Path(sub.script) if Path(sub.script).is_absolute() else workdir / sub.script)
     if sub.jobid:

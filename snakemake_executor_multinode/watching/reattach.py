@@ -138,10 +138,11 @@ def _slurm_view(earlier: Submission, tracker: Tracker) -> _Earlier:
         return _Earlier(False, True, outcome.success, word)
     if outcome.state is None:
         return _Earlier(False, False, False, "it knows no such job")
+    slurm_name = earlier.array or earlier.job_name  # an array's element goes by the array's name
     try:
-        name, state = tracker.client.named([earlier.jobid]).get(earlier.jobid, (earlier.job_name, outcome.state.state))
+        name, state = tracker.client.named([earlier.jobid]).get(earlier.jobid, (slurm_name, outcome.state.state))
     except QueryError:
-        name, state = earlier.job_name, outcome.state.state
-    if name != earlier.job_name:
+        name, state = slurm_name, outcome.state.state
+    if name != slurm_name:
         return _Earlier(False, False, False, f"its id now belongs to job {name!r}")
     return _Earlier(True, False, False, state.lower())

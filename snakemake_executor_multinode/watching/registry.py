@@ -50,6 +50,7 @@ class Submission:
     # has seen it end. A reported end is never adopted again (reattach.py).
     ended: str | None = None
     ended_at: float | None = None
+    array: str = ""  # an element of a job array: the array's job name, which SLURM knows the element by
 
 
 class Registry:

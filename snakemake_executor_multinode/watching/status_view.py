@@ -22,12 +22,24 @@ from pathlib import Path
 
 from snakemake_executor_multinode.protocol import EXIT_MARKER, RUNS_DIR, STATE_DIR, marker
 from snakemake_executor_multinode.slurm import reasons
-from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient
+from snakemake_executor_multinode.slurm.client import (
+    ACTIVE_STATES,
+    QueryError,
+    SlurmClient,
+    is_job_key,
+    job_order,
+    queue_key,
+)
 from snakemake_executor_multinode.watching import progress
 from snakemake_executor_multinode.watching.registry import Submission, runs
 
-SACCT_FIELDS = ("JobIDRaw", "State", "Reason", "ElapsedRaw", "TimelimitRaw", "NNodes", "AllocTRES", "ReqTRES")
-SQUEUE_FIELDS = ("JobID", "State", "Reason", "RestartCnt", "TimeUsed", "TimeLimit", "NumNodes", "tres-per-node")
+SACCT_FIELDS = (
+    "JobIDRaw", "State", "Reason", "ElapsedRaw", "TimelimitRaw", "NNodes", "AllocTRES", "ReqTRES", "JobID",
+)  # fmt: skip
+SQUEUE_FIELDS = (
+    "JobID", "State", "Reason", "RestartCnt", "TimeUsed", "TimeLimit", "NumNodes", "tres-per-node", "ArrayJobID",
+    "ArrayTaskID",
+)  # fmt: skip
 NO_REASON = {"", "None", "(null)"}
 
 
@@ -103,13 +115,13 @@ def resolve_run(table: dict[str, list[Submission]], which: str) -> str:
 def slurm_views(client: SlurmClient, jobids: Iterable[str]) -> dict[str, SlurmView]:
     """Every job's view: one squeue for all, then one sacct for those slurmctld no longer knows (none while a run
     is under way). A job neither knows is left out. QueryError when neither answers."""
-    ids = sorted({j for j in jobids if j and j.isdigit()}, key=int)
+    ids = sorted({j for j in jobids if j and is_job_key(j)}, key=job_order)
     if not ids:
         return {}
     views: dict[str, SlurmView] = {}
     ctld_error: QueryError | None = None
     try:
-        views = {row["JobID"]: from_squeue(row) for row in client.queue(ids, SQUEUE_FIELDS) if row.get("JobID")}
+        views = {queue_key(row): from_squeue(row) for row in client.queue(ids, SQUEUE_FIELDS) if row.get("JobID")}
     except QueryError as err:
         ctld_error = err  # slurmctld restarting: accounting may still answer for every job
     if missing := [j for j in ids if j not in views]:
@@ -126,7 +138,8 @@ def from_sacct(rows: Iterable[dict[str, str]]) -> dict[str, SlurmView]:
     runs_of: dict[str, list[dict[str, str]]] = {}
     for row in rows:
         if row.get("JobIDRaw", "").isdigit():
-            runs_of.setdefault(row["JobIDRaw"], []).append(row)
+            element = row.get("JobID", "")  # an array element is known as <array>_<task>
+            runs_of.setdefault(element if "_" in element and is_job_key(element) else row["JobIDRaw"], []).append(row)
     views = {}
     for jobid, records in runs_of.items():
         last = records[-1]  # sacct lists a requeued job's runs oldest first; the earlier ones say REQUEUED

@@ -20,22 +20,27 @@
 #SBATCH --signal=USR2@120
 #SBATCH --requeue
 
-# A requeued job (USR2 checkpoint, node failure) writes each restart to its own log beside the first.
-export MULTINODE_LOG_STEM=.snakemake/multinode/logs/rule_train/_/"$SLURM_JOB_ID".attempt1  # each node's labelled output: <stem>.<node>.out
-if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
-    MULTINODE_LOG_STEM="$MULTINODE_LOG_STEM.restart$SLURM_RESTART_COUNT"
+# The job's key names its markers and logs: its id, or <array job id>_<task id> as an element of a job array.
+MULTINODE_JOB_KEY=${MULTINODE_ARRAY_KEY:-$SLURM_JOB_ID}
+unset MULTINODE_ARRAY_KEY
+MULTINODE_JOB_NAME=mn-0123abcd-train
+# A requeued job (USR2 checkpoint, node failure) writes each restart to its own log beside the first; an array
+# element writes its own log (the array's output is one for all of them).
+export MULTINODE_LOG_STEM=.snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1  # each node's labelled output: <stem>.<node>.out
+[ "${SLURM_RESTART_COUNT:-0}" -eq 0 ] || MULTINODE_LOG_STEM="$MULTINODE_LOG_STEM.restart$SLURM_RESTART_COUNT"
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || [ "$MULTINODE_JOB_KEY" != "$SLURM_JOB_ID" ]; then
     exec >>"$MULTINODE_LOG_STEM".log 2>&1
 fi
 MULTINODE_STARTED=$(date +%s)
-echo "[multinode] job $SLURM_JOB_ID, rule train, attempt 1, restart ${SLURM_RESTART_COUNT:-0}, $(date -Is)"
+echo "[multinode] job $MULTINODE_JOB_KEY, rule train, attempt 1, restart ${SLURM_RESTART_COUNT:-0}, $(date -Is)"
 
 # ==== bookkeeping: a marker on the shared filesystem tells Snakemake the job ended (no slurmctld query)
 MULTINODE_STATE_DIR=/work/project/.snakemake/multinode/state
-export MULTINODE_PREEMPT_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.preempted"
-export MULTINODE_FAILED_NODE_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.failed-node"
-export MULTINODE_STALL_FILE="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.stalled"
-export MULTINODE_METRICS_FILE=/work/project/.snakemake/multinode/logs/rule_train/_/"$SLURM_JOB_ID".attempt1.metrics.jsonl  # training progress: `multinode status` reads its last line
-MULTINODE_RUNS_FILE=/work/project/.snakemake/multinode/logs/rule_train/_/"$SLURM_JOB_ID".attempt1.runs.jsonl  # each run's start and end, for the outputs' provenance records
+export MULTINODE_PREEMPT_FILE="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.preempted"
+export MULTINODE_FAILED_NODE_FILE="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.failed-node"
+export MULTINODE_STALL_FILE="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.stalled"
+export MULTINODE_METRICS_FILE=/work/project/.snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1.metrics.jsonl  # training progress: `multinode status` reads its last line
+MULTINODE_RUNS_FILE=/work/project/.snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1.runs.jsonl  # each run's start and end, for the outputs' provenance records
 MULTINODE_REQUEUED=0
 multinode_finish() {
     local rc=$?
@@ -43,17 +48,17 @@ multinode_finish() {
     echo "[multinode] exit $rc, $(date -Is)"
     printf '{"event": "end", "job": "%s", "restart": %s, "exit": %s, "time": "%s"}\n' \
         "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$rc" "$(date -Is)" >>"$MULTINODE_RUNS_FILE"
-    local marker="$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit"
+    local marker="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.exit"
     # atomic (never read half-written); the restart tells a requeued job's earlier runs from its last, the job name
     # (unique to the submission) this job's marker from one of an earlier job with the same id
-    printf '%s %s %s\n' "$rc" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_NAME" >"$marker.tmp" && mv -f "$marker.tmp" "$marker"
+    printf '%s %s %s\n' "$rc" "${SLURM_RESTART_COUNT:-0}" "$MULTINODE_JOB_NAME" >"$marker.tmp" && mv -f "$marker.tmp" "$marker"
 }
 trap multinode_finish EXIT
 trap 'exit 143' TERM
 mkdir -p "$MULTINODE_STATE_DIR"
 rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE"
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
-[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.exit" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.requeued" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.self-requeues" "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.crashes"
+[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.exit" "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.requeued" "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.self-requeues" "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.crashes"
 
 # A restart runs the code the job was submitted with; where it could not be frozen, changed code stops it.
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e /dev/null/none ]; then
@@ -137,12 +142,12 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
     echo "[multinode] checkpointed after SIG${SLURM_SIGNAL:-USR2} ($(cat "$MULTINODE_PREEMPT_FILE"))"
     # The job's own requeues only: SLURM's restart count also counts preemptions and admin requeues, which must not
     # use up the budget (a job preempted 3 times still requeues itself at its time limit).
-    MULTINODE_SELF_REQUEUES=$(cat "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.self-requeues" 2>/dev/null || echo 0)
+    MULTINODE_SELF_REQUEUES=$(cat "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.self-requeues" 2>/dev/null || echo 0)
     if [ "$MULTINODE_SELF_REQUEUES" -lt 3 ]; then  # at most 3 requeue(s) of its own
         MULTINODE_REQUEUED=1
         rm -f "$MULTINODE_PREEMPT_FILE"
-        echo "$((MULTINODE_SELF_REQUEUES + 1))" >"$MULTINODE_STATE_DIR/$SLURM_JOB_ID.self-requeues"
-        printf '%s checkpointed before the time limit\n' "$((${SLURM_RESTART_COUNT:-0} + 1))" >"$MULTINODE_STATE_DIR/$SLURM_JOB_ID.requeued"
+        echo "$((MULTINODE_SELF_REQUEUES + 1))" >"$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.self-requeues"
+        printf '%s checkpointed before the time limit\n' "$((${SLURM_RESTART_COUNT:-0} + 1))" >"$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.requeued"
         if scontrol requeue "$SLURM_JOB_ID"; then
             echo "[multinode] requeued; the next run resumes from the checkpoint"
             sleep 600 & wait  # slurmctld ends this run
@@ -160,9 +165,9 @@ fi
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 143 ] && [ 3 -gt 0 ]; then
     MULTINODE_CRASHES=0
     if [ $(($(date +%s) - MULTINODE_STARTED)) -lt 300 ]; then
-        MULTINODE_CRASHES=$(($(cut -d ' ' -f 1 "$MULTINODE_STATE_DIR/$SLURM_JOB_ID.crashes" 2>/dev/null || echo 0) + 1))
+        MULTINODE_CRASHES=$(($(cut -d ' ' -f 1 "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.crashes" 2>/dev/null || echo 0) + 1))
     fi
-    echo "$MULTINODE_CRASHES $rc" >"$MULTINODE_STATE_DIR/$SLURM_JOB_ID.crashes"
+    echo "$MULTINODE_CRASHES $rc" >"$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.crashes"
     if [ "$MULTINODE_CRASHES" -ge 3 ]; then
         echo "[multinode] crash loop: $MULTINODE_CRASHES runs in a row failed within 300 s of their" \
             "start, the last with exit $rc; not run again"

@@ -49,17 +49,22 @@ def test_python_modules_take_markers_exit_codes_and_ports_from_the_protocol():
 
 
 @pytest.mark.parametrize("suffix", protocol.MARKERS)
-def test_the_job_script_writes_markers_where_the_tracker_reads_them(tmp_path, suffix):
+@pytest.mark.parametrize(
+    ("env", "key"), [("SLURM_JOB_ID=42", "42"), ("SLURM_JOB_ID=57 MULTINODE_ARRAY_KEY=40_2", "40_2")]
+)
+def test_the_job_script_writes_markers_where_the_tracker_reads_them(tmp_path, suffix, env, key):
+    """A job's markers are named by its id; an array element's by <array job id>_<task id>, as the plugin knows it."""
     script = rendered(tmp_path)
     assert protocol.marker_shell(suffix) in script
+    head = script.split("MULTINODE_JOB_NAME=", 1)[0].split("\n# The job's key", 1)[1]  # the template's key lines
     state = tmp_path / "state"
     shell_path = subprocess.run(
-        ["bash", "-c", f"MULTINODE_STATE_DIR={state}; SLURM_JOB_ID=42; echo {protocol.marker_shell(suffix)}"],
+        ["bash", "-c", f"{env}\n{head}\nMULTINODE_STATE_DIR={state}; echo {protocol.marker_shell(suffix)}"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    assert Path(shell_path) == protocol.marker(state, "42", suffix)
+    assert Path(shell_path) == protocol.marker(state, key, suffix)
 
 
 def test_the_job_script_exits_with_the_protocols_preempted_code(tmp_path):

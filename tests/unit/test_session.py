@@ -82,3 +82,56 @@ def test_an_upstream_jobs_id_becomes_an_afterok_dependency(tmp_path):
     s.submit(second, ["b.txt"], RunReason(), upstream=["a.txt"])
     sbatch = [c for c in slurm.calls if c[0] == "sbatch" and "--parsable" in c]
     assert "--dependency=afterok:41" in sbatch[1] and "--kill-on-invalid-dep=yes" in sbatch[1]
+
+
+# --- jobs handed over together: job arrays ---------------------------------------------------------------------
+def shards(s: Session, n: int, rule: str = "shard", resources: dict | None = None, start: int = 0) -> list:
+    return [
+        (s.plan(RuleJob(rule, resources or {}, f"echo {i} > s{i}.txt", wildcards={"i": i}, key=f"{i}.1"),
+                [f"s{i}.txt"]), [f"s{i}.txt"], RunReason())
+        for i in range(start, start + n)
+    ]  # fmt: skip
+
+
+def test_single_node_jobs_of_one_rule_with_the_same_resources_go_as_one_job_array(tmp_path):
+    slurm = Slurm()
+    s, said = session(tmp_path, slurm)
+    jobs = shards(s, 3) + shards(s, 1, rule="other") + shards(s, 2, resources={"mem_mb": 2000}, start=10)
+    jobs += [(s.plan(RuleJob("train", {"nodes": 2}, "true", key="t.1"), ["m.txt"]), ["m.txt"], RunReason())]
+    subs = s.submit_many(jobs)
+    # the 2-node job goes first (on its own); then the groups, in the order their first job came
+    assert [sub.jobid for sub in subs] == ["42_0", "42_1", "42_2", "43", "44_0", "44_1", "41"]
+    assert [c[0] for c in slurm.calls].count("sbatch") == 4  # two arrays, a job of its own, the 2-node job
+    array = (tmp_path / subs[0].log).parent.parent / f"{subs[0].array}.sh"
+    text = array.read_text()
+    assert "#SBATCH --array=0-2" in text and "#SBATCH --output=/dev/null" in text
+    for i, sub in enumerate(subs[:3]):
+        element = Path(sub.script)  # <array>_<i>.attempt1.sh, the same file the array's script runs by its name
+        assert element.name == f"42_{i}.attempt1.sh" and element.samefile(element.with_name(f"{sub.job_name}.sh"))
+        assert f'{i}) export MULTINODE_ARRAY_KEY="${{SLURM_ARRAY_JOB_ID}}_{i}"; exec bash' in text
+        assert Path(sub.log).name == f"42_{i}.attempt1.log" and sub.array == subs[0].array
+    assert {r.jobid for r in s.registry.mine()} == {sub.jobid for sub in subs}  # a record per element
+    assert subs[3].array == "" and subs[6].array == ""
+    assert any("SLURM job array 42 of 3 jobs" in line for line in said)
+
+
+def test_with_no_arrays_every_job_goes_on_its_own(tmp_path):
+    slurm = Slurm()
+    s, _ = session(tmp_path, slurm)
+    s.settings = Settings(snapshot="off", no_arrays=True)
+    assert [sub.jobid for sub in s.submit_many(shards(s, 3))] == ["41", "42", "43"]
+
+
+def test_a_group_larger_than_slurms_array_limit_goes_as_several_arrays(tmp_path, monkeypatch):
+    monkeypatch.setattr("snakemake_executor_multinode.session.MAX_ARRAY", 2)
+    s, _ = session(tmp_path, Slurm())
+    assert [sub.jobid for sub in s.submit_many(shards(s, 5))] == ["41_0", "41_1", "42_0", "42_1", "43"]
+
+
+def test_an_array_elements_end_is_read_from_its_own_marker(tmp_path):
+    s, _ = session(tmp_path, Slurm())
+    subs = s.submit_many(shards(s, 2))
+    state = tmp_path / protocol.STATE_DIR
+    protocol.marker(state, "41_1", protocol.EXIT_MARKER).write_text(f"0 0 {subs[1].job_name}\n")
+    outcomes = s.poll([(sub, "shard") for sub in subs])
+    assert outcomes["41_1"].success and not outcomes["41_0"].finished

@@ -5,14 +5,19 @@
 # ==== 1. resources ===============================================================================
 {{sbatch}}
 
-# A requeued job (USR2 checkpoint, node failure) writes each restart to its own log beside the first.
+# The job's key names its markers and logs: its id, or <array job id>_<task id> as an element of a job array.
+MULTINODE_JOB_KEY=${MULTINODE_ARRAY_KEY:-$SLURM_JOB_ID}
+unset MULTINODE_ARRAY_KEY
+MULTINODE_JOB_NAME={{job_name}}
+# A requeued job (USR2 checkpoint, node failure) writes each restart to its own log beside the first; an array
+# element writes its own log (the array's output is one for all of them).
 export MULTINODE_LOG_STEM={{log_stem}}  # each node's labelled output: <stem>.<node>.out
-if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
-    MULTINODE_LOG_STEM="$MULTINODE_LOG_STEM.restart$SLURM_RESTART_COUNT"
+[ "${SLURM_RESTART_COUNT:-0}" -eq 0 ] || MULTINODE_LOG_STEM="$MULTINODE_LOG_STEM.restart$SLURM_RESTART_COUNT"
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || [ "$MULTINODE_JOB_KEY" != "$SLURM_JOB_ID" ]; then
     exec >>"$MULTINODE_LOG_STEM".log 2>&1
 fi
 MULTINODE_STARTED=$(date +%s)
-echo "[multinode] job $SLURM_JOB_ID, rule {{rule_q}}, attempt {{attempt}}, restart ${SLURM_RESTART_COUNT:-0}, $(date -Is)"
+echo "[multinode] job $MULTINODE_JOB_KEY, rule {{rule_q}}, attempt {{attempt}}, restart ${SLURM_RESTART_COUNT:-0}, $(date -Is)"
 
 # ==== bookkeeping: a marker on the shared filesystem tells Snakemake the job ended (no slurmctld query)
 MULTINODE_STATE_DIR={{state_dir}}
@@ -31,7 +36,7 @@ multinode_finish() {
     local marker={{exit_marker}}
     # atomic (never read half-written); the restart tells a requeued job's earlier runs from its last, the job name
     # (unique to the submission) this job's marker from one of an earlier job with the same id
-    printf '%s %s %s\n' "$rc" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_NAME" >"$marker.tmp" && mv -f "$marker.tmp" "$marker"
+    printf '%s %s %s\n' "$rc" "${SLURM_RESTART_COUNT:-0}" "$MULTINODE_JOB_NAME" >"$marker.tmp" && mv -f "$marker.tmp" "$marker"
 }
 trap multinode_finish EXIT
 trap 'exit 143' TERM

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError
+from snakemake_executor_multinode.slurm.client import (
+    RetryPolicy,
+    SlurmClient,
+    SubmitError,
+    job_order,
+    parse_sacct,
+    queue_key,
+)
 from snakemake_executor_multinode.slurm.pacing import Pace
 
 DOWN = "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)"
@@ -86,7 +93,7 @@ def test_a_lost_reply_is_found_by_the_submissions_name_and_never_becomes_two_job
     )
     assert client(fake, Clock(), []).submit(Path("job.sh"), Path("."), name="mn-run-train-1") == "90"
     assert fake.count("sbatch") == 1
-    assert ["squeue", "-h", "-t", "all", "-n", "mn-run-train-1", "-o", "%i"] in fake.calls
+    assert ["squeue", "-h", "-t", "all", "-n", "mn-run-train-1", "-o", "%F"] in fake.calls
 
 
 def test_an_outage_longer_than_the_budget_ends_with_a_clear_error():
@@ -126,3 +133,12 @@ def test_every_sbatch_call_takes_a_token_of_the_pace():
     for _ in range(3):
         paced.submit(Path("job.sh"), Path("."))
     assert clock.now == pytest.approx(1.0)  # one at once, then one every half second
+
+
+def test_an_array_element_is_known_by_its_array_and_task_in_sacct_and_squeue():
+    # sacct: JobIDRaw is the element's own id, JobID <array>_<task>; squeue -O: a pending element's JobID is the array's
+    sacct = "2126|RUNNING|0:0|None|node1|2122_3\n2130|COMPLETED|0:0|None|node2|2130\n"
+    assert set(parse_sacct(sacct)) == {"2122_3", "2130"}
+    assert queue_key({"JobID": "2122", "ArrayJobID": "2122", "ArrayTaskID": "25"}) == "2122_25"
+    assert queue_key({"JobID": "2130", "ArrayJobID": "2130", "ArrayTaskID": "N/A"}) == "2130"
+    assert sorted(["42", "41_10", "41_2", "41"], key=job_order) == ["41", "41_2", "41_10", "42"]

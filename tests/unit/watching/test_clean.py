@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,18 @@ def test_the_index_lock_file_is_not_an_entry(tmp_path):
     assert [p.name for p in (tmp_path / INDEX_DIR).iterdir() if p.suffix == ".json"]
     run_clean(tmp_path)
     assert [p.name for p in (tmp_path / INDEX_DIR).iterdir()] == [".lock"]
+
+
+def test_a_job_arrays_script_goes_with_its_last_element(tmp_path):
+    first, second = job(tmp_path, "old", "70_0"), job(tmp_path, "old", "70_1", outputs=("b.txt",), ended=None)
+    rule_dir = Path(first.log).parent.parent
+    driver = rule_dir / "mn-old-70_0-array2.sh"
+    driver.write_text("#!/bin/bash\n")
+    for sub in (first, second):
+        Path(sub.log).with_name(f"{sub.job_name}.sh").write_text("element\n")
+        Registry(tmp_path, "old").record(replace(sub, array=driver.stem))
+    run_clean(tmp_path, active=lambda ids: {"70_1"} & set(ids))  # the second element still runs
+    assert driver.exists() and not files_of(tmp_path, "70_0") and files_of(tmp_path, "70_1")
+    assert not (Path(first.log).parent / f"{first.job_name}.sh").exists()
+    run_clean(tmp_path)
+    assert not driver.exists() and not files_of(tmp_path, "70_1")
