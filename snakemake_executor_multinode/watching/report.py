@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from snakemake_executor_multinode.protocol import REPORTS_DIR
-from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient, is_transient
+from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient, is_job_key, is_transient
 from snakemake_executor_multinode.watching.registry import Submission
 from snakemake_executor_multinode.watching.status_view import clock, minutes_to_seconds, run_table, tres_map
 
@@ -38,6 +38,7 @@ FIELDS = (
     "MaxRSS",
     "AllocTRES",
     "ReqTRES",
+    "JobID",  # an array element's <array>_<task>, the key the run knows it by
 )
 WASTE = 0.5  # a rule that used less than this share of a request gets a suggestion
 HEADROOM = 1.5  # suggested = what the longest / largest job used x this
@@ -103,7 +104,7 @@ def parse_accounting(rows: Iterable[dict[str, str]]) -> dict[str, list[RunRecord
     runs: dict[str, list[RunRecord]] = {}
     current: RunRecord | None = None
     for row in rows:
-        jobid, _, step = row.get("JobIDRaw", "").partition(".")
+        jobid, _, step = row.get("JobIDRaw", "").partition(".")  # an element's steps: its own id, as its line
         if not jobid.isdigit():
             continue
         if not step:
@@ -119,7 +120,8 @@ def parse_accounting(rows: Iterable[dict[str, str]]) -> dict[str, list[RunRecord
                 mem_mb=size_mb(tres.get("mem", "")),
                 gpus=_int(tres.get("gres/gpu", "")),
             )
-            runs.setdefault(jobid, []).append(current)
+            element = row.get("JobID", "")
+            runs.setdefault(element if "_" in element and is_job_key(element) else jobid, []).append(current)
             continue
         if current is None or current.jobid != jobid:
             continue  # a step whose job line sacct did not print

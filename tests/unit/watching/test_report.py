@@ -36,7 +36,7 @@ SACCT = """\
 
 
 def rows(text: str = SACCT) -> list[dict[str, str]]:
-    return [dict(zip(report.FIELDS, line.split("|"), strict=True)) for line in text.splitlines()]
+    return [dict(zip(report.FIELDS, line.split("|"), strict=False)) for line in text.splitlines()]  # JobID: last
 
 
 def sub(jobid: str, rule: str, at: float = 0.0, **wildcards: str) -> Submission:
@@ -92,6 +92,15 @@ def test_totalcpu(text, seconds):
 )
 def test_sizes_in_mib(text, mb):
     assert report.size_mb(text) == mb
+
+
+def test_an_array_element_is_known_by_its_array_and_task_with_its_own_steps():
+    element = (
+        "2126|COMPLETED|12|5|00:10.000|1|1||billing=1,cpu=1,mem=1G,node=1||2122_3\n"
+        "2126.batch|COMPLETED|12||00:10.000|1|1|102400K|cpu=1,mem=1G,node=1||2122_3.batch\n"
+    )
+    runs = report.parse_accounting(rows(element))
+    assert list(runs) == ["2122_3"] and runs["2122_3"][0].elapsed_s == 12 and runs["2122_3"][0].batch_rss_mb == 100
 
 
 def test_a_job_line_starts_a_run_and_its_steps_follow():
