@@ -272,8 +272,10 @@ class Session:
     def _explain_wait(self, sub: Submission, label: str, outcome: Outcome) -> None:
         """Once per job, when it has waited longer than --multinode-pending-notice-seconds: why, in plain words."""
         state = outcome.state
-        if outcome.finished or state is None or state.state != "PENDING" or not state.reason or sub.jobid in self._told:
+        if outcome.finished or state is None or state.state != "PENDING" or sub.jobid in self._told:
             return
+        if state.reason in reasons.NO_REASON:
+            return  # not evaluated by the scheduler yet: said once it has a reason
         if time.time() - sub.submitted_at >= self.settings.pending_notice_seconds:
             self._told.add(str(sub.jobid))
             self.info(f"SLURM job {sub.jobid} ({label}) is waiting: {reasons.say(state.reason, str(sub.jobid))}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+NO_REASON = {"", "None", "(null)"}  # SLURM has not said why yet (a job just submitted reads "None")
+
 
 @dataclass(frozen=True)
 class Explained:

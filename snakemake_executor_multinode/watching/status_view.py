@@ -40,7 +40,6 @@ SQUEUE_FIELDS = (
     "JobID", "State", "Reason", "RestartCnt", "TimeUsed", "TimeLimit", "NumNodes", "tres-per-node", "ArrayJobID",
     "ArrayTaskID",
 )  # fmt: skip
-NO_REASON = {"", "None", "(null)"}
 
 
 class RunNotFound(LookupError):
@@ -255,7 +254,7 @@ def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: P
             state, reason = ("ENDED", f"exit {code}") if code is not None else ("UNKNOWN", "SLURM no longer knows it")
         else:
             state = view.state
-            reason = view.reason if view.reason not in NO_REASON and state == "PENDING" else ""
+            reason = view.reason if view.reason not in reasons.NO_REASON and state == "PENDING" else ""
         running = view is not None and view.state == "RUNNING"
         rows.append(
             JobRow(

@@ -49,7 +49,7 @@ class Outcome:
         parts = [self.stalled] if self.stalled else []
         if self.state is not None:
             parts.append(f"SLURM state {self.state.state}")
-            if self.state.reason and self.state.reason not in ("None", "(null)"):
+            if self.state.reason not in reasons.NO_REASON:
                 parts.append(f"reason {self.state.reason}")
             if self.state.exit_code:
                 parts.append(f"exit code {self.state.exit_code}")

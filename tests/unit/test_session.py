@@ -135,3 +135,20 @@ def test_an_array_elements_end_is_read_from_its_own_marker(tmp_path):
     protocol.marker(state, "41_1", protocol.EXIT_MARKER).write_text(f"0 0 {subs[1].job_name}\n")
     outcomes = s.poll([(sub, "shard") for sub in subs])
     assert outcomes["41_1"].success and not outcomes["41_0"].finished
+
+
+def test_a_pending_job_is_explained_once_and_only_once_the_scheduler_has_said_why(tmp_path):
+    """A job just submitted reads reason "None" until the scheduler looks at it (seen under load): nothing is said
+    then, and the real reason is said once it comes."""
+    from snakemake_executor_multinode.slurm.client import JobState
+    from snakemake_executor_multinode.watching.tracker import Outcome
+
+    s, said = session(tmp_path, Slurm())
+    s.settings = Settings(snapshot="off", pending_notice_seconds=0)
+    sub = s.submit(s.plan(RuleJob("held", {}, "true", key="0.1"), ["h.txt"]), ["h.txt"], RunReason())
+    for reason in ("None", "(null)", "JobHeldUser", "JobHeldUser"):
+        s._explain_wait(sub, "held", Outcome("41", False, state=JobState("41", "PENDING", reason=reason)))
+    waits = [line for line in said if "is waiting" in line]
+    assert waits == [
+        "SLURM job 41 (held) is waiting: JobHeldUser: held by you (scontrol hold); `scontrol release 41` lets it start"
+    ]
