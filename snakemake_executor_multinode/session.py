@@ -176,9 +176,10 @@ class Session:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         pending = folder / f"{plan.job_name}.sh"
         _write_private(pending, plan.script)
-        if plan.code_files:  # nothing frozen: what a restart checks
-            _write_private(plan.code_manifest, snapshot.manifest(plan.code_files))
-        provenance.save_submission(self.workdir, plan.job_name, self._provenance(plan, outputs))
+        hashed = snapshot.hashes(plan.code_files)  # read once: the manifest and the provenance record
+        if hashed:  # nothing frozen: what a restart checks
+            _write_private(plan.code_manifest, snapshot.manifest(hashed))
+        provenance.save_submission(self.workdir, plan.job_name, self._provenance(plan, outputs, hashed))
         sub = self.registry.record(
             Submission(
                 self.run_id, req.rule, dict(req.wildcards), outputs, plan.job_name, req.attempt, str(pending),
@@ -227,7 +228,7 @@ class Session:
         )
         return subs
 
-    def _provenance(self, plan: JobPlan, outputs: Sequence[str]) -> dict[str, Any]:
+    def _provenance(self, plan: JobPlan, outputs: Sequence[str], hashed: Sequence[tuple[str, Path]]) -> dict[str, Any]:
         req, frozen = plan.request, plan.snapshot
         code: dict[str, Any]
         if frozen is not None:
@@ -236,7 +237,7 @@ class Session:
                 "uncommitted": frozen.uncommitted, "files": len(frozen.files),
             }  # fmt: skip
         else:
-            code = {"snapshot": None, "files": {str(f): h for h, f in snapshot.hashes(plan.code_files)}}
+            code = {"snapshot": None, "files": {str(f): h for h, f in hashed}}
         return provenance.submission(
             rule=req.rule,
             wildcards=dict(req.wildcards),

@@ -249,9 +249,9 @@ def hashes(files: Sequence[Path]) -> list[tuple[str, Path]]:
     return [(_sha256(f), f) for f in files]
 
 
-def manifest(files: Sequence[Path]) -> str:
-    """`sha256sum -c` input for `files` (absolute paths, as the job script checks them)."""
-    return "".join(f"{h}  {f}\n" for h, f in hashes(files))
+def manifest(hashed: Sequence[tuple[str, Path]]) -> str:
+    """`sha256sum -c` input for the files `hashes` gave (absolute paths, as the job script checks them)."""
+    return "".join(f"{h}  {f}\n" for h, f in hashed)
 
 
 def _stat(path: Path) -> tuple[int, int, int, int]:

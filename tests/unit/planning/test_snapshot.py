@@ -12,6 +12,7 @@ from snakemake_executor_multinode.planning.snapshot import (
     REUSE_S,
     SnapshotError,
     SnapshotStore,
+    hashes,
     manifest,
     named_files,
     rewrite,
@@ -107,7 +108,7 @@ def test_without_git_nothing_is_frozen_and_the_named_files_are_checked(tmp_path)
     files = named_files("python train.py --out out.txt", tmp_path, keep=["out.txt"])
     assert files == [tmp_path / "train.py"]
     check = tmp_path / "code.sha256"
-    check.write_text(manifest(files))
+    check.write_text(manifest(hashes(files)))
     assert subprocess.run(["sha256sum", "--quiet", "-c", str(check)], capture_output=True).returncode == 0
     (tmp_path / "train.py").write_text("print(2)\n")
     changed = subprocess.run(["sha256sum", "--quiet", "-c", str(check)], capture_output=True, text=True)
