@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.files import write_private
 from snakemake_executor_multinode.planning import environment, jobscript, snapshot, submit_check
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.planning.request import refuse_container_directive
@@ -175,10 +176,10 @@ class Session:
         folder = plan.workdir / plan.log_dir
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         pending = folder / f"{plan.job_name}.sh"
-        _write_private(pending, plan.script)
+        write_private(pending, plan.script)
         hashed = snapshot.hashes(plan.code_files)  # read once: the manifest and the provenance record
         if hashed:  # nothing frozen: what a restart checks
-            _write_private(plan.code_manifest, snapshot.manifest(hashed))
+            write_private(plan.code_manifest, snapshot.manifest(hashed))
         provenance.save_submission(self.workdir, plan.job_name, self._provenance(plan, outputs, hashed))
         sub = self.registry.record(
             Submission(
@@ -208,7 +209,7 @@ class Session:
         prepared = [self._prepare(plan, outputs) for plan, outputs in group]
         name = f"{first.job_name}-array{len(group)}"
         driver = (first.workdir / first.log_dir).parent / f"{name}.sh"
-        _write_private(driver, jobscript.render_array(first.request, name, [pending for pending, _ in prepared]))
+        write_private(driver, jobscript.render_array(first.request, name, [pending for pending, _ in prepared]))
         try:
             jobid = self.client.submit(driver, cwd=self.workdir, name=name)
         except SubmitError as err:
@@ -324,9 +325,3 @@ class Session:
         if self.settings.efficiency_report:
             for line in report.end_of_run(self.workdir, self.run_id, self.client, queued=queued):
                 self.info(line)
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)

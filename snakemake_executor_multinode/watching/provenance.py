@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from snakemake_executor_multinode import __version__, protocol
+from snakemake_executor_multinode.files import write_private
 
 PROVENANCE_DIR = protocol.STATE_ROOT / "provenance"
 SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH", re.I)
@@ -230,12 +231,7 @@ def _write(path: Path, record: Mapping[str, Any]) -> None:
     try:
         path.parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # provenance/: owner only, as its files
         path.parent.mkdir(exist_ok=True, mode=0o700)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(record, fh, indent=1, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, path)
+        write_private(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
     except OSError as err:
         raise ProvenanceError(f"cannot write the provenance record {path}: {err}") from err
 

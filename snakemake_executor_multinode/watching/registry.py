@@ -20,13 +20,13 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from snakemake_executor_multinode.files import write_private
 from snakemake_executor_multinode.protocol import INDEX_DIR, RUNS_DIR
 
 INDEX_KEEP = 2  # runs per outputs in the index: this run's own record never hides the one before it
@@ -165,10 +165,7 @@ class Index:
 
 
 def _write(path: Path, data: object) -> None:
-    """Whole or not at all: a temporary name of this writer's own (two runs may write one index file), renamed."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_private(path, json.dumps(data, sort_keys=True) + "\n")
 
 
 def submission(data: dict) -> Submission:
