@@ -2,7 +2,8 @@
 
   handwritten   N x `sbatch --wrap "sleep 1"` as fast as sbatch returns, then one `--dependency=afterok:<all>` job
                 (the floor: no workflow manager)
-  multinode     `snakemake --executor multinode --jobs N` running the same as N + 1 rules (paced submissions)
+  multinode     `snakemake --executor multinode --jobs N` running the same as N + 1 rules: the N as one job array
+  no arrays     the same with --multinode-no-arrays: N paced sbatch calls
 
 Reported per variant: wall time, overhead per job = (wall - the cluster's ideal) / N, where the ideal is
 ceil(N / slots) seconds of sleeping, slurmctld RPCs per job (`sdiag`, its own requests excluded), and for Snakemake
@@ -68,9 +69,10 @@ def snakefile(n: int, seconds: int) -> str:
     )
 
 
-def snakemake(n: int, workdir: Path, seconds: int = 1, jobs: int | None = None) -> dict:
+def snakemake(n: int, workdir: Path, seconds: int = 1, jobs: int | None = None, extra: tuple[str, ...] = ()) -> dict:
     (workdir / "Snakefile").write_text(snakefile(n, seconds))
     cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", str(jobs or n), "--quiet", "all"]
+    cmd += extra
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     rss: list[int] = []
     start = time.monotonic()
@@ -129,12 +131,22 @@ def main() -> int:
     ideal = float(math.ceil(args.jobs / slots()))
     rows = [
         measure("handwritten sbatch fan-out + afterok", args.jobs, handwritten, ideal),
-        measure("multinode", args.jobs, snakemake, ideal),
+        measure("multinode (one job array)", args.jobs, snakemake, ideal),
+        measure(
+            "multinode --multinode-no-arrays",
+            args.jobs,
+            lambda n, wd: snakemake(n, wd, extra=("--multinode-no-arrays",)),
+            ideal,
+        ),  # fmt: skip
     ]
     floor, ours = rows[0]["overhead_per_job_s"], rows[1]["overhead_per_job_s"]
-    summary = {"wall_ratio": round(rows[1]["wall_s"] / rows[0]["wall_s"], 2)}
+    summary = {
+        "wall_ratio": round(rows[1]["wall_s"] / rows[0]["wall_s"], 2),
+        "wall_ratio_no_arrays": round(rows[2]["wall_s"] / rows[0]["wall_s"], 2),
+    }
     if floor > 0:
         summary["overhead_ratio"] = round(ours / floor, 2)
+        summary["overhead_ratio_no_arrays"] = round(rows[2]["overhead_per_job_s"] / floor, 2)
     if args.long:
         rows.append(
             measure(
