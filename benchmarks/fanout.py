@@ -69,9 +69,12 @@ def snakefile(n: int, seconds: int) -> str:
     )
 
 
-def snakemake(n: int, workdir: Path, seconds: int = 1, jobs: int | None = None, extra: tuple[str, ...] = ()) -> dict:
+def snakemake(
+    n: int, workdir: Path, seconds: int = 1, jobs: int | None = None, extra: tuple[str, ...] = (),
+    executor: str = "multinode",
+) -> dict:  # fmt: skip
     (workdir / "Snakefile").write_text(snakefile(n, seconds))
-    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", str(jobs or n), "--quiet", "all"]
+    cmd = [sys.executable, "-m", "snakemake", "--executor", executor, "--jobs", str(jobs or n), "--quiet", "all"]
     cmd += extra
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     rss: list[int] = []
@@ -126,6 +129,13 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=500)
     ap.add_argument("--long", type=int, default=0, help="also run this many `sleep 0` jobs through the status loop")
     ap.add_argument("--long-parallel", type=int, default=24, help="--jobs for the long run")
+    ap.add_argument(
+        "--official",
+        type=int,
+        default=0,
+        help="also a fan-out of this many jobs with the official "
+        "snakemake-executor-plugin-slurm (1 s status checks), beside the floor and multinode",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     ideal = float(math.ceil(args.jobs / slots()))
@@ -156,6 +166,18 @@ def main() -> int:
                 0.0,
             )  # fmt: skip
         )
+    if args.official:
+        small = float(math.ceil(args.official / slots()))
+        rows += [
+            measure("handwritten, small fan-out", args.official, handwritten, small),
+            measure("multinode, small fan-out", args.official, snakemake, small),
+            measure(
+                "official slurm plugin, small fan-out, 1 s checks",
+                args.official,
+                lambda n, wd: snakemake(n, wd, executor="slurm", extra=("--seconds-between-status-checks", "1")),
+                small,
+            ),  # fmt: skip
+        ]
     result = {"rows": rows, "summary": summary, "slots": slots()}
     print(json.dumps(result, indent=1))
     if args.out:
