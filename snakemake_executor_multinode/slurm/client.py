@@ -276,7 +276,8 @@ class SlurmClient:
         if not missing:
             return states
         # Accounting is off, down, or has not heard of a new job yet (slurmdbd lags slurmctld): ask slurmctld.
-        squeue = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(missing), "-o", "%i|%T|%r|%N"])
+        # -r: an array's pending elements one per line (else collapsed into one <id>_[a-b] line)
+        squeue = self._run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(missing), "-o", "%i|%T|%r|%N"])
         if squeue.returncode == 0:
             return states | parse_squeue(squeue.stdout)
         if sacct.returncode == 0:
@@ -314,7 +315,7 @@ class SlurmClient:
             return []
         # "Field:|": no padding, "|" after each value, so that values are split exactly (-o has no restart count)
         spec = ",".join(f"{name}:|" for name in fields)
-        proc = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", spec])
+        proc = self._run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(ids), "-O", spec])
         if proc.returncode != 0:
             if "Invalid job id" in proc.stderr:
                 return []  # none of them is known any more

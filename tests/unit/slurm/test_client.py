@@ -142,3 +142,18 @@ def test_an_array_element_is_known_by_its_array_and_task_in_sacct_and_squeue():
     assert queue_key({"JobID": "2122", "ArrayJobID": "2122", "ArrayTaskID": "25"}) == "2122_25"
     assert queue_key({"JobID": "2130", "ArrayJobID": "2130", "ArrayTaskID": "N/A"}) == "2130"
     assert sorted(["42", "41_10", "41_2", "41"], key=job_order) == ["41", "41_2", "41_10", "42"]
+
+
+def test_an_arrays_pending_elements_are_asked_one_per_line():
+    """squeue collapses an array's pending elements into one `<id>_[a-b]` line unless asked with -r: read collapsed,
+    every element would be unknown and, after three sweeps, reported lost (seen with a 500-element array)."""
+
+    def squeue(cmd, **kw):
+        if cmd[0] == "sacct":
+            return subprocess.CompletedProcess(cmd, 0, "", "")
+        one_per_line = "-r" in cmd
+        out = "50_0|PENDING|Resources|\n50_1|PENDING|Resources|\n" if one_per_line else "50_[0-1]|PENDING|Resources|\n"
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    states = SlurmClient(runner=squeue).query(["50_0", "50_1"])
+    assert {j: s.state for j, s in states.items()} == {"50_0": "PENDING", "50_1": "PENDING"}
