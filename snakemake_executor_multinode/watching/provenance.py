@@ -257,12 +257,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
+def write_start(path: Path) -> int:
+    """This run's start line, appended to the job's runs file."""
+    line = json.dumps(start_line(os.environ), sort_keys=True)
+    with open(path, "a") as fh:
+        fh.write(line + "\n")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     if args.start:
-        line = json.dumps(start_line(os.environ), sort_keys=True)
-        with open(args.start, "a") as fh:
-            fh.write(line + "\n")
-        return 0
+        return write_start(Path(args.start))
     workdir = args.directory.resolve()
     wanted = 2 if args.diff else 1
     if len(args.paths) != wanted:
