@@ -108,3 +108,24 @@ def test_a_runs_start_line_reads_versions_without_importing_torch(tmp_path):
     assert line["torch_imported"] is False and line["versions"]["torch"] and line["restart"] == 2
     assert line["gpus"] == []  # no nvidia-smi here
     assert not out.exists()
+
+
+def test_the_job_scripts_start_line_command_appends_one_line_without_the_parsers_imports(tmp_path):
+    """`multinode provenance --start FILE` runs once per run of every job: it skips the command line's parser and
+    the planning modules it imports."""
+    import subprocess
+    import sys
+
+    runs = tmp_path / "x.runs.jsonl"
+    runs.write_text('{"event": "end", "restart": 0}\n')
+    code = (
+        "import sys\n"
+        "from snakemake_executor_multinode.cli.main import main\n"
+        f"rc = main(['provenance', '--start', {str(runs)!r}])\n"
+        "print(rc, 'snakemake_executor_multinode.planning.preview' in sys.modules)\n"
+    )
+    env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "1", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == ["0", "False"]
+    lines = [json.loads(line) for line in runs.read_text().splitlines()]
+    assert [line["event"] for line in lines] == ["end", "start"] and lines[1]["job"] == "9"
