@@ -644,7 +644,8 @@ def test_a_burst_of_submissions_through_a_frozen_slurmctld_submits_and_runs_ever
     wd = workflow
     snakefile(wd, FANOUT)
     (wd / "ran").mkdir()
-    sm = Snakemake(wd, "--multinode-submit-rate", "20", jobs=FAN_OUT)
+    # each job its own sbatch (as one job array they would be one submission: no burst)
+    sm = Snakemake(wd, "--multinode-submit-rate", "20", "--multinode-no-arrays", jobs=FAN_OUT)
     try:
         wait_for(lambda: len([r for r in records(wd) if r.get("jobid")]) >= 10, "10 submissions", 300)
         pid = daemon_pid(slurm_cluster, "slurmctld")
