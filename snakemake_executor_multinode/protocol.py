@@ -58,7 +58,8 @@ RUNS_SUFFIX = ".runs.jsonl"
 # Variables the job script exports for the launcher and the training.
 STATE_DIR_VAR = "MULTINODE_STATE_DIR"
 # The job's key, which names its markers and logs: $SLURM_JOB_ID, or <array job id>_<task id> for an element of a
-# job array (the array's script hands it over in ARRAY_KEY_VAR, and the element's script unsets that).
+# job array (the array's script hands it over in ARRAY_KEY_VAR, and the element's script unsets that). Exported: the
+# rule's command sees the job as the registry, `multinode status` and Snakemake's log name it.
 JOB_KEY_VAR = "MULTINODE_JOB_KEY"
 ARRAY_KEY_VAR = "MULTINODE_ARRAY_KEY"
 JOB_NAME_VAR = "MULTINODE_JOB_NAME"  # internal to the job script: the submission's name, written into the exit marker

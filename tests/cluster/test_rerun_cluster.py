@@ -4,7 +4,8 @@ test_faults_cluster.py).
 
 One finished run of a small pipeline (3 shard jobs -> a 2-node job -> a summary) is made once; each test copies its
 folder (outputs, Snakemake's metadata, the plugin's registry) and reruns it the way a user would. Every job appends
-its SLURM job id to jobs.txt, so the jobs that ran are counted from the jobs themselves, and the registry says which
+its key to jobs.txt ($MULTINODE_JOB_KEY: its SLURM job id, or <array>_<task> for the shards, which go as one job
+array), so the jobs that ran are counted from the jobs themselves, and the registry says which
 were submitted and which adopted.
 """
 
@@ -32,19 +33,19 @@ rule all:
 rule shard:
     input: "data/{s}.in"
     output: "out/shards/{s}.txt"
-    shell: "echo $SLURM_JOB_ID >> jobs.txt; cat {input} > {output}"
+    shell: "echo $MULTINODE_JOB_KEY >> jobs.txt; cat {input} > {output}"
 
 rule probe:
     input: expand("out/shards/{s}.txt", s=SHARDS)
     output: "out/probe.txt"
     resources: nodes=2
-    shell: "echo $SLURM_JOB_ID >> jobs.txt; srun hostname | sort > {output}; cat {input} >> {output}"
+    shell: "echo $MULTINODE_JOB_KEY >> jobs.txt; srun hostname | sort > {output}; cat {input} >> {output}"
 
 rule summary:
     input: "out/probe.txt"
     output: "out/summary.txt"
     params: greeting=config.get("greeting", "hello")
-    shell: "echo $SLURM_JOB_ID >> jobs.txt; echo {params.greeting} > {output}; cat {input} >> {output}"
+    shell: "echo $MULTINODE_JOB_KEY >> jobs.txt; echo {params.greeting} > {output}; cat {input} >> {output}"
 """
 OUTPUTS = ["out/shards/a.txt", "out/shards/b.txt", "out/shards/c.txt", "out/probe.txt", "out/summary.txt"]
 

@@ -6,7 +6,7 @@
 {{sbatch}}
 
 # The job's key names its markers and logs: its id, or <array job id>_<task id> as an element of a job array.
-MULTINODE_JOB_KEY=${MULTINODE_ARRAY_KEY:-$SLURM_JOB_ID}
+export MULTINODE_JOB_KEY=${MULTINODE_ARRAY_KEY:-$SLURM_JOB_ID}  # the rule may use it: the job as the plugin knows it
 unset MULTINODE_ARRAY_KEY
 MULTINODE_JOB_NAME={{job_name}}
 # A requeued job (USR2 checkpoint, node failure) writes each restart to its own log beside the first; an array
