@@ -247,6 +247,7 @@ class Session:
             code=code,
             environment=environment.resolve(self.planner.profiles, req.env_profile),
             outputs=outputs,
+            inherited_versions=not plan.versions_in_job,
         )
 
     def _dependencies(self, upstream: Iterable[str]) -> list[str]:

@@ -24,6 +24,12 @@ def _cluster_parser(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--gpus", type=int, default=8, help="fake GPUs per node (default 8)")
     up.add_argument("--mem", type=int, default=64000, help="memory per node in MB (default 64000)")
     up.add_argument("--no-accounting", action="store_true", help="no MariaDB/slurmdbd: squeue only, no sacct")
+    up.add_argument(
+        "--slurm",
+        default="22.05",
+        help="SLURM release: 22.05 (this machine's Debian 12 packages, the default) or 24.11 (a Debian 13 root file "
+        "system, built once and cached under /var/cache/multinode)",
+    )
     for name, text in (
         ("down", "stop everything `up` started"),
         ("status", "show daemons and nodes"),
@@ -45,6 +51,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
             gpus=args.gpus,
             mem_mb=args.mem,
             accounting=not args.no_accounting,
+            slurm=args.slurm,
         )
         cluster.up(spec)
         return 0

@@ -231,6 +231,18 @@ def _value(v: Any) -> str:
     return str(v)
 
 
+# What changes the software a job runs (its Python and packages), as against the submitting side's environment that
+# the job inherits (--export=ALL)
+SOFTWARE_KEYS = ("modules", "cuda", "conda", "venv", "setup", "container")
+
+
+def own_software(profile: dict[str, Any]) -> bool:
+    """Whether a job with this flattened profile runs software of its own: then the job reads its package versions
+    itself (`multinode provenance --start`), else the submission record holds the submitting side's."""
+    env = {str(k) for k in profile.get("env") or {}}
+    return any(profile.get(k) for k in SOFTWARE_KEYS) or any(k.endswith("PATH") or k == "PYTHONHOME" for k in env)
+
+
 def render_lines(profile: dict[str, Any]) -> list[str]:
     """Shell lines, in order, for a flattened profile."""
     q = shell_quote

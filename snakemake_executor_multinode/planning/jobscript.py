@@ -36,6 +36,10 @@ class ScriptContext:
     title: str = ""
     code: str = ""  # what code the command runs (the snapshot), for the script's reader
     code_manifest: PurePath | None = None  # the restart's code check (sha256sum -c), when nothing is frozen
+    # The job's start line reads GPUs and package versions in the job (a Python process, ~0.1 s of CPU): for a job
+    # with GPUs or software of its own. Any other job runs in the submitting side's environment, whose versions the
+    # submission record holds, and writes its start line with the shell alone.
+    versions_in_job: bool = True
 
 
 def safe_component(text: str, limit: int = 80) -> str:
@@ -170,6 +174,7 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "code": inert(ctx.code or "as the command names it"),
         "code_manifest": shell_quote(str(ctx.code_manifest or "/dev/null/none")),
         "exit_code_changed": str(protocol.EXIT_CODE_CHANGED),
+        "versions_in_job": "1" if ctx.versions_in_job else "0",
         "runs_file": f"{shell_quote(str(ctx.workdir / ctx.log_dir))}/{stem}{protocol.RUNS_SUFFIX}",
     }
     template = resources.files(__package__).joinpath("templates", "job.sh").read_text()

@@ -53,6 +53,7 @@ class JobPlan:
     command: str = ""  # the rule's command as Snakemake formatted it (the script runs it with frozen code)
     snapshot: Snapshot | None = None  # the frozen code the script's command points into
     code_files: tuple[Path, ...] = ()  # without a snapshot: the files a restart checks for changes
+    versions_in_job: bool = True  # the job reads its package versions itself (see ScriptContext)
 
     @property
     def fingerprint(self) -> str:
@@ -128,7 +129,9 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
     )
     if avoid := [n for n in job.avoid_nodes if _NODE.match(n)]:
         req = replace(req, exclude=",".join(filter(None, [req.exclude, *avoid])))
-    lines = environment.render_lines(environment.resolve(profiles, req.env_profile))
+    resolved = environment.resolve(profiles, req.env_profile)
+    lines = environment.render_lines(resolved)
+    versions_in_job = req.gpus > 0 or environment.own_software(resolved)
     log_dir = jobscript.log_dir_for(PurePath(planner.settings.logdir), req)
     state_dir = planner.workdir / protocol.STATE_DIR
     name = jobscript.safe_component(f"mn-{planner.run_id}-{req.rule}" + (f"-{job.key}" if job.key else ""), 120)
@@ -150,11 +153,13 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
         job_name=name,
         code=frozen.describe() if frozen else "not frozen: a restart checks the files the command names",
         code_manifest=planner.workdir / log_dir / f"{name}.code.sha256",
+        versions_in_job=versions_in_job,
     )
     script = jobscript.render(req, ctx, lines)
     return JobPlan(
-        req, name, tuple(lines), script, planner.workdir, log_dir, state_dir, job.command, frozen, code_files
-    )
+        req, name, tuple(lines), script, planner.workdir, log_dir, state_dir, job.command, frozen, code_files,
+        versions_in_job,
+    )  # fmt: skip
 
 
 def direct_command(shellcmd: str, outputs: Sequence[str], logs: Sequence[str] = ()) -> str:

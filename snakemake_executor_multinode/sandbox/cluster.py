@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from . import cgroups
+from . import cgroups, releases
 from . import processes as ps
 from .spec import DEFAULT_DIR, ClusterError, ClusterSpec, render_configs
 
 __all__ = ["DEFAULT_DIR", "ClusterError", "ClusterSpec", "up", "down", "status", "env_lines", "is_up"]
 
-SLURM_PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client", "munged": "munge"}
-ACCOUNTING_PACKAGES = {"mariadbd": "mariadb-server", "slurmdbd": "slurmdbd"}
-TOOL_PACKAGES = {"ip": "iproute2", "nsenter": "util-linux"}
+SLURM_PACKAGES = {"slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client", "slurmdbd": "slurmdbd"}
+ACCOUNTING_PACKAGES = {"mariadbd": "mariadb-server"}
+# munged and MariaDB are this machine's whichever SLURM runs (releases.py says why)
+TOOL_PACKAGES = {"ip": "iproute2", "nsenter": "util-linux", "munged": "munge"}
 
 
 def say(msg: str) -> None:
@@ -43,7 +44,9 @@ def require_root(action: str) -> None:
 
 
 def ensure_packages(spec: ClusterSpec) -> None:
-    wanted = dict(SLURM_PACKAGES) | TOOL_PACKAGES | (ACCOUNTING_PACKAGES if spec.accounting else {})
+    wanted = dict(TOOL_PACKAGES) | (ACCOUNTING_PACKAGES if spec.accounting else {})
+    if releases.release(spec.slurm).rootfs is None:
+        wanted |= {cmd: pkg for cmd, pkg in SLURM_PACKAGES.items() if spec.accounting or cmd != "slurmdbd"}
     missing = sorted({pkg for cmd, pkg in wanted.items() if shutil.which(cmd) is None})
     if not missing:
         return
@@ -79,7 +82,7 @@ def _try_lock(fh: IO[str]) -> bool:
 
 
 def slurm_env(spec: ClusterSpec) -> dict[str, str]:
-    return os.environ | {"SLURM_CONF": str(spec.slurm_conf)}
+    return os.environ | {"SLURM_CONF": str(spec.slurm_conf), "PATH": releases.path_env(spec.dir, spec.slurm)}
 
 
 # --- status --------------------------------------------------------------------------------------
@@ -133,7 +136,11 @@ def status(spec: ClusterSpec) -> str:
 
 
 def env_lines(spec: ClusterSpec) -> str:
-    return f"export SLURM_CONF={spec.slurm_conf}\nexport MULTINODE_CLUSTER_DIR={spec.dir}\n"
+    lines = f"export SLURM_CONF={spec.slurm_conf}\nexport MULTINODE_CLUSTER_DIR={spec.dir}\n"
+    where = releases.bin_dir(spec.dir, spec.slurm)
+    if where is not None:  # SLURM's commands from the release's root file system, before this machine's own
+        lines += f'export PATH="{where}:$PATH"\n'
+    return lines
 
 
 # --- up ------------------------------------------------------------------------------------------
@@ -145,13 +152,14 @@ def up(spec: ClusterSpec) -> None:
             if not previous.same_shape(spec):
                 raise ClusterError(
                     f"a cluster with other settings is running from {spec.dir} "
-                    f"({previous.nodes} nodes x {previous.gpus} GPUs, accounting "
+                    f"(SLURM {previous.slurm}, {previous.nodes} nodes x {previous.gpus} GPUs, accounting "
                     f"{'on' if previous.accounting else 'off'}): run `multinode cluster down` first"
                 )
             if len(nodes_in(spec, "idle,alloc,mix,comp")) >= spec.nodes:  # busy nodes are up too
                 say(f"already up: {spec.nodes} nodes ({spec.dir}); nothing to do")
                 return
         ensure_packages(spec)
+        root = releases.ensure_rootfs(releases.release(spec.slurm))
         owner = network_owner(spec)
         if owner not in (None, str(spec.dir)):
             raise ClusterError(
@@ -159,7 +167,11 @@ def up(spec: ClusterSpec) -> None:
                 f"cluster in {owner}; choose another --dir, or `multinode cluster down --dir {owner}` first"
             )
         _down(previous or spec, quiet=True)
-        _prepare_dirs(spec)
+        _prepare_dirs(spec, previous)
+        if root is not None:
+            releases.install_wrappers(spec.dir, spec.slurm, root)
+        else:
+            releases.remove_wrappers(spec.dir)
         _network_up(spec)
         first_job_id = _next_job_id(spec)
         no_cgroups = cgroups.unavailable_reason() if spec.proctrack == "cgroup" else None
@@ -183,8 +195,12 @@ def up(spec: ClusterSpec) -> None:
         say(f'ready: {spec.nodes} idle nodes with gpu:{spec.gpus}; use it with: eval "$(multinode cluster env)"')
 
 
-def _prepare_dirs(spec: ClusterSpec) -> None:
+def _prepare_dirs(spec: ClusterSpec, previous: ClusterSpec | None) -> None:
     d = spec.dir
+    if previous is not None and previous.slurm != spec.slurm and (d / "mysql").exists():
+        # slurmdbd converts the accounting database to its own release's schema, and an older one cannot read it
+        say(f"SLURM {previous.slurm} -> {spec.slurm}: starting with an empty accounting database")
+        shutil.rmtree(d / "mysql")
     for sub in ("etc", "munge", "state", "run", "logs", "spool", "fakedev"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     # A fresh controller state each time; job ids still count on (FirstJobId).
@@ -331,7 +347,7 @@ def _slurmdbd_up(spec: ClusterSpec) -> None:
     log.unlink(missing_ok=True)
     env = slurm_env(spec)
     # slurmdbd reads slurmdbd.conf from the folder of SLURM_CONF.
-    ps.start_detached(["env", f"SLURM_CONF={spec.slurm_conf}", "slurmdbd"], "starting slurmdbd")
+    ps.start_detached(["slurmdbd"], "starting slurmdbd", env=env)
 
     def answers() -> bool:
         probe = subprocess.run(

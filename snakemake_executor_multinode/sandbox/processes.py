@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .spec import ClusterError
@@ -38,7 +38,7 @@ def _see(log: Path | None) -> str:
     return f"\nsee {log}{tail}"
 
 
-def start_detached(cmd: Sequence[str], what: str) -> None:
+def start_detached(cmd: Sequence[str], what: str, env: Mapping[str, str] | None = None) -> None:
     """Start a daemon in its own session with no inherited stdio (slurmdbd keeps a pipe open forever)."""
     try:
         subprocess.Popen(
@@ -47,6 +47,7 @@ def start_detached(cmd: Sequence[str], what: str) -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env=env,
         )
     except FileNotFoundError as err:
         raise ClusterError(f"{what}: {cmd[0]} not found") from err

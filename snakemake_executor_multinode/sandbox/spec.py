@@ -11,6 +11,9 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from .errors import ClusterError
+from .releases import release
+
 DEFAULT_DIR = Path(os.environ.get("MULTINODE_CLUSTER_DIR", "/var/tmp/multinode-cluster"))
 SLOTS = (20, 220)  # subnets 172.31.20.0/24 .. 172.31.219.0/24
 PORT_BASE = 17000  # daemon ports PORT_BASE + 10 * slot + 6..9
@@ -19,10 +22,6 @@ PORT_BASE = 17000  # daemon ports PORT_BASE + 10 * slot + 6..9
 def slot_for(directory: Path) -> int:
     """A stable number for a cluster folder; two folders that share one are told apart by `up` (see cluster.py)."""
     return SLOTS[0] + zlib.crc32(str(directory).encode()) % (SLOTS[1] - SLOTS[0])
-
-
-class ClusterError(RuntimeError):
-    """A cluster step failed; the message names the step and the log to read."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,9 @@ class ClusterSpec:
     # folder (see `slot_for`), so that clusters in different folders (a user's sandbox and the test suite's) run
     # side by side and `down` of one never touches the other's network. Saved in cluster.json with the rest.
     slot: int = -1
+    # Which SLURM runs it, daemons and clients: "22.05" (this machine's Debian 12 packages) or "24.11" (a Debian 13
+    # root file system, see releases.py).
+    slurm: str = "22.05"
 
     def __post_init__(self) -> None:
         for name, low, high in (("nodes", 1, 64), ("cpus", 1, 1024), ("gpus", 0, 64), ("mem_mb", 100, 10**8)):
@@ -56,6 +58,7 @@ class ClusterSpec:
                 raise ClusterError(f"--{name.replace('_', '-')} must be an integer in {low}..{high}, got {value!r}")
         if self.proctrack not in ("cgroup", "linuxproc"):
             raise ClusterError(f"proctrack must be 'cgroup' or 'linuxproc', got {self.proctrack!r}")
+        release(self.slurm)  # a ClusterError naming the releases there are
         if self.slot == -1:
             object.__setattr__(self, "slot", slot_for(self.dir))
         if not isinstance(self.slot, int) or not SLOTS[0] <= self.slot < SLOTS[1]:

@@ -16,6 +16,7 @@ readable by its owner only, under .snakemake/multinode/provenance/.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -66,8 +67,10 @@ def submission(
     code: Mapping[str, Any],
     environment: Mapping[str, Any],
     outputs: Sequence[str],
+    inherited_versions: bool = False,
 ) -> dict[str, Any]:
-    """What the plan knows of a job when it is submitted."""
+    """What the plan knows of a job when it is submitted. inherited_versions: the job runs in this (the submitting)
+    side's environment and reads no versions itself (the plan's versions_in_job), so the record holds these."""
     container = environment.get("container") or {}
     return {
         "rule": rule,
@@ -84,7 +87,9 @@ def submission(
             "snakemake": _version("snakemake"),
             "plugin": __version__,
         },
-    }
+        **({"versions": dict(versions()), "versions_from": "the submitting side (the job inherits its environment)"}
+           if inherited_versions else {}),
+    }  # fmt: skip
 
 
 def save_submission(workdir: Path, job_name: str, record: Mapping[str, Any]) -> None:
@@ -150,7 +155,8 @@ def _comparable(record: Mapping[str, Any]) -> dict[str, Any]:
     """The record with its runs' versions, nodes and GPUs lifted out (of the last run): what made the output."""
     starts = [r for r in record.get("runs", []) if r.get("event") == "start"]
     last = starts[-1] if starts else {}
-    return {**record, "versions": last.get("versions"), "nodes": last.get("nodes"), "gpus": last.get("gpus")}
+    found = last.get("versions") or record.get("versions")
+    return {**record, "versions": found, "nodes": last.get("nodes"), "gpus": last.get("gpus")}
 
 
 def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -163,6 +169,7 @@ def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 # --- in the job -------------------------------------------------------------------------------------------------
+@functools.cache  # the same in one process: a run records them for each job it submits
 def versions() -> dict[str, str | None]:
     """The job environment's versions, from package metadata (nothing is imported)."""
     found: dict[str, str | None] = {"python": platform.python_version()}

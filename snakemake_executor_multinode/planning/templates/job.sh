@@ -75,10 +75,20 @@ export MULTINODE_STALL_TIMEOUT={{stall_timeout}} MULTINODE_ON_STALL={{on_stall}}
 echo "NODE_NUM=$NODE_NUM"
 echo "NODELIST: $(echo $NODELIST)"
 echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
-# This run's nodes, GPUs and package versions (importlib metadata: no torch import), in the job's environment
-multinode provenance --start "$MULTINODE_RUNS_FILE" 2>/dev/null ||
-    printf '{"event": "start", "job": "%s", "restart": %s, "nodes": "%s", "time": "%s"}\n' "$SLURM_JOB_ID" \
-        "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_NODELIST" "$(date -Is)" >>"$MULTINODE_RUNS_FILE"
+# This run's start line: its nodes, and for a job with GPUs or software of its own (an activated environment,
+# modules, a container) its GPUs and package versions read there (importlib metadata: no torch import). Any other
+# job runs in the submitting side's environment, whose versions the submission record holds: no Python here.
+multinode_start_line() {
+    local host
+    read -r host </proc/sys/kernel/hostname  # not $HOSTNAME: --export=ALL carries the submitting host's
+    printf '{"event": "start", "job": "%s", "restart": %s, "nodes": "%s", "host": "%s", "time": "%(%Y-%m-%dT%H:%M:%S%z)T"}\n' \
+        "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_NODELIST" "$host" -1 >>"$MULTINODE_RUNS_FILE"
+}
+if [ {{versions_in_job}} = 1 ]; then
+    multinode provenance --start "$MULTINODE_RUNS_FILE" 2>/dev/null || multinode_start_line
+else
+    multinode_start_line
+fi
 
 # ==== 4. the rule ================================================================================
 # Snakemake gives every shell command OMP/BLAS threads = the rule's threads; `multinode torchrun` sets

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import stat
 from pathlib import Path
 
@@ -129,3 +130,88 @@ def test_the_job_scripts_start_line_command_appends_one_line_without_the_parsers
     assert out.split() == ["0", "False"]
     lines = [json.loads(line) for line in runs.read_text().splitlines()]
     assert [line["event"] for line in lines] == ["end", "start"] and lines[1]["job"] == "9"
+
+
+# --- the start line without Python: a job that runs in the submitting side's environment ---------------------------
+
+
+def planned(tmp_path: Path, resources: dict, profile: str | None = None):
+    from snakemake_executor_multinode.planning.plan import Planner, RuleJob
+    from snakemake_executor_multinode.planning.settings import Settings
+
+    settings = Settings()
+    if profile is not None:
+        (tmp_path / "profiles.yaml").write_text(f"default: own\nprofiles:\n  own:\n{profile}")
+        settings = Settings(env_profiles=str(tmp_path / "profiles.yaml"))
+    return Planner(settings, tmp_path, "run1").plan(RuleJob("shard", resources, "true"))
+
+
+@pytest.mark.parametrize(
+    "resources, profile, reads_versions",
+    [
+        ({}, None, False),  # a plain CPU job: the submitting side's environment, inherited
+        ({"nodes": 1, "gpus": 1}, None, True),  # GPUs: nvidia-smi and the CUDA stack in the job
+        ({}, "    venv: /opt/venv\n", True),
+        ({}, "    conda: {env: train}\n", True),
+        ({}, "    modules: [python/3.12]\n", True),
+        ({}, "    setup: ['source /opt/site.sh']\n", True),
+        ({}, "    env: {PYTHONPATH: /opt/lib}\n", True),
+        ({}, "    env: {OMP_PLACES: cores}\n", False),  # a variable that changes no software
+    ],
+)
+def test_only_a_job_with_gpus_or_software_of_its_own_reads_versions_in_the_job(
+    tmp_path, resources, profile, reads_versions
+):
+    plan = planned(tmp_path, resources, profile)
+    assert plan.versions_in_job is reads_versions
+    assert f"if [ {int(reads_versions)} = 1 ]; then\n    multinode provenance --start" in plan.script
+
+
+def run_start_of(tmp_path: Path, plan) -> tuple[list[dict], bool]:
+    """The plan's job script run with bash up to the rule (the command: true), with a `multinode` stand-in that
+    says whether it was called. Returns the runs file's lines and whether Python's start line ran."""
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    called = tmp_path / "multinode.called"
+    for name, body in (("multinode", f"touch {called}; exit 1"), ("scontrol", "echo node7")):
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(plan.script)
+    (tmp_path / plan.log_dir).mkdir(parents=True)  # as the session makes it before sbatch
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node7",
+        "HOSTNAME": "the-submitting-host", "HOME": str(tmp_path),
+    }  # fmt: skip
+    subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, timeout=60, check=True)
+    runs = next(tmp_path.rglob("*.runs.jsonl"))
+    return [json.loads(line) for line in runs.read_text().splitlines()], called.exists()
+
+
+def test_a_plain_jobs_start_line_is_written_by_the_shell_alone_and_names_this_host(tmp_path):
+    lines, python_ran = run_start_of(tmp_path, planned(tmp_path, {}))
+    assert not python_ran
+    start = lines[0]
+    assert start["event"] == "start" and start["job"] == "42" and start["restart"] == 0 and start["nodes"] == "node7"
+    assert start["host"] == Path("/proc/sys/kernel/hostname").read_text().strip() != "the-submitting-host"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}", start["time"])
+    assert [line["event"] for line in lines] == ["start", "end"]
+
+
+def test_a_gpu_jobs_start_line_is_read_in_the_job_and_a_failing_one_still_leaves_a_line(tmp_path):
+    lines, python_ran = run_start_of(tmp_path, planned(tmp_path, {"nodes": 1, "gpus": 1}))
+    assert python_ran  # the stand-in fails: the shell's line stands in for it
+    assert [line["event"] for line in lines] == ["start", "end"] and lines[0]["job"] == "42"
+
+
+def test_the_record_of_a_job_that_inherits_the_environment_holds_the_submitting_sides_versions(tmp_path):
+    common = dict(rule="shard", wildcards={}, command="true", script="", code={}, environment={}, outputs=["out/0.txt"])
+    inherited = provenance.submission(**common, inherited_versions=True)
+    assert inherited["versions"] == provenance.versions() and inherited["versions"]["python"]
+    assert "submitting side" in inherited["versions_from"]
+    assert "versions" not in provenance.submission(**common)  # the job reads its own
+    # --diff compares them as it compares a job's own
+    other = {**inherited, "versions": {**inherited["versions"], "numpy": "0.0"}}
+    assert any(line.startswith("environment: versions.numpy") for line in provenance.diff(inherited, other))
