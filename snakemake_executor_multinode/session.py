@@ -25,6 +25,7 @@ from snakemake_executor_multinode.planning.settings import Settings, SettingsErr
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError, job_order
 from snakemake_executor_multinode.slurm.pacing import Pace
+from snakemake_executor_multinode.slurm.sbatch_flags import table_for
 from snakemake_executor_multinode.watching import provenance, reattach, report
 from snakemake_executor_multinode.watching.failure import failure_message
 from snakemake_executor_multinode.watching.progress import ProgressLines
@@ -72,12 +73,6 @@ class Session:
             private.chmod(0o700)
         (self.workdir / protocol.STATE_DIR).mkdir(exist_ok=True, mode=0o700)
         self.registry = Registry(self.workdir, self.run_id)
-        if not self.settings.submit_rate > 0:
-            raise SettingsError(
-                f"--multinode-submit-rate={self.settings.submit_rate}: more than 0 sbatch calls per second"
-            )
-        if self.settings.submit_burst < 1:
-            raise SettingsError(f"--multinode-submit-burst={self.settings.submit_burst}: 1 or more sbatch calls")
         self.client = SlurmClient(
             retry=RetryPolicy(total_seconds=self.settings.slurm_retry_seconds), notify=self.warning,
             pace=Pace(rate, burst),
@@ -89,6 +84,7 @@ class Session:
         self._said: set[str] = set()
         self._cancelled: set[str] = set()  # job ids this run has cancelled
         self._told: set[str] = set()  # pending jobs whose wait was explained
+        self.slurm_version: str | None = None  # sbatch --version, asked before the first plan ("": no answer)
 
     # --- planning -------------------------------------------------------------------------------------------
     def plan(
@@ -99,6 +95,9 @@ class Session:
         if container_image is not None:  # Snakemake's container: directive (request.py decides)
             refuse_container_directive(job.rule, container_image, job.resources.get("nodes"), shellcmd)
         avoid = self.failed_nodes.get(tuple(outputs), ()) if job.attempt > 1 else ()
+        if self.slurm_version is None:  # once: slurm_extra is read with the options of the release found
+            self.slurm_version = self.client.version() or ""
+            self.planner.sbatch_options = table_for(self.slurm_version)
         return self.planner.plan(replace(job, avoid_nodes=avoid))
 
     def warn_once(self, warnings: Iterable[str]) -> None:

@@ -169,7 +169,8 @@ def run_check(argv: Sequence[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
     verdict = f"{_count(len(errors), 'error')}" if errors else "OK"
     print(
-        f"multinode check: {verdict}; {_count(len(known.planned), 'job')} planned, SLURM asked about "
+        f"multinode check: {verdict}; {_count(len(known.planned), 'job')} planned, SLURM "
+        f"{report.slurm_version or '(version unknown)'} asked about "
         f"{_count(report.tests, 'resource shape')} (sbatch --test-only, {report.seconds:.2f} s); nothing submitted"
     )
     return 1 if errors else 0

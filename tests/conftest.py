@@ -12,7 +12,7 @@ import pytest
 
 from snakemake_executor_multinode.sandbox import cluster
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
-from tests.helpers import TEST_CLUSTER_DIR, Cluster, cpu_saturated
+from tests.helpers import TEST_CLUSTER_DIR, TEST_SLURM, Cluster, cpu_saturated
 
 # A suite started in the background (`cmd &`, nohup, some CI runners) inherits SIGINT ignored, and so would every
 # Snakemake it starts: the Ctrl-C tests could not interrupt it. A handled SIGINT here resets to the default in the
@@ -57,13 +57,14 @@ def slurm_cluster() -> Iterator[Cluster]:
     stopped at the end."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("the local SLURM cluster needs root and iproute2")
-    spec = ClusterSpec(dir=TEST_CLUSTER_DIR)
+    spec = ClusterSpec(dir=TEST_CLUSTER_DIR, slurm=TEST_SLURM)
     running = ClusterSpec.load(spec.dir)
     was_up = running is not None and running.same_shape(spec) and cluster.is_up(running)
     cluster.up(spec)
     handle = Cluster(spec)
-    # Pytest and the executor's own sbatch calls need SLURM_CONF in this process too.
-    os.environ["SLURM_CONF"] = str(spec.slurm_conf)
+    # Pytest and the executor's own sbatch calls need SLURM_CONF (and the release's commands first on PATH) in this
+    # process too.
+    os.environ.update({k: cluster.slurm_env(spec)[k] for k in ("SLURM_CONF", "PATH")})
     yield handle
     if not was_up:
         left = cluster.down(spec)

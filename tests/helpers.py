@@ -23,6 +23,7 @@ import yaml
 
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.sandbox.cluster import slurm_env
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
 
 T = TypeVar("T")
@@ -175,7 +176,15 @@ def cpu_saturated(extra: int = 1) -> Iterator[list[int]]:
 REPO = Path(__file__).resolve().parents[1]
 
 
-TEST_CLUSTER_DIR = Path(os.environ.get("MULTINODE_TEST_CLUSTER_DIR", "/var/tmp/multinode-test-cluster"))
+# The SLURM release the cluster tests run on (scripts/test.sh runs them on each); each has its own cluster folder, so
+# both can be up at once.
+TEST_SLURM = os.environ.get("MULTINODE_TEST_SLURM", "22.05")
+TEST_CLUSTER_DIR = Path(
+    os.environ.get(
+        "MULTINODE_TEST_CLUSTER_DIR",
+        "/var/tmp/multinode-test-cluster" + ("" if TEST_SLURM == "22.05" else f"-{TEST_SLURM}"),
+    )
+)
 
 
 class Cluster:
@@ -183,7 +192,7 @@ class Cluster:
 
     def __init__(self, spec: ClusterSpec) -> None:
         self.spec = spec
-        self.env = os.environ | {"SLURM_CONF": str(spec.slurm_conf)}
+        self.env = slurm_env(spec)
 
     def run(self, *cmd: str, timeout: float = 60, check: bool = True, **kw) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -20,6 +20,7 @@ from snakemake_executor_multinode.planning import environment, jobscript, snapsh
 from snakemake_executor_multinode.planning.request import JobRequest, RequestError, build_request
 from snakemake_executor_multinode.planning.settings import Settings, SettingsError
 from snakemake_executor_multinode.planning.snapshot import Snapshot
+from snakemake_executor_multinode.slurm.sbatch_flags import ANY_RELEASE, OptionTable
 
 _NODE = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a node name as the launcher reports it
 _LOGDIR = re.compile(r"^[A-Za-z0-9_.+\-][A-Za-z0-9_./+\-]*$")
@@ -93,6 +94,8 @@ class Planner:
             raise SettingsError(f"--multinode-crash-loop-runs={settings.crash_loop_runs}: 0 (no bound) or more runs")
         if not settings.crash_loop_seconds > 0:
             raise SettingsError(f"--multinode-crash-loop-seconds={settings.crash_loop_seconds}: more than 0 seconds")
+        # slurm_extra is read with the options of the SLURM release the session finds (before its first plan)
+        self.sbatch_options: OptionTable = ANY_RELEASE
         self.profiles = environment.load_profiles(settings.env_profiles)  # EnvProfileError names file and key
         self.snapshots = snapshot.SnapshotStore(workdir, settings.snapshot)  # SnapshotError names setting and path
         if settings.env_profile is not None:
@@ -123,6 +126,7 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
         wildcards=job.wildcards,
         attempt=job.attempt,
         defaults=planner.settings,
+        sbatch_options=planner.sbatch_options,
         env_profile=selection,
         declared_nodes=job.declared_nodes,
         profile=environment.resolve(profiles, selection) if selection else None,

@@ -29,7 +29,7 @@ from snakemake_executor_multinode.planning.units import (
     runtime_hint,
     timespan_seconds,
 )
-from snakemake_executor_multinode.slurm.sbatch_flags import parse_sbatch_flags
+from snakemake_executor_multinode.slurm.sbatch_flags import ANY_RELEASE, OptionTable, parse_sbatch_flags
 
 
 class RequestError(ValueError):
@@ -234,13 +234,13 @@ MANAGED_FLAGS = {
 }
 
 
-def _slurm_extra(rule: str, value: Any) -> tuple[str, ...]:
+def _slurm_extra(rule: str, value: Any, table: OptionTable) -> tuple[str, ...]:
     """slurm_extra -> canonical `--long[=value]` words, after refusing what sbatch would refuse and every flag the
     plugin manages."""
     if value is None or value == "":
         return ()
     try:
-        options = parse_sbatch_flags(str(value))
+        options = parse_sbatch_flags(str(value), table)
     except ValueError as err:
         raise RequestError(rule, "slurm_extra", value, str(err)) from err
     out = []
@@ -518,10 +518,12 @@ def build_request(
     env_profile: str | None = None,
     declared_nodes: int | None = None,
     profile: Mapping[str, Any] | None = None,
+    sbatch_options: OptionTable = ANY_RELEASE,
 ) -> JobRequest:
     """Validate one job's resources. `env_profile` is the job's environment profile selection, already validated
     by environment.select (environment.py owns profiles). `declared_nodes` is what the rule itself asked for, when
-    known: Snakemake's --resources nodes=N silently caps a job's nodes, and the user should hear of it."""
+    known: Snakemake's --resources nodes=N silently caps a job's nodes, and the user should hear of it. slurm_extra is
+    read with `sbatch_options`, the table of the SLURM release the session found."""
     r = dict(resources)
     warnings: list[str] = []
     _check_keys(rule, r, defaults, warnings)
@@ -565,7 +567,7 @@ def build_request(
         signal=_signal(rule, r, defaults, training=nodes > 1 or gpus > 0, runtime_min=runtime_min, warnings=warnings),
         env_profile=env_profile,
         master_port=_master_port(rule, r),
-        slurm_extra=_slurm_extra(rule, r.get("slurm_extra")),
+        slurm_extra=_slurm_extra(rule, r.get("slurm_extra"), sbatch_options),
         max_requeues=max(0, defaults.max_requeues),
         crash_loop_runs=defaults.crash_loop_runs,
         crash_loop_s=math.ceil(defaults.crash_loop_seconds),

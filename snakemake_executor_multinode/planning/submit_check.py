@@ -35,6 +35,7 @@ _UNREACHABLE = (
     "did not answer for",
     "unable to contact slurm controller",
 )
+_UNKNOWN_OPTION = re.compile(r"(?:unrecognized|invalid|unknown) option '?(--?[\w-]+)")
 _GRES_GPU = re.compile(r"gpu(?::([^:,(]+))?:(\d+)")
 _KEY_VALUE = re.compile(r"(\w+)=(\S*)")
 _RULE_PREFIX = re.compile(r"rule '([^']*)': (.*)", re.S)
@@ -55,6 +56,7 @@ class Report:
     default_partition: str | None = None  # asked only when a job names no partition
     unreachable: str | None = None  # why SLURM could not be asked; then nothing was checked against the cluster
     tests: int = 0  # sbatch --test-only calls
+    slurm_version: str | None = None  # the release the checks ran against (sbatch --version)
     seconds: float = 0.0
 
 
@@ -67,7 +69,7 @@ def shape(plan: JobPlan) -> tuple[str, ...]:
 def check(planned: Sequence[Planned], client: SlurmClient, user: str | None = None) -> Report:
     """Ask SLURM about every planned job before anything is submitted; nothing is queued."""
     start = time.monotonic()
-    report = Report()
+    report = Report(slurm_version=client.version())
     cluster = Cluster(client)
     _test_each_shape(planned, client, cluster, report)
     if report.unreachable is None:
@@ -104,7 +106,7 @@ def _test_each_shape(planned: Sequence[Planned], client: SlurmClient, cluster: C
                     report.unreachable = str(err)
                     return
                 for p in _one_per_rule(members):
-                    verdict = explain(p, str(err), cluster)
+                    verdict = explain(p, str(err), cluster, report.slurm_version)
                     (report.errors if verdict.fatal else report.warnings).append(verdict.message)
 
 
@@ -198,11 +200,16 @@ def reason(message: str) -> str:
     return last
 
 
-def explain(p: Planned, message: str, cluster: Cluster) -> Verdict:
+def explain(p: Planned, message: str, cluster: Cluster, version: str | None = None) -> Verdict:
     """SLURM refused `p`'s shape with `message`: name the field (and what the cluster allows) where we can."""
     req = p.plan.request
     why = reason(message)
     text = why.lower()
+    if unknown := _UNKNOWN_OPTION.search(message):
+        # An option of another SLURM release (24.11's --segment on 22.05, say): said now, not mid-run
+        release = f"SLURM {version}" if version else "this cluster's SLURM"
+        allowed = f"{release} has no option {unknown[1]} (an option of another release? `sbatch --help` lists them)"
+        return Verdict(str(RequestError(req.rule, "slurm_extra", " ".join(req.slurm_extra), allowed)))
     partition = req.partition or cluster.default_partition()
 
     def bad(fieldname: str, value: object, allowed: str) -> Verdict:

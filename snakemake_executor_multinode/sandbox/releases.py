@@ -14,6 +14,7 @@ The plugin never knows which SLURM it talks to, except through SLURM's own answe
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -40,12 +41,17 @@ class Release:
 
     @property
     def rootfs(self) -> Path | None:
-        return CACHE / f"slurm-{self.name}" if self.suite else None
+        """Named by what it holds: a new package list builds beside the old one, never under a running cluster."""
+        if not self.suite:
+            return None
+        digest = hashlib.sha256(" ".join([self.suite, *self.packages]).encode()).hexdigest()[:8]
+        return CACHE / f"slurm-{self.name}-{digest}"
 
 
 # What a job inside the root file system needs besides SLURM: the shell tools the job script calls, and the shared
 # libraries of this machine's Python (pyenv's or a venv's, bind-mounted from the host) and of torch's CPU wheel.
 JOB_TOOLS = ("bash", "coreutils", "procps", "iproute2", "util-linux", "hostname", "gawk", "findutils", "libc-bin")
+CONTAINER_TOOLS = ("podman", "runc", "conmon")  # a profile's `container:` runs each node's torchrun in podman
 PYTHON_LIBS = (
     "libssl3t64", "libffi8", "libsqlite3-0", "libgdbm6t64", "libreadline8t64", "libncursesw6", "libbz2-1.0",
     "liblzma5", "zlib1g", "libexpat1", "libtirpc3t64", "libuuid1", "libgomp1", "libstdc++6",
@@ -53,7 +59,9 @@ PYTHON_LIBS = (
 RELEASES = {
     "22.05": Release("22.05", None),
     "24.11": Release(
-        "24.11", "trixie", ("slurmctld", "slurmd", "slurmdbd", "slurm-client", "munge", *JOB_TOOLS, *PYTHON_LIBS)
+        "24.11",
+        "trixie",
+        ("slurmctld", "slurmd", "slurmdbd", "slurm-client", "munge", *JOB_TOOLS, *CONTAINER_TOOLS, *PYTHON_LIBS),
     ),
 }
 # The commands the wrapper serves (each a link in <cluster>/bin): every client the plugin, the tests and a user
@@ -108,11 +116,7 @@ def ensure_rootfs(rel: Release) -> Path | None:
 
 def _built(rel: Release) -> bool:
     assert rel.rootfs is not None
-    try:
-        stamp = json.loads((rel.rootfs / STAMP).read_text())
-    except (OSError, ValueError):
-        return False
-    return stamp.get("packages") == list(rel.packages)
+    return (rel.rootfs / STAMP).is_file()  # written last: a build cut short leaves none
 
 
 def _build(rel: Release, root: Path) -> None:
@@ -120,7 +124,7 @@ def _build(rel: Release, root: Path) -> None:
         _apt_install("mmdebstrap")
     tmp = root.with_name(root.name + ".building")
     shutil.rmtree(tmp, ignore_errors=True)
-    say(f"building a Debian {rel.suite} root file system with SLURM {rel.name} in {root} (once; about 200 MB)")
+    say(f"building a Debian {rel.suite} root file system with SLURM {rel.name} in {root} (once)")
     started = time.monotonic()
     cmd = [
         "mmdebstrap", "--variant=apt", "--mode=root", "--quiet", f"--include={','.join(rel.packages)}",
@@ -133,11 +137,14 @@ def _build(rel: Release, root: Path) -> None:
     version = subprocess.run(
         ["chroot", str(tmp), "dpkg-query", "-W", "-f", "${Version}", "slurm-client"], capture_output=True, text=True
     ).stdout.strip()
+    # what the wrapper mounts over: this machine's (or a node's) /etc/hosts, the cluster's configuration
+    (tmp / "etc" / "hosts").touch()
+    (tmp / "etc" / "slurm").mkdir(exist_ok=True)
     stamp = {"release": rel.name, "suite": rel.suite, "slurm": version, "packages": list(rel.packages)}
     (tmp / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
-    shutil.rmtree(root, ignore_errors=True)
     tmp.rename(root)
-    say(f"built in {time.monotonic() - started:.0f} s: SLURM {version}")
+    size = subprocess.run(["du", "-sm", str(root)], capture_output=True, text=True).stdout.split()[:1]
+    say(f"built in {time.monotonic() - started:.0f} s: SLURM {version}, {''.join(size) or '?'} MB")
 
 
 def _apt_install(package: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from snakemake_executor_multinode.slurm.pacing import Pace
+from snakemake_executor_multinode.slurm.reasons import NO_REASON
 
 # States in which a job may still produce its outputs (a requeued job passes through several).
 ACTIVE_STATES = {
@@ -237,6 +238,15 @@ class SlurmClient:
             raise SubmitError(text.replace("sbatch: error: ", "") or f"sbatch --test-only exited {proc.returncode}")
         return text.removeprefix("sbatch: ")
 
+    def version(self) -> str | None:
+        """SLURM's release as its sbatch names it ("24.11.5"); None when sbatch does not answer. One attempt."""
+        try:
+            proc = self._run(["sbatch", "--version"])
+        except QueryError:
+            return None
+        found = re.search(r"(\d+\.\d+(?:\.\d+)?)", proc.stdout) if proc.returncode == 0 else None
+        return found[1] if found else None
+
     def show(self, kind: str) -> list[str]:
         """`scontrol -o show <kind>` (partition, node): one line per entity; [] when scontrol does not answer.
         One attempt: only messages are made from it."""
@@ -272,7 +282,10 @@ class SlurmClient:
             ["sacct", "-X", "-P", "-n", "-j", ",".join(ids), "-o", "JobIDRaw,State,ExitCode,Reason,NodeList,JobID"]
         )
         states = parse_sacct(sacct.stdout) if sacct.returncode == 0 else {}
-        missing = [j for j in ids if j not in states]
+        # SLURM 24.11's accounting keeps no reason for a pending job (a held one reads "None"; 22.05's says
+        # JobHeldUser): slurmctld knows why it waits.
+        unexplained = [j for j, s in states.items() if s.state == "PENDING" and s.reason in NO_REASON]
+        missing = [j for j in ids if j not in states or j in unexplained]
         if not missing:
             return states
         # Accounting is off, down, or has not heard of a new job yet (slurmdbd lags slurmctld): ask slurmctld.

@@ -1,10 +1,14 @@
-"""sbatch's command-line options (slurm 22.05), and a reader that takes flags the way sbatch's getopt_long does:
-unique prefixes of long options, bundled short options, values after '=' or in the next word."""
+"""sbatch's command-line options, per SLURM release (22.05, 24.11), and a reader that takes flags the way sbatch's
+getopt_long does: unique prefixes of long options, bundled short options, values after '=' or in the next word.
+The session reads with the table of the release it finds (`sbatch --version`); without one (no SLURM asked, or a
+release without a table here) with every option a known release has."""
 
 from __future__ import annotations
 
 import difflib
+import re
 import shlex
+from dataclasses import dataclass
 
 # sbatch 22.05's getopt_long table: long name -> argument ("required", "optional" or "none"). Read off the binary
 # (`sbatch --a` .. `--z` list every option through getopt's "ambiguous" message; `--NAME` / `--NAME=x` tell the
@@ -28,8 +32,15 @@ SBATCH_LONG_OPTIONS: dict[str, str] = {
         "none",
     ),
 }
-# sbatch 22.05's short options -> long name; a short option takes an argument iff its long one requires one
-# (-k, --no-kill[=on|off], takes none).
+# sbatch 24.11's (Debian 13's 24.11.5), read off the binary the same way: 22.05's without --power, and these.
+SBATCH_24_11_LONG_OPTIONS: dict[str, str] = {
+    **{name: kind for name, kind in SBATCH_LONG_OPTIONS.items() if name != "power"},
+    **dict.fromkeys("autocomplete container-id extra segment tres-bind tres-per-task".split(), "required"),
+    **dict.fromkeys("oom-kill-step resv-ports".split(), "optional"),
+    "stepmgr": "none",
+}
+# sbatch 22.05's short options -> long name (24.11's are the same); a short option takes an argument iff its long one
+# requires one (-k, --no-kill[=on|off], takes none).
 SBATCH_SHORT_OPTIONS: dict[str, str] = {
     "a": "array",
     "A": "account",
@@ -68,21 +79,53 @@ SBATCH_SHORT_OPTIONS: dict[str, str] = {
 }
 
 
-def _resolve_long(given: str) -> str:
+@dataclass(frozen=True)
+class OptionTable:
+    """One sbatch's options: long name -> argument kind, short letter -> long name."""
+
+    name: str  # what an error calls it: "sbatch 24.11"
+    long: dict[str, str]
+    short: dict[str, str]
+
+
+TABLES = {
+    "22.05": OptionTable("sbatch 22.05", SBATCH_LONG_OPTIONS, SBATCH_SHORT_OPTIONS),
+    "24.11": OptionTable("sbatch 24.11", SBATCH_24_11_LONG_OPTIONS, SBATCH_SHORT_OPTIONS),
+}
+ANY_RELEASE = OptionTable(
+    f"sbatch {' or '.join(TABLES)}",
+    {name: kind for table in TABLES.values() for name, kind in table.long.items()},
+    SBATCH_SHORT_OPTIONS,
+)
+
+
+def table_for(version: str | None) -> OptionTable:
+    """The table of the release SLURM names ("24.11.5" -> 24.11's); every known option for a release without one."""
+    found = re.match(r"(\d+\.\d+)", version or "")
+    if found and found[1] in TABLES:
+        return TABLES[found[1]]
+    if version:
+        return OptionTable(
+            f"sbatch {' or '.join(TABLES)}; this cluster's is {version}", ANY_RELEASE.long, SBATCH_SHORT_OPTIONS
+        )
+    return ANY_RELEASE
+
+
+def _resolve_long(given: str, table: OptionTable) -> str:
     """getopt_long's rule: an exact name, else a prefix of exactly one name; an ambiguous prefix is an error."""
-    if given in SBATCH_LONG_OPTIONS:
+    if given in table.long:
         return given
-    candidates = [name for name in SBATCH_LONG_OPTIONS if name.startswith(given)]
+    candidates = [name for name in table.long if name.startswith(given)]
     if len(candidates) == 1:
         return candidates[0]
     if candidates:
         raise ValueError(f"--{given} is ambiguous to sbatch: " + ", ".join(f"--{c}" for c in sorted(candidates)))
-    close = difflib.get_close_matches(given, SBATCH_LONG_OPTIONS, n=3)
+    close = difflib.get_close_matches(given, table.long, n=3)
     hint = f"; did you mean {' or '.join('--' + c for c in close)}?" if close else ""
-    raise ValueError(f"--{given} is not an sbatch option (sbatch 22.05){hint}")
+    raise ValueError(f"--{given} is not an sbatch option ({table.name}){hint}")
 
 
-def parse_sbatch_flags(text: str) -> list[tuple[str, str, str | None]]:
+def parse_sbatch_flags(text: str, table: OptionTable = ANY_RELEASE) -> list[tuple[str, str, str | None]]:
     """Read sbatch flags the way sbatch does (getopt_long): unique prefixes of long options, bundled short options,
     values after '=' or in the next word. Returns (as written, long name, value or None) per option; ValueError for
     what sbatch would refuse, for words that are not options (sbatch would take the first as the script) and for
@@ -105,8 +148,8 @@ def parse_sbatch_flags(text: str) -> list[tuple[str, str, str | None]]:
             )
         if word.startswith("--"):
             given, sep, value = word[2:].partition("=")
-            name = _resolve_long(given)
-            kind = SBATCH_LONG_OPTIONS[name]
+            name = _resolve_long(given, table)
+            kind = table.long[name]
             if sep and kind == "none":
                 raise ValueError(f"--{name} takes no value")
             if not sep and kind == "required":
@@ -116,17 +159,17 @@ def parse_sbatch_flags(text: str) -> list[tuple[str, str, str | None]]:
                 i += 1
             options.append((f"--{given}", name, value if sep else None))
             continue
-        if len(word) > 2 and word[1:].partition("=")[0] in SBATCH_LONG_OPTIONS:
+        if len(word) > 2 and word[1:].partition("=")[0] in table.long:
             long = word[1:].partition("=")[0]
             raise ValueError(f"sbatch reads {word} as -{word[1]} {word[2:]}; write --{long} (two dashes)")
         j = 1
         while j < len(word):
             letter = word[j]
             j += 1
-            if letter not in SBATCH_SHORT_OPTIONS:
-                raise ValueError(f"-{letter} is not an sbatch option (sbatch 22.05)")
-            name = SBATCH_SHORT_OPTIONS[letter]
-            if SBATCH_LONG_OPTIONS[name] != "required":
+            if letter not in table.short:
+                raise ValueError(f"-{letter} is not an sbatch option ({table.name})")
+            name = table.short[letter]
+            if table.long[name] != "required":
                 options.append((f"-{letter}", name, None))
                 continue
             if j < len(word):

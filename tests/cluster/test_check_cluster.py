@@ -121,6 +121,32 @@ def test_a_bad_downstream_rule_stops_the_run_before_anything_is_submitted(slurm_
     assert submitted_from(slurm_cluster, wd) == set()
 
 
+@pytest.mark.slurm_versions
+def test_an_option_of_another_slurm_release_is_refused_before_anything_is_submitted_naming_the_release(
+    slurm_cluster, wd
+):
+    """--segment (24.11: jobs in segments of a topology/block cluster) is no option of 22.05's sbatch. On 22.05 the
+    run stops before its first submission and `multinode check` says so, naming the release it found; on 24.11 the
+    option is known and the job is taken."""
+    version = slurm_cluster.run("sbatch", "--version").stdout.split()[-1]
+    args = ["--set-resources", "down:slurm_extra='--segment=1'"]
+    check = multinode(wd, "check", *args)
+    if version.startswith("22.05"):
+        message = (
+            f"rule 'down': resource slurm_extra='--segment=1' is invalid: SLURM {version} has no option --segment "
+            "(an option of another release? `sbatch --help` lists them)"
+        )
+        assert check.returncode == 1, check.stdout + check.stderr
+        assert errors_of(check) == [message]
+        run = snakemake(wd, *args)
+        assert run.returncode != 0 and message in run.stdout + run.stderr
+        assert submitted_from(slurm_cluster, wd) == set()
+    else:
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert f"SLURM {version} asked about 3 resource shapes" in check.stdout
+
+
+@pytest.mark.slurm_versions
 def test_check_prints_one_line_per_rule_and_submits_nothing(slurm_cluster, wd):
     check = multinode(wd, "check")
     assert check.returncode == 0, check.stdout + check.stderr
@@ -131,7 +157,7 @@ def test_check_prints_one_line_per_rule_and_submits_nothing(slurm_cluster, wd):
         "py: 1 node, no GPU, partition gpu (default), the partition's time limit, env none",
     ]
     assert re.fullmatch(
-        r"multinode check: OK; 4 jobs planned, SLURM asked about 3 resource shapes \(sbatch --test-only, "
+        r"multinode check: OK; 4 jobs planned, SLURM \d+\.\d+\.\d+ asked about 3 resource shapes \(sbatch --test-only, "
         r"[0-9.]+ s\); nothing submitted",
         lines[3],
     )

@@ -7,8 +7,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from snakemake_executor_multinode import protocol
 from snakemake_executor_multinode.planning.plan import RuleJob
+from snakemake_executor_multinode.planning.request import RequestError
 from snakemake_executor_multinode.planning.settings import Settings
 from snakemake_executor_multinode.session import Session, SubmitRefused
 from snakemake_executor_multinode.slurm.client import SlurmClient
@@ -24,6 +27,8 @@ class Slurm:
 
     def __call__(self, cmd, **kw):
         self.calls.append(cmd)
+        if cmd == ["sbatch", "--version"]:  # asked once, before the first plan
+            return subprocess.CompletedProcess(cmd, 0, "slurm-wlm 22.05.8\n", "")
         if cmd[0] == "sbatch":
             if self.refuse:
                 return subprocess.CompletedProcess(cmd, 1, "", f"sbatch: error: {self.refuse}")
@@ -101,7 +106,8 @@ def test_single_node_jobs_of_one_rule_with_the_same_resources_go_as_one_job_arra
     subs = s.submit_many(jobs)
     # the 2-node job goes first (on its own); then the groups, in the order their first job came
     assert [sub.jobid for sub in subs] == ["42_0", "42_1", "42_2", "43", "44_0", "44_1", "41"]
-    assert [c[0] for c in slurm.calls].count("sbatch") == 4  # two arrays, a job of its own, the 2-node job
+    submitted = [c for c in slurm.calls if c[0] == "sbatch" and c != ["sbatch", "--version"]]
+    assert len(submitted) == 4  # two arrays, a job of its own, the 2-node job
     array = (tmp_path / subs[0].log).parent.parent / f"{subs[0].array}.sh"
     text = array.read_text()
     assert "#SBATCH --array=0-2" in text and "#SBATCH --output=/dev/null" in text
@@ -152,3 +158,12 @@ def test_a_pending_job_is_explained_once_and_only_once_the_scheduler_has_said_wh
     assert waits == [
         "SLURM job 41 (held) is waiting: JobHeldUser: held by you (scontrol hold); `scontrol release 41` lets it start"
     ]
+
+
+def test_slurm_extra_is_read_with_the_options_of_the_release_the_session_finds(tmp_path):
+    """sbatch --version is asked once, before the first plan: on 22.05 a 24.11 option is refused, naming it."""
+    s, _ = session(tmp_path, Slurm())
+    with pytest.raises(RequestError, match=r"--segment is not an sbatch option \(sbatch 22\.05\)"):
+        s.plan(RuleJob("train", {"slurm_extra": "--segment=2"}, "true", key="0.1"), ["out.txt"])
+    s.plan(RuleJob("train", {}, "true", key="0.2"), ["out2.txt"])
+    assert s.slurm_version == "22.05.8" and s.client.runner.calls.count(["sbatch", "--version"]) == 1

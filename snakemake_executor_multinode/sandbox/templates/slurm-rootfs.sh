@@ -12,6 +12,9 @@ if [ "$${MULTINODE_ROOTFS_ENTERING:-}" != "$$$$" ]; then
 fi
 unset MULTINODE_ROOTFS_ENTERING
 root=${rootfs}
+# The root file system a mount point of its own: a container runtime inside (runc) remounts / as a slave, which
+# fails on a plain folder.
+mount --bind "$$root" "$$root" || exit 1
 for d in /proc /sys /dev; do mount --rbind "$$d" "$$root$$d" || exit 1; done
 # Every top-level data folder, and /var/tmp: job folders, the cluster folder, Python and its packages.
 for d in /*/ /var/tmp/; do
@@ -25,7 +28,7 @@ for d in /*/ /var/tmp/; do
 done
 mount --bind /etc/hosts "$$root/etc/hosts" || exit 1  # a node's own, inside a node
 if [ -n "$${SLURM_CONF:-}" ]; then  # this cluster's configuration where SLURM's tools look by default too
-    mkdir -p "$$root/etc/slurm" && mount --bind "$${SLURM_CONF%/*}" "$$root/etc/slurm" || exit 1
+    mount --bind "$${SLURM_CONF%/*}" "$$root/etc/slurm" || exit 1
 fi
 cmd=/usr/bin/$$name
 [ -x "$$root/usr/sbin/$$name" ] && cmd=/usr/sbin/$$name

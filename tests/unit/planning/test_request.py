@@ -17,10 +17,11 @@ import yaml
 from snakemake_executor_multinode.planning.request import KNOWN_RESOURCES, RequestError, build_request
 from snakemake_executor_multinode.planning.settings import Settings
 from snakemake_executor_multinode.planning.units import parse_mem_mb, parse_runtime
+from snakemake_executor_multinode.sandbox import releases
 from snakemake_executor_multinode.slurm.sbatch_flags import (
-    SBATCH_LONG_OPTIONS,
-    SBATCH_SHORT_OPTIONS,
+    TABLES,
     parse_sbatch_flags,
+    table_for,
 )
 from tests.helpers import REPO
 
@@ -395,7 +396,7 @@ EXTRA_REFUSED = [
     ("--wrap=true", "the plugin writes the job script"),
     ("--mem-per=1", "--mem-per is ambiguous to sbatch: --mem-per-cpu, --mem-per-gpu"),
     ("--ntasks-per=2", "is ambiguous to sbatch"),
-    ("--xyz", "--xyz is not an sbatch option (sbatch 22.05)"),
+    ("--xyz", "--xyz is not an sbatch option (sbatch 22.05 or 24.11)"),
     ("--mail-tipe=END", "did you mean --mail-type"),
     ("-y", "-y is not an sbatch option"),
     ("--mail-type", "--mail-type needs a value"),
@@ -420,44 +421,77 @@ def test_slurm_extra_refuses_what_sbatch_refuses_and_what_the_plugin_manages(val
     assert expected in message
 
 
-def test_every_managed_long_option_is_refused_by_every_unique_prefix():
+@pytest.mark.parametrize("release", [*TABLES, None])
+def test_every_managed_long_option_is_refused_by_every_unique_prefix(release):
+    """In each release's table (and, with no release known, in every option any release has): --res is --reservation
+    to sbatch 22.05 and ambiguous to 24.11 (--resv-ports)."""
     from snakemake_executor_multinode.planning.request import MANAGED_FLAGS
 
+    table = table_for(release)
     for flag in (f for f in MANAGED_FLAGS if f.startswith("--")):
         name = flag[2:]
         for end in range(1, len(name) + 1):
             prefix = name[:end]
-            matches = [n for n in SBATCH_LONG_OPTIONS if n.startswith(prefix)]
+            matches = [n for n in table.long if n.startswith(prefix)]
             if matches == [name] or prefix == name:
-                value = f"--{prefix}" + ("=1" if SBATCH_LONG_OPTIONS[name] == "required" else "")
-                assert "is managed by the plugin" in refused({"slurm_extra": value}), value
+                value = f"--{prefix}" + ("=1" if table.long[name] == "required" else "")
+                assert "is managed by the plugin" in refused({"slurm_extra": value}, sbatch_options=table), value
 
 
-# sbatch itself as the oracle, where this machine has sbatch 22.05
+def test_the_release_found_picks_the_table_and_an_option_it_lacks_is_refused_naming_it():
+    assert table_for("24.11.5") is TABLES["24.11"] and table_for("22.05.8") is TABLES["22.05"]
+    extra = {"slurm_extra": "--segment=2"}  # 24.11: jobs in segments of a topology/block cluster
+    assert build_request("train", extra, sbatch_options=table_for("24.11.5")).slurm_extra == ("--segment=2",)
+    assert "--segment is not an sbatch option (sbatch 22.05)" in refused(extra, sbatch_options=table_for("22.05.8"))
+    # --power went in 24.11
+    assert "--power is not an sbatch option (sbatch 24.11)" in refused(
+        {"slurm_extra": "--power=level"}, sbatch_options=table_for("24.11.5")
+    )
+    # a release without a table of its own: every option a known release has, and the message names it
+    other = table_for("25.05.1")
+    assert build_request("train", extra, sbatch_options=other).slurm_extra == ("--segment=2",)
+    assert "(sbatch 22.05 or 24.11; this cluster's is 25.05.1)" in refused(
+        {"slurm_extra": "--xyz"}, sbatch_options=other
+    )
 
 
-@pytest.fixture(scope="module")
-def sbatch(tmp_path_factory):
-    if shutil.which("sbatch") is None:
-        pytest.skip("no sbatch here")
-    conf = tmp_path_factory.mktemp("slurm") / "slurm.conf"
+# sbatch itself as the oracle: this machine's 22.05, and 24.11 from the sandbox's root file system where it is built
+
+
+@pytest.fixture(scope="module", params=list(TABLES))
+def sbatch(request, tmp_path_factory):
+    release = request.param
+    root = releases.release(release).rootfs
+    if root is None:
+        if shutil.which("sbatch") is None:
+            pytest.skip("no sbatch here")
+        prefix, conf = ["sbatch"], tmp_path_factory.mktemp("slurm") / "slurm.conf"
+    else:
+        if not (root / releases.STAMP).exists() or os.geteuid() != 0:
+            pytest.skip(
+                f"SLURM {release}'s root file system is not built here (multinode cluster up --slurm {release})"
+            )
+        (root / "tmp").mkdir(exist_ok=True)
+        prefix, conf = ["/usr/sbin/chroot", str(root), "/usr/bin/sbatch"], root / "tmp" / "oracle-slurm.conf"
     conf.write_text("ClusterName=x\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
-    env = os.environ | {"SLURM_CONF": str(conf)}
+    env = os.environ | {"SLURM_CONF": "/tmp/oracle-slurm.conf" if root else str(conf)}
 
     def run(*args: str) -> str:
         proc = subprocess.run(
-            ["sbatch", *args], env=env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+            [*prefix, *args], env=env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
         )
         return proc.stdout + proc.stderr
 
     version = run("--version")
-    if not version.strip().endswith(tuple(f"22.05.{i}" for i in range(20))) and "22.05" not in version:
-        pytest.skip(f"the table is sbatch 22.05's; this is {version.strip()}")
+    if release not in version:
+        pytest.skip(f"this table is sbatch {release}'s; this is {version.strip()}")
+    run.table = TABLES[release]  # type: ignore[attr-defined]
     return run
 
 
 def test_the_option_table_is_sbatchs(sbatch):
     """Every long option getopt knows (it lists them when a prefix is ambiguous) and its argument kind."""
+    table = sbatch.table
     names: set[str] = set()
     todo, seen = list(string.ascii_lowercase), set()
     while todo:
@@ -474,8 +508,8 @@ def test_the_option_table_is_sbatchs(sbatch):
             names.add(m.group(1))
         elif "unrecognized option" not in out:
             todo += [prefix + c for c in string.ascii_lowercase + "-"]
-    assert names == set(SBATCH_LONG_OPTIONS)
-    for name, kind in SBATCH_LONG_OPTIONS.items():
+    assert names == set(table.long)
+    for name, kind in table.long.items():
         if "requires an argument" in sbatch(f"--{name}"):
             assert kind == "required", name
         else:
@@ -483,27 +517,28 @@ def test_the_option_table_is_sbatchs(sbatch):
     for letter in string.ascii_letters + string.digits:
         out = sbatch(f"-{letter}")
         if "invalid option" in out:
-            assert letter not in SBATCH_SHORT_OPTIONS
+            assert letter not in table.short
         else:
-            assert letter in SBATCH_SHORT_OPTIONS, letter
+            assert letter in table.short, letter
             needs = "requires an argument" in out
-            assert needs == (SBATCH_LONG_OPTIONS[SBATCH_SHORT_OPTIONS[letter]] == "required"), letter
+            assert needs == (table.long[table.short[letter]] == "required"), letter
 
 
 def test_prefixes_resolve_to_the_option_sbatch_picks(sbatch):
     """A required-argument option given without its argument makes sbatch name the option it resolved to."""
-    for name, kind in SBATCH_LONG_OPTIONS.items():
+    table = sbatch.table
+    for name, kind in table.long.items():
         if kind != "required":
             continue
         for end in range(len(name), 1, -1):
             prefix = name[:end]
-            if prefix != name and prefix in SBATCH_LONG_OPTIONS:  # --bb is itself an option, not a prefix of --bbf
+            if prefix != name and prefix in table.long:  # --bb is itself an option, not a prefix of --bbf
                 break
             out = sbatch(f"--{prefix}")
             if "is ambiguous" in out:
                 break
             assert f"option '--{name}' requires an argument" in out, prefix
-            assert parse_sbatch_flags(f"--{prefix}=1") == [(f"--{prefix}", name, "1")]
+            assert parse_sbatch_flags(f"--{prefix}=1", table) == [(f"--{prefix}", name, "1")]
 
 
 SYNTAX = [

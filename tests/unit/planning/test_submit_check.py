@@ -44,7 +44,9 @@ class FakeSlurm:
 
     def __call__(self, cmd, **kw) -> subprocess.CompletedProcess:
         self.calls.append(cmd)
-        if cmd[0] == "sbatch":
+        if cmd == ["sbatch", "--version"]:
+            code, out, err = 0, "slurm-wlm 22.05.8\n", ""
+        elif cmd[0] == "sbatch":
             code, out, err = self.sbatch(Path(cmd[-1]).read_text())
         elif cmd[:4] == ["scontrol", "-o", "show", "partition"]:
             code, out, err = 0, PARTITION + "\n", ""
@@ -239,7 +241,7 @@ def test_the_test_script_is_private_and_gone_afterwards(tmp_path):
     job = planned(tmp_path, "t", slurm_partition="gpu")
     check(fake, job)
     assert seen == [job.plan.script]
-    script = Path(next(c for c in fake.calls if c[0] == "sbatch")[-1])
+    script = Path(next(c for c in fake.calls if c[:2] == ["sbatch", "--test-only"])[-1])
     assert not script.exists() and not script.parent.exists()
 
 
@@ -251,3 +253,17 @@ def test_test_only_returns_slurms_answer_and_raises_its_refusal(tmp_path):
     fake = FakeSlurm(sbatch=lambda s: refused("Node count specification invalid"))
     with pytest.raises(SubmitError, match="^allocation failure: Node count specification invalid$"):
         SlurmClient(runner=fake).test_only(script, tmp_path)
+
+
+def test_an_option_this_slurm_release_lacks_names_the_rule_the_field_and_the_release_found(tmp_path):
+    """A 24.11 option (--segment) on a 22.05 cluster: sbatch's own word is "unrecognized option"; the error names
+    the rule, slurm_extra and the release (sbatch --version), before anything is submitted."""
+    fake = FakeSlurm(
+        sbatch=lambda script: (255, "", "sbatch: unrecognized option '--segment=1'\nTry \"sbatch --help\"")
+    )
+    report = check(fake, planned(tmp_path, slurm_extra="--segment=1"))
+    assert report.slurm_version == "22.05.8"
+    assert report.errors == [
+        "rule 'train': resource slurm_extra='--segment=1' is invalid: SLURM 22.05.8 has no option --segment (an "
+        "option of another release? `sbatch --help` lists them)"
+    ]

@@ -157,3 +157,18 @@ def test_an_arrays_pending_elements_are_asked_one_per_line():
 
     states = SlurmClient(runner=squeue).query(["50_0", "50_1"])
     assert {j: s.state for j, s in states.items()} == {"50_0": "PENDING", "50_1": "PENDING"}
+
+
+def test_a_pending_job_whose_accounting_record_names_no_reason_is_explained_by_slurmctld():
+    """SLURM 24.11's sacct keeps no reason for a pending job (a held one reads "None", where 22.05's says
+    JobHeldUser; docs/slurm-versions.md): the reason comes from squeue. A job sacct explains costs no squeue."""
+    fake = FakeSlurm(
+        sacct=[(0, "7|PENDING|0:0|None|None assigned|7\n8|PENDING|0:0|Resources|None assigned|8\n", "")],
+        squeue=[(0, "7|PENDING|JobHeldUser|\n", "")],
+    )
+    states = SlurmClient(runner=fake).query(["7", "8"])
+    assert {j: s.reason for j, s in states.items()} == {"7": "JobHeldUser", "8": "Resources"}
+    assert [c[c.index("-j") + 1] for c in fake.calls if c[0] == "squeue"] == ["7"]
+    explained = FakeSlurm(sacct=[(0, "8|PENDING|0:0|Resources|None assigned|8\n", "")], squeue=[(1, "", "x")])
+    SlurmClient(runner=explained).query(["8"])
+    assert explained.count("squeue") == 0
