@@ -71,6 +71,9 @@ CLIENTS = (
     "sprio", "sshare", "sstat", "sreport", "strigger",
 )  # fmt: skip
 DAEMONS = ("slurmctld", "slurmd", "slurmdbd")
+# Served too: the container runtime jobs of this cluster run (a user builds images for them with the same podman;
+# podman 4 and 5 must not share a storage: 5 rewrites its database).
+TOOLS = ("podman",)
 WRAPPER = ".slurm-rootfs"
 
 
@@ -166,7 +169,7 @@ def install_wrappers(cluster_dir: Path, slurm: str, root: Path) -> None:
     wrapper = where / WRAPPER
     wrapper.write_text(text.substitute(rootfs=str(root), release=slurm, stamp=STAMP))
     wrapper.chmod(0o755)
-    for name in (*CLIENTS, *DAEMONS):
+    for name in (*CLIENTS, *DAEMONS, *TOOLS):
         (where / name).symlink_to(WRAPPER)
 
 

@@ -21,11 +21,17 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.launching import proctree
-from tests.helpers import REPO, job_logs, slurm, snakemake, wait_for
+from tests.helpers import REPO, TEST_SLURM, job_logs, slurm, snakemake, wait_for
 
 pytestmark = pytest.mark.cluster
 IMAGE = "localhost/multinode-probe:1"
-PODMAN_DIR = Path(os.environ.get("MULTINODE_PODMAN_DIR", "/var/tmp/multinode-podman"))
+# One storage per SLURM release: the 24.11 sandbox's jobs (and `podman` on its PATH) run podman 5, which rewrites the
+# database podman 4 (Debian 12's) reads.
+PODMAN_DIR = Path(
+    os.environ.get(
+        "MULTINODE_PODMAN_DIR", "/var/tmp/multinode-podman" + ("" if TEST_SLURM == "22.05" else f"-{TEST_SLURM}")
+    )
+)
 CONTAINERS_CONF = """\
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]

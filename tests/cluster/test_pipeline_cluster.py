@@ -66,18 +66,21 @@ def logged_steps(metrics: Path) -> list[int]:
 
 def rank_pids(jobid: str, workdir: Path) -> dict[int, int]:
     """{RANK: pid} of the training processes of one SLURM job, found by their environment and working directory
-    (another cluster on this machine may run a job of the same id), never by name."""
+    (another cluster on this machine may run a job of the same id), never by name. The folder is compared by device
+    and inode: a job of the 24.11 sandbox runs in a mount namespace of its own, where its path reads otherwise."""
     found: dict[int, int] = {}
+    here = workdir.stat()
     for proc_dir in Path("/proc").iterdir():
         if not proc_dir.name.isdigit():
             continue
         try:
             env = (proc_dir / "environ").read_bytes().split(b"\0")
-            cwd = os.readlink(proc_dir / "cwd")
+            cwd = (proc_dir / "cwd").stat()
         except OSError:  # gone, or a kernel thread
             continue
         rank = next((e[len(b"RANK=") :] for e in env if e.startswith(b"RANK=")), None)
-        if f"SLURM_JOB_ID={jobid}".encode() in env and rank is not None and cwd == str(workdir.resolve()):
+        same_dir = (cwd.st_dev, cwd.st_ino) == (here.st_dev, here.st_ino)
+        if f"SLURM_JOB_ID={jobid}".encode() in env and rank is not None and same_dir:
             assert int(rank) not in found, f"two processes of job {jobid} with RANK={int(rank)}"
             found[int(rank)] = int(proc_dir.name)
     return found

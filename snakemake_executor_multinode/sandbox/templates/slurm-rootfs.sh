@@ -32,4 +32,8 @@ if [ -n "$${SLURM_CONF:-}" ]; then  # this cluster's configuration where SLURM's
 fi
 cmd=/usr/bin/$$name
 [ -x "$$root/usr/sbin/$$name" ] && cmd=/usr/sbin/$$name
-exec chroot "$$root" /bin/sh -c 'cd "$$1" 2>/dev/null || cd /; shift; exec "$$@"' sh "$$PWD" "$$cmd" "$$@"
+here=$$PWD
+# The root file system becomes this namespace's root (pivot_root, not chroot): paths the kernel reports for processes
+# of nested namespaces (a container's /proc/<pid>/maps, which py-spy reads) are then the same as inside.
+cd "$$root" && mkdir -p .host && pivot_root . .host && umount -l /.host || exit 1
+exec /bin/sh -c 'cd "$$1" 2>/dev/null || cd /; shift; exec "$$@"' sh "$$here" "$$cmd" "$$@"
