@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # sbatch 22.05's getopt_long table: long name -> argument ("required", "optional" or "none"). Read off the binary
 # (`sbatch --a` .. `--z` list every option through getopt's "ambiguous" message; `--NAME` / `--NAME=x` tell the
@@ -103,7 +103,7 @@ def table_for(version: str | None) -> OptionTable:
     """The table of the release SLURM names ("24.11.5" -> 24.11's); every known option for a release without one."""
     found = re.match(r"(\d+\.\d+)", version or "")
     if found and found[1] in TABLES:
-        return TABLES[found[1]]
+        return replace(TABLES[found[1]], name=f"sbatch {version}")
     if version:
         return OptionTable(
             f"sbatch {' or '.join(TABLES)}; this cluster's is {version}", ANY_RELEASE.long, SBATCH_SHORT_OPTIONS

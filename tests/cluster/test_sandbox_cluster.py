@@ -15,7 +15,7 @@ import pytest
 
 from snakemake_executor_multinode.sandbox import cgroups, cluster
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
-from tests.helpers import wait_for
+from tests.helpers import TEST_SLURM, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -104,6 +104,20 @@ def test_env_points_slurm_commands_at_the_cluster(slurm_cluster):
         check=True,
     ).stdout
     assert f"export SLURM_CONF={slurm_cluster.spec.slurm_conf}" in out
+    # a shell that evals it talks to this cluster with its release's commands, daemons and jobs alike
+    probe = 'eval "$(multinode cluster env --dir "$1")"; sbatch --version; srun -N2 bash -c "sbatch --version"'
+    bin_dir = str(slurm_cluster.spec.dir / "bin")  # on this process's PATH for 24.11: the eval must put it there
+    env = os.environ | {"PATH": ":".join(p for p in os.environ["PATH"].split(":") if p != bin_dir)}
+    said = subprocess.run(
+        ["bash", "-c", probe, "probe", str(slurm_cluster.spec.dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert said.returncode == 0, said.stderr
+    versions = said.stdout.split("\n")
+    assert len([v for v in versions if v]) == 3 and all(v.split()[-1].startswith(TEST_SLURM) for v in versions if v)
 
 
 @pytest.fixture

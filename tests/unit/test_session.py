@@ -163,7 +163,7 @@ def test_a_pending_job_is_explained_once_and_only_once_the_scheduler_has_said_wh
 def test_slurm_extra_is_read_with_the_options_of_the_release_the_session_finds(tmp_path):
     """sbatch --version is asked once, before the first plan: on 22.05 a 24.11 option is refused, naming it."""
     s, _ = session(tmp_path, Slurm())
-    with pytest.raises(RequestError, match=r"--segment is not an sbatch option \(sbatch 22\.05\)"):
+    with pytest.raises(RequestError, match=r"--segment is not an sbatch option \(sbatch 22\.05\.8\)"):
         s.plan(RuleJob("train", {"slurm_extra": "--segment=2"}, "true", key="0.1"), ["out.txt"])
     s.plan(RuleJob("train", {}, "true", key="0.2"), ["out2.txt"])
     assert s.slurm_version == "22.05.8" and s.client.runner.calls.count(["sbatch", "--version"]) == 1

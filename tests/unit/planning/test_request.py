@@ -439,12 +439,12 @@ def test_every_managed_long_option_is_refused_by_every_unique_prefix(release):
 
 
 def test_the_release_found_picks_the_table_and_an_option_it_lacks_is_refused_naming_it():
-    assert table_for("24.11.5") is TABLES["24.11"] and table_for("22.05.8") is TABLES["22.05"]
+    assert table_for("24.11.5").long is TABLES["24.11"].long and table_for("22.05.8").long is TABLES["22.05"].long
     extra = {"slurm_extra": "--segment=2"}  # 24.11: jobs in segments of a topology/block cluster
     assert build_request("train", extra, sbatch_options=table_for("24.11.5")).slurm_extra == ("--segment=2",)
-    assert "--segment is not an sbatch option (sbatch 22.05)" in refused(extra, sbatch_options=table_for("22.05.8"))
+    assert "--segment is not an sbatch option (sbatch 22.05.8)" in refused(extra, sbatch_options=table_for("22.05.8"))
     # --power went in 24.11
-    assert "--power is not an sbatch option (sbatch 24.11)" in refused(
+    assert "--power is not an sbatch option (sbatch 24.11.5)" in refused(
         {"slurm_extra": "--power=level"}, sbatch_options=table_for("24.11.5")
     )
     # a release without a table of its own: every option a known release has, and the message names it
