@@ -292,12 +292,38 @@ class SlurmClient:
         # -r: an array's pending elements one per line (else collapsed into one <id>_[a-b] line)
         squeue = self._run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(missing), "-o", "%i|%T|%r|%N"])
         if squeue.returncode == 0:
-            return states | parse_squeue(squeue.stdout)
+            states |= parse_squeue(squeue.stdout)
+            return states | self._unsplit([j for j in missing if j not in states])
         if sacct.returncode == 0:
             return states
         if "Invalid job id" in squeue.stderr:
             return {}  # finished longer ago than MinJobAge and no accounting: nothing knows it any more
         raise QueryError(f"sacct: {sacct.stderr.strip()} / squeue: {squeue.stderr.strip()}")
+
+    def _unsplit(self, keys: Sequence[str]) -> dict[str, JobState]:
+        """Array elements that have no record of their own: tasks that never started, of an array that ended as a
+        whole (cancelled while pending: scancel, Ctrl-C, a failed dependency). SLURM keeps one record for them,
+        <id>_[<tasks>]; each element it names takes its state. One sacct (squeue without accounting)."""
+        arrays = sorted({k.split("_")[0] for k in keys if "_" in k}, key=int)
+        if not arrays:
+            return {}
+        sacct = self._run(
+            ["sacct", "-X", "-P", "-n", "-j", ",".join(arrays), "-o", "JobIDRaw,State,ExitCode,Reason,NodeList,JobID"]
+        )
+        rows = [(p[5], p[1], p[2], p[3]) for line in sacct.stdout.splitlines() if len(p := line.split("|")) >= 6]
+        if sacct.returncode != 0 or not rows:
+            squeue = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(arrays), "-o", "%i|%T|%r"])
+            rows = [(p[0], p[1], "", p[2]) for line in squeue.stdout.splitlines() if len(p := line.split("|")) >= 3]
+        found: dict[str, JobState] = {}
+        wanted = set(keys)
+        for jobid, state, exit_code, reason in rows:
+            array, _, spec = jobid.partition("_")
+            if not spec.startswith("["):
+                continue  # an element of its own, or no array
+            for task in array_tasks(spec):
+                if (key := f"{array}_{task}") in wanted:
+                    found[key] = JobState(key, state.split()[0] if state else "UNKNOWN", exit_code, reason, "")
+        return found
 
     def accounting(
         self, jobids: Iterable[str], fields: Sequence[str], steps: bool = False, patient: bool = False
@@ -376,6 +402,16 @@ class SlurmClient:
             proc = self._patiently("scancel", lambda: self._run(["scancel", *ids]))
             if proc is not None and proc.returncode != 0 and "Invalid job id" not in proc.stderr:
                 raise QueryError(f"scancel: {proc.stderr.strip()}")
+
+
+def array_tasks(spec: str) -> list[int]:
+    """The tasks of an array record's id: "[0-3,7]" -> 0, 1, 2, 3, 7 (a "%N" limit is dropped)."""
+    tasks: list[int] = []
+    for part in spec.strip("[]").split("%")[0].split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (high.isdigit() or not high):
+            tasks += range(int(low), int(high or low) + 1)
+    return tasks
 
 
 def queue_key(row: dict[str, str]) -> str:

@@ -15,6 +15,7 @@ from snakemake_executor_multinode.slurm.client import (
     RetryPolicy,
     SlurmClient,
     SubmitError,
+    array_tasks,
     job_order,
     parse_sacct,
     queue_key,
@@ -172,3 +173,24 @@ def test_a_pending_job_whose_accounting_record_names_no_reason_is_explained_by_s
     explained = FakeSlurm(sacct=[(0, "8|PENDING|0:0|Resources|None assigned|8\n", "")], squeue=[(1, "", "x")])
     SlurmClient(runner=explained).query(["8"])
     assert explained.count("squeue") == 0
+
+
+def test_the_elements_of_an_array_cancelled_before_its_tasks_started_take_the_arrays_record():
+    """A pending array cancelled as a whole (scancel, Ctrl-C, a failed dependency) leaves no record per element: sacct
+    and squeue know `6_[0-3,7]` only (both releases). Its elements are cancelled, not lost."""
+    fake = FakeSlurm(
+        sacct=[
+            (0, "", ""),  # sacct -j 6_0,6_2,6_7,9_1: no element record
+            (0, "6|CANCELLED by 0|0:0|JobHeldUser|None assigned|6_[0-3,7]\n9|COMPLETED|0:0|None|node1|9_1\n", ""),
+        ],
+        squeue=[(0, "", "")],
+    )
+    states = SlurmClient(runner=fake).query(["6_0", "6_2", "6_7", "9_1"])
+    assert {j: s.state for j, s in states.items()} == {"6_0": "CANCELLED", "6_2": "CANCELLED", "6_7": "CANCELLED"}
+    assert fake.calls[-1][fake.calls[-1].index("-j") + 1] == "6,9"  # one more sacct, by the arrays' ids
+    # without accounting: squeue's record of the array
+    off = FakeSlurm(
+        sacct=[(1, "", "sacct: error: accounting off")], squeue=[(0, "", ""), (0, "6_[0-1]|CANCELLED|None\n", "")]
+    )
+    assert {j: s.state for j, s in SlurmClient(runner=off).query(["6_1"]).items()} == {"6_1": "CANCELLED"}
+    assert array_tasks("[0-3,7%2]") == [0, 1, 2, 3, 7]
