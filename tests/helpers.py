@@ -200,6 +200,17 @@ class Cluster:
         )
 
 
+def restart_slurmctld(cl: Cluster) -> None:
+    """Stop slurmctld by the pid in its pid file and start it as `up` does (it recovers its saved state, jobs
+    included): how a test makes it read a changed slurm.conf. Not `scontrol reconfigure`: since 23.11 slurmctld
+    re-executes itself for it, and on 24.11.5 one such re-execution hung here for good (docs/slurm-versions.md)."""
+    from snakemake_executor_multinode.sandbox import cluster, processes
+
+    if pid := cluster.Daemon("slurmctld", cl.spec.dir / "run" / "slurmctld.pid", ("slurmctld",)).pid():
+        processes.stop([pid])
+    cluster._slurmctld_up(cl.spec)
+
+
 END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 

@@ -312,16 +312,19 @@ class SlurmClient:
         )
         rows = [(p[5], p[1], p[2], p[3]) for line in sacct.stdout.splitlines() if len(p := line.split("|")) >= 6]
         if sacct.returncode != 0 or not rows:
+            # squeue names an ended array's record by its bare id (the task range is gone): it stands for every task
+            # that has no record of its own
             squeue = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(arrays), "-o", "%i|%T|%r"])
             rows = [(p[0], p[1], "", p[2]) for line in squeue.stdout.splitlines() if len(p := line.split("|")) >= 3]
         found: dict[str, JobState] = {}
-        wanted = set(keys)
         for jobid, state, exit_code, reason in rows:
             array, _, spec = jobid.partition("_")
-            if not spec.startswith("["):
-                continue  # an element of its own, or no array
-            for task in array_tasks(spec):
-                if (key := f"{array}_{task}") in wanted:
+            if spec and not spec.startswith("["):
+                continue  # an element of its own
+            tasks = set(array_tasks(spec)) if spec else None
+            for key in keys:
+                element_of, _, task = key.partition("_")
+                if element_of == array and (tasks is None or int(task) in tasks):
                     found[key] = JobState(key, state.split()[0] if state else "UNKNOWN", exit_code, reason, "")
         return found
 

@@ -329,19 +329,21 @@ def test_ctrl_c_cancels_every_submitted_job(slurm_cluster, tmp_path):
         proc.communicate(timeout=60)
     finally:
         proc.kill()
-    # The two jobs went as one job array. Asked by the array's id, squeue lists its started elements and, for tasks
-    # that never started (Ctrl-C came first), one record of the array (<id>_[0-1]): all of them cancelled.
+    # The two jobs went as one job array. Asked by the array's id, sacct lists its started elements and, for tasks
+    # that never started (Ctrl-C came first), one record of the array (24.11: <id>_[0-1]; 22.05: the bare <id>):
+    # all of them cancelled.
     arrays = sorted({i.split("_")[0] for i in ids})
     assert len(arrays) == 1 and sorted(ids) == [f"{arrays[0]}_0", f"{arrays[0]}_1"], ids
     deadline = time.monotonic() + 180  # stops a hang only: SLURM's own clean-up decides when
     rows: list[str] = []
     while time.monotonic() < deadline:
-        rows = slurm_cluster.run("squeue", "-h", "-t", "all", "-j", arrays[0], "-o", "%i %T").stdout.splitlines()
-        if rows and all(row.split()[1] == "CANCELLED" for row in rows):
+        rows = slurm_cluster.run("sacct", "-X", "-n", "-P", "-j", arrays[0], "-o", "JobID,State").stdout.splitlines()
+        if rows and all(row.split("|")[1].startswith("CANCELLED") for row in rows):
             break
         time.sleep(0.5)
-    assert rows and all(row.split()[1] == "CANCELLED" for row in rows), rows
-    tasks = {t for row in rows for t in tasks_of(row.split()[0])}
+    assert rows and all(row.split("|")[1].startswith("CANCELLED") for row in rows), rows
+    # a record by the bare id (22.05, an array cancelled before SLURM split it) stands for every task
+    tasks = {t for row in rows for t in tasks_of(row.split("|")[0]) or {0, 1}}
     assert tasks == {0, 1}, rows
 
 
@@ -349,6 +351,8 @@ def tasks_of(key: str) -> set[int]:
     """The array tasks an squeue id names: 7_1 -> {1}, 7_[0-1] -> {0, 1}."""
     _, _, spec = key.partition("_")
     found: set[int] = set()
+    if not spec:
+        return found  # the array itself, by its bare id
     for part in spec.strip("[]").split("%")[0].split(","):
         low, _, high = part.partition("-")
         found |= set(range(int(low), int(high or low) + 1))

@@ -28,6 +28,7 @@ from tests.helpers import (
     jobs_from,
     lines,
     records,
+    restart_slurmctld,
     sacct_jobs,
     wait_for,
 )
@@ -88,7 +89,7 @@ def requeue_exit(cl: Cluster, codes: str) -> Iterator[None]:
     original = conf.read_text()
     conf.write_text(original + f"RequeueExit={codes}\n")
     try:
-        cl.run("scontrol", "reconfigure")
+        restart_slurmctld(cl)
         wait_for(
             lambda: f"RequeueExit             = {codes}" in cl.run("scontrol", "show", "config").stdout,
             "slurmctld to take RequeueExit",
@@ -97,7 +98,7 @@ def requeue_exit(cl: Cluster, codes: str) -> Iterator[None]:
         yield
     finally:
         conf.write_text(original)
-        cl.run("scontrol", "reconfigure", check=False)
+        restart_slurmctld(cl)
 
 
 CRASHING = """

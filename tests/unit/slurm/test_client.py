@@ -188,9 +188,14 @@ def test_the_elements_of_an_array_cancelled_before_its_tasks_started_take_the_ar
     states = SlurmClient(runner=fake).query(["6_0", "6_2", "6_7", "9_1"])
     assert {j: s.state for j, s in states.items()} == {"6_0": "CANCELLED", "6_2": "CANCELLED", "6_7": "CANCELLED"}
     assert fake.calls[-1][fake.calls[-1].index("-j") + 1] == "6,9"  # one more sacct, by the arrays' ids
-    # without accounting: squeue's record of the array
+    # without accounting: squeue's record of the ended array, by its bare id (its task range is gone)
     off = FakeSlurm(
-        sacct=[(1, "", "sacct: error: accounting off")], squeue=[(0, "", ""), (0, "6_[0-1]|CANCELLED|None\n", "")]
+        sacct=[(1, "", "sacct: error: accounting off")], squeue=[(0, "", ""), (0, "6|CANCELLED|None\n", "")]
     )
     assert {j: s.state for j, s in SlurmClient(runner=off).query(["6_1"]).items()} == {"6_1": "CANCELLED"}
+    # 22.05's sacct may name such a record by the bare array id: it stands for every task without a record
+    bare = FakeSlurm(sacct=[(0, "", ""), (0, "8|CANCELLED by 0|0:0|None|None assigned|8\n", "")], squeue=[(0, "", "")])
+    assert {j: s.state for j, s in SlurmClient(runner=bare).query(["8_0", "8_1"]).items()} == {
+        "8_0": "CANCELLED", "8_1": "CANCELLED"
+    }  # fmt: skip
     assert array_tasks("[0-3,7%2]") == [0, 1, 2, 3, 7]
