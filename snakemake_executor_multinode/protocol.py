@@ -73,6 +73,9 @@ OMP_THREADS_VAR = "MULTINODE_OMP_NUM_THREADS"  # CPUs per GPU process, for rules
 SELF_REQUEUES_VAR = "MULTINODE_SELF_REQUEUES"  # internal to the job script: its own requeues so far
 STARTED_VAR = "MULTINODE_STARTED"  # internal to the job script: this run's start (epoch seconds)
 CRASHES_VAR = "MULTINODE_CRASHES"  # internal to the job script: quick failures in a row, this run's included
+ENDED_VAR = "MULTINODE_ENDED"  # internal to the job script: this run's end (epoch seconds)
+NOW_VAR = "MULTINODE_NOW"  # internal to the job script: the time, as `date -Is` writes it
+STALE_VAR = "MULTINODE_STALE"  # internal to the job script: markers a new run removes
 REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run handed over to its requeued rerun
 COMMAND_VAR = "MULTINODE_COMMAND"  # internal to the job script: the rule's command (its process group's id)
 STALL_TIMEOUT_VAR = "MULTINODE_STALL_TIMEOUT"  # the launcher's watchdog: seconds without progress; 0 or unset: off
@@ -128,6 +131,9 @@ VARIABLES = (
     SELF_REQUEUES_VAR,
     STARTED_VAR,
     CRASHES_VAR,
+    ENDED_VAR,
+    NOW_VAR,
+    STALE_VAR,
     COMMAND_VAR,
     RUNS_FILE_VAR,
     STALL_TIMEOUT_VAR,

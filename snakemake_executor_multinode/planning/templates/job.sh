@@ -16,8 +16,14 @@ export MULTINODE_LOG_STEM={{log_stem}}  # each node's labelled output: <stem>.<n
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || [ "$MULTINODE_JOB_KEY" != "$SLURM_JOB_ID" ]; then
     exec >>"$MULTINODE_LOG_STEM".log 2>&1
 fi
-MULTINODE_STARTED=$(date +%s)
-echo "[multinode] job $MULTINODE_JOB_KEY, rule {{rule_q}}, attempt {{attempt}}, restart ${SLURM_RESTART_COUNT:-0}, $(date -Is)"
+# Times from bash's printf, not date: a fan-out runs this script hundreds of times, and every process counts.
+multinode_now() {  # MULTINODE_NOW: the time as `date -Is` writes it
+    printf -v MULTINODE_NOW '%(%Y-%m-%dT%H:%M:%S%z)T' -1
+    MULTINODE_NOW=${MULTINODE_NOW:0:-2}:${MULTINODE_NOW: -2}
+}
+printf -v MULTINODE_STARTED '%(%s)T' -1
+multinode_now
+echo "[multinode] job $MULTINODE_JOB_KEY, rule {{rule_q}}, attempt {{attempt}}, restart ${SLURM_RESTART_COUNT:-0}, $MULTINODE_NOW"
 
 # ==== bookkeeping: a marker on the shared filesystem tells Snakemake the job ended (no slurmctld query)
 MULTINODE_STATE_DIR={{state_dir}}
@@ -30,9 +36,10 @@ MULTINODE_REQUEUED=0
 multinode_finish() {
     local rc=$?
     [ "$MULTINODE_REQUEUED" = 1 ] && return
-    echo "[multinode] exit $rc, $(date -Is)"
+    multinode_now
+    echo "[multinode] exit $rc, $MULTINODE_NOW"
     printf '{"event": "end", "job": "%s", "restart": %s, "exit": %s, "time": "%s"}\n' \
-        "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$rc" "$(date -Is)" >>"$MULTINODE_RUNS_FILE"
+        "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$rc" "$MULTINODE_NOW" >>"$MULTINODE_RUNS_FILE"
     local marker={{exit_marker}}
     # atomic (never read half-written); the restart tells a requeued job's earlier runs from its last, the job name
     # (unique to the submission) this job's marker from one of an earlier job with the same id
@@ -40,10 +47,12 @@ multinode_finish() {
 }
 trap multinode_finish EXIT
 trap 'exit 143' TERM
-mkdir -p "$MULTINODE_STATE_DIR"
-rm -f "$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE"
+[ -d "$MULTINODE_STATE_DIR" ] || mkdir -p "$MULTINODE_STATE_DIR"
+MULTINODE_STALE=("$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE")
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
-[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || rm -f {{exit_marker}} {{requeue_marker}} {{self_requeue_marker}} {{crash_marker}}
+[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] ||
+    MULTINODE_STALE+=({{exit_marker}} {{requeue_marker}} {{self_requeue_marker}} {{crash_marker}})
+rm -f "${MULTINODE_STALE[@]}"
 
 # A restart runs the code the job was submitted with; where it could not be frozen, changed code stops it.
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e {{code_manifest}} ]; then
@@ -58,9 +67,13 @@ fi
 {{environment}}
 
 # ==== 3. nodes and rendezvous (resolved here, on the head node) ==================================
-NODELIST=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
-NODE_NUM=$(echo "$NODELIST" | wc -l)
-MASTER_NODE=$(echo "$NODELIST" | head -n 1)
+if [ "${SLURM_JOB_NUM_NODES:-}" = 1 ]; then  # one node: its name is the node list (no process for it)
+    NODELIST=$SLURM_JOB_NODELIST NODE_NUM=1 MASTER_NODE=$SLURM_JOB_NODELIST
+else
+    NODELIST=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    NODE_NUM=$(echo "$NODELIST" | wc -l)
+    MASTER_NODE=$(echo "$NODELIST" | head -n 1)
+fi
 MASTER_ADDR=$(getent ahostsv4 "$MASTER_NODE" | awk 'NR == 1 {print $1}')
 case "$MASTER_ADDR" in
     "" | 127.*) MASTER_ADDR=$(hostname -I | awk '{print $1}') ;;  # a loopback entry is unreachable from peers
@@ -73,7 +86,7 @@ export MULTINODE_OMP_NUM_THREADS={{omp_threads}}  # CPUs per GPU process, for ru
 # `multinode torchrun`'s progress watchdog: seconds without a new line from any rank or a metrics line (0: off)
 export MULTINODE_STALL_TIMEOUT={{stall_timeout}} MULTINODE_ON_STALL={{on_stall}}
 echo "NODE_NUM=$NODE_NUM"
-echo "NODELIST: $(echo $NODELIST)"
+echo "NODELIST: ${NODELIST//$'\n'/ }"
 echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 # This run's start line: its nodes, and for a job with GPUs or software of its own (an activated environment,
 # modules, a container) its GPUs and package versions read there (importlib metadata: no torch import). Any other
@@ -134,7 +147,8 @@ fi
 # SIGTERM (143: preemption, admin requeue, scancel) is no failure of the job's: it neither counts nor breaks a streak.
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 143 ] && [ {{crash_loop_runs}} -gt 0 ]; then
     MULTINODE_CRASHES=0
-    if [ $(($(date +%s) - MULTINODE_STARTED)) -lt {{crash_loop_seconds}} ]; then
+    printf -v MULTINODE_ENDED '%(%s)T' -1
+    if [ $((MULTINODE_ENDED - MULTINODE_STARTED)) -lt {{crash_loop_seconds}} ]; then
         MULTINODE_CRASHES=$(($(cut -d ' ' -f 1 {{crash_marker}} 2>/dev/null || echo 0) + 1))
     fi
     echo "$MULTINODE_CRASHES $rc" >{{crash_marker}}
