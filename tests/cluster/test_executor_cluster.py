@@ -391,6 +391,7 @@ def test_bad_resources_stop_the_run_before_anything_is_submitted(slurm_cluster, 
     assert not (wd / "a.txt").exists()
 
 
+@pytest.mark.one_release
 def test_snakemake_own_executor_test_workflows_pass(slurm_cluster, tmp_path):
     """snakemake.common.tests' simple (a -> b -> c, report output, a '/' in a wildcard) and groups workflows."""
     code = subprocess.run(

@@ -634,6 +634,7 @@ rule shard:
 """
 
 
+@pytest.mark.one_release
 def test_a_burst_of_submissions_through_a_frozen_slurmctld_submits_and_runs_every_job_exactly_once(
     slurm_cluster, workflow
 ):

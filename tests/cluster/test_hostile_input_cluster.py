@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import END_STATES, hostile_plan, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.one_release]
 
 
 def test_the_worst_values_submitted_for_real_run_nothing_and_arrive_literally(slurm_cluster, tmp_path):

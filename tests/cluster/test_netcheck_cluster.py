@@ -22,7 +22,7 @@ import pytest
 from snakemake_executor_multinode.launching.netcheck import PREFIX
 from tests.helpers import job_logs, log_times, snakemake, wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]
 
 TRAIN = "import os\nprint('TRAINING rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n"
 OK = re.compile(

@@ -12,7 +12,7 @@ import pytest
 from snakemake_executor_multinode.planning.plan import Planner, RuleJob, direct_command
 from snakemake_executor_multinode.planning.settings import Settings
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.one_release]
 
 RESOURCES = {"nodes": 2, "gpus": 1, "cpus_per_task": 2, "mem_mb": 800, "runtime": 30, "env_profile": "ethernet"}
 SNAKEFILE = """

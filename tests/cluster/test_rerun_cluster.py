@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers import Cluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]
 
 PIPELINE = """
 SHARDS = ["a", "b", "c"]
