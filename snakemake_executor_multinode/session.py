@@ -113,7 +113,7 @@ class Session:
             self.warn_once(p.plan.request.warnings)
         if not planned:
             return []
-        found = submit_check.check(planned, self.client)
+        found = submit_check.check(planned, self.client, version=self.slurm_version)
         self.warn_once(found.warnings)
         if found.unreachable:
             self.warning(f"SLURM could not be asked about the jobs before submitting: {found.unreachable}")

@@ -107,7 +107,10 @@ class Checked:
 def _check(executor: Executor) -> Checked:
     known = executor.plan_known_jobs(stop_at_error=False)
     planned = [p for _, p in known.planned]
-    report = submit_check.check(planned, executor.session.client) if planned else submit_check.Report()
+    session = executor.session
+    report = (
+        submit_check.check(planned, session.client, version=session.slurm_version) if planned else submit_check.Report()
+    )
     warnings = list(dict.fromkeys(w for p in planned for w in p.plan.request.warnings))
     return Checked(known, report, warnings + report.warnings)
 

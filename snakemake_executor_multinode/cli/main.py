@@ -12,6 +12,7 @@ from snakemake_executor_multinode import __version__
 
 
 def _cluster_parser(sub: argparse._SubParsersAction) -> None:
+    from snakemake_executor_multinode.sandbox.releases import DEFAULT as DEFAULT_RELEASE
     from snakemake_executor_multinode.sandbox.spec import DEFAULT_DIR
 
     cluster = sub.add_parser("cluster", help="a real local SLURM cluster of namespaced nodes (needs root)")
@@ -26,7 +27,7 @@ def _cluster_parser(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--no-accounting", action="store_true", help="no MariaDB/slurmdbd: squeue only, no sacct")
     up.add_argument(
         "--slurm",
-        default="22.05",
+        default=DEFAULT_RELEASE,
         help="SLURM release: 22.05 (this machine's Debian 12 packages, the default) or 24.11 (a Debian 13 root file "
         "system, built once and cached under /var/cache/multinode)",
     )

@@ -66,10 +66,13 @@ def shape(plan: JobPlan) -> tuple[str, ...]:
     return tuple(line for line in lines if line[len("#SBATCH ") :].split("=", 1)[0] not in PER_JOB_FLAGS)
 
 
-def check(planned: Sequence[Planned], client: SlurmClient, user: str | None = None) -> Report:
-    """Ask SLURM about every planned job before anything is submitted; nothing is queued."""
+def check(
+    planned: Sequence[Planned], client: SlurmClient, user: str | None = None, version: str | None = None
+) -> Report:
+    """Ask SLURM about every planned job before anything is submitted; nothing is queued. `version`: the release
+    the session already asked for before planning ("" when sbatch did not answer); None: ask now."""
     start = time.monotonic()
-    report = Report(slurm_version=client.version())
+    report = Report(slurm_version=(client.version() if version is None else version) or None)
     cluster = Cluster(client)
     _test_each_shape(planned, client, cluster, report)
     if report.unreachable is None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from string import Template
 
 from .errors import ClusterError
+from .releases import DEFAULT as DEFAULT_RELEASE
 from .releases import release
 
 DEFAULT_DIR = Path(os.environ.get("MULTINODE_CLUSTER_DIR", "/var/tmp/multinode-cluster"))
@@ -49,7 +50,7 @@ class ClusterSpec:
     slot: int = -1
     # Which SLURM runs it, daemons and clients: "22.05" (this machine's Debian 12 packages) or "24.11" (a Debian 13
     # root file system, see releases.py).
-    slurm: str = "22.05"
+    slurm: str = DEFAULT_RELEASE
 
     def __post_init__(self) -> None:
         for name, low, high in (("nodes", 1, 64), ("cpus", 1, 1024), ("gpus", 0, 64), ("mem_mb", 100, 10**8)):
