@@ -1,5 +1,6 @@
 """Plain PyTorch baseline for the training benchmark: the same Llama-style model and data as train.py, bf16
-autocast, fused AdamW, optionally torch.compile; no ColossalAI. One process on one GPU.
+autocast (or the config's precision: bf16_master keeps bf16 weights with fp32 masters, master_weights.py; fp8 as in
+train.py), fused AdamW, optionally torch.compile; no Booster. One process on one GPU.
 
     python benchmarks/gpu/plain_torch.py --data-dir DATA --config-json '{...}' [--compile] [--steps 30]
         [--model-impl native|hf] [--kernels K1,K2] [--inductor-tuning] [--profile]
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflows" / "scripts"))
+import fp8  # noqa: E402
 import kernels  # noqa: E402
 import lm  # noqa: E402
 import plugins  # noqa: E402
@@ -103,11 +105,16 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     cuda = args.device == "cuda"
-    problem = kernels.problem(names, cuda, args.model_impl, "bf16")
+    bf16 = plugins.bf16_compute(cfg)
+    problem = kernels.problem(names, cuda, args.model_impl, bf16) or fp8.problem(cfg["fp8"], cuda, bf16, args.compile)
     if problem:
         raise SystemExit(problem)
     model = lm.build_model(cfg, cuda=cuda).to(args.device)
     opt = plugins.make_optimizer(cfg, model, cuda=cuda)
+    if cfg["precision"] == "bf16_master":
+        import master_weights
+
+        opt = master_weights.MasterWeightOptimizer(opt)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     n_matmul = lm.matmul_params(model)
     if args.inductor_tuning:
@@ -121,7 +128,7 @@ def main() -> int:
 
     def run_step() -> None:
         ids = lm.batch_for_step(tokens, state["step"], cfg["seed"], seq, rows, 0, rows).to(args.device)
-        with torch.autocast(args.device, dtype=torch.bfloat16):
+        with lm.autocast(cfg, args.device):
             loss = step_fn(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
@@ -155,6 +162,8 @@ def main() -> int:
     variant += "".join(f"+{k}" for k in names) + f"+mb{rows}"
     variant += "+cdt" if args.inductor_tuning else ""
     variant += "+hybrid_adam" if cfg["optimizer"] == "hybrid_adam" else ""
+    variant += {"bf16": "", "bf16_master": "+bf16m", "fp32": "+fp32"}[cfg["precision"]]
+    variant += {None: "", "tensorwise": "+fp8", "rowwise": "+fp8row"}.get(cfg["fp8"], f"+fp8_{cfg['fp8']}")
     rec: dict[str, Any] = {
         "variant": variant,
         "step_ms": round(1000 * med, 1),

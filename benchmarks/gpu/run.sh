@@ -5,19 +5,26 @@
 # the optional kernels' wheels there too (liger-kernel; flash-attn-4 and its CuTe DSL stack): without them only
 # the variants that use them fail. MERGE_SITE: a folder of unpacked package files copied over the installed wheels
 # (nvidia-cutlass-dsl-libs-cu13 is larger than one device call carries: an earlier call unpacks it there).
-# Env: MODEL (JSON model keys), STEPS, VARIANTS, DEADLINE (seconds; later variants are skipped past it),
-# VARIANT_TIMEOUT (seconds one plain variant may take).
+# Env: MODEL (JSON model keys), STEPS (train.py), PLAIN_STEPS (plain_torch.py's timed steps, default STEPS), WARMUP
+# (lr warm-up steps, default 5), NUM_DOCS (generated documents, default 4000: 2.5 M tokens), VARIANTS, DEADLINE
+# (seconds; later variants are skipped past it), VARIANT_TIMEOUT (seconds one plain variant may take), SCRATCH (where
+# the data, checkpoints and final models go; default $OUT: the device tool brings back only a few small files).
 # Variant names:
-#   plain[+compile][+hf][+KERNEL...][+mbN][+cdt][+hybrid_adam][+prof]   benchmarks/gpu/plain_torch.py
+#   plain[+compile][+hf][+KERNEL...][+mbN][+cdt][+hybrid_adam][+bf16m][+fp8|+fp8row][+prof]   plain_torch.py
 #        +hf: transformers' LlamaForCausalLM instead of lm.NativeLlama; +liger: all of Liger's kernels in the
 #        native model, or one at a time with +liger_fused_ce, +liger_rms_norm, +liger_swiglu, +liger_rope;
 #        +flash_attn_hopper: FlashAttention for Hopper; +mbN: micro-batch N; +cdt: Inductor's coordinate-descent
 #        tuning; +hybrid_adam: ColossalAI's fused CUDA Adam instead of torch's fused AdamW; +prof: profile summary
-#   PLUGIN[+compile][+hf][+KERNEL...][+det]   workflows/scripts/train.py with that plugin (+hf: model_impl hf;
-#        +det: "deterministic": true, deterministic CUDA kernels and no TF32)
+#        +bf16m: precision bf16_master (else bf16 autocast); +fp8 / +fp8row: fp8 tensorwise / rowwise (torchao)
+#   PLUGIN[+compile][+hf][+KERNEL...][+det][+bf16m][+fp8|+fp8row][+mbN]   workflows/scripts/train.py with that
+#        plugin (+hf: model_impl hf; +det: "deterministic": true, deterministic CUDA kernels and no TF32; the
+#        others as for plain)
+# PARITY=1: afterwards, benchmarks/loss_parity.py compares every train.py variant's losses with the first one's
+#   (1% at every logged step) and appends the result lines to results.jsonl.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$(mktemp -d)}
+SCRATCH=${SCRATCH:-$OUT}
 SITE=/tmp/site
 WHEELS=${WHEELS:-.whl}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE $WHEELS/*.whl || exit 1
@@ -29,12 +36,13 @@ MODEL=${MODEL:-'"n_layer":24,"n_head":16,"d_model":1024,"seq_len":1024,"vocab":5
 STEPS=${STEPS:-30}
 DEADLINE=${DEADLINE:-540}
 VARIANTS=${VARIANTS:-"plain plain+compile torch_ddp torch_ddp+compile low_level_zero hybrid gemini"}
-COMMON="$MODEL,\"precision\":\"bf16\",\"steps\":$STEPS,\"warmup\":5,\"log_every\":10,\"ckpt_every\":0"
+COMMON="$MODEL,\"steps\":$STEPS,\"warmup\":${WARMUP:-5},\"log_every\":10,\"ckpt_every\":0"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu.txt
 python3 -c 'import torch, colossalai, transformers; print("torch", torch.__version__, "colossalai", colossalai.__version__, "transformers", transformers.__version__)' | tee -a $OUT/gpu.txt
-python3 workflows/scripts/preprocess.py --out-dir $OUT/data --num-docs 4000 > /dev/null || exit 1
+python3 workflows/scripts/preprocess.py --out-dir $SCRATCH/data --num-docs ${NUM_DOCS:-4000} > /dev/null || exit 1
 has() { [[ "+$1+" == *"+$2+"* ]]; }
 kernels_of() { tr '+' '\n' <<<"$1" | grep -E '^(liger|flash_attn)' | paste -sd, -; }
+trained=""
 for v in $VARIANTS; do
   if [ $SECONDS -gt $DEADLINE ]; then echo "skip $v: past the deadline"; continue; fi
   t0=$SECONDS
@@ -51,22 +59,37 @@ for v in $VARIANTS; do
     has "$v" hybrid_adam && extra="$extra,\"optimizer\":\"hybrid_adam\""
     has "$v" cdt && flags="$flags --inductor-tuning"
     has "$v" prof && flags="$flags --profile"
+    has "$v" bf16m && extra="$extra,\"precision\":\"bf16_master\"" || extra="$extra,\"precision\":\"bf16\""
+    has "$v" fp8 && extra="$extra,\"fp8\":\"tensorwise\""
+    has "$v" fp8row && extra="$extra,\"fp8\":\"rowwise\""
     flags="$flags --config-json {$COMMON$extra}"
     # Only the JSON line goes to the results (ColossalAI's JIT builds print to stdout too).
     : > $OUT/$v.log
-    timeout ${VARIANT_TIMEOUT:-600} python3 benchmarks/gpu/plain_torch.py --data-dir $OUT/data --steps $STEPS $flags \
+    timeout ${VARIANT_TIMEOUT:-600} python3 benchmarks/gpu/plain_torch.py --data-dir $SCRATCH/data --steps ${PLAIN_STEPS:-$STEPS} $flags \
       2>> $OUT/$v.log | tee -a $OUT/$v.log | grep '^{' >> $OUT/results.jsonl \
       || echo "{\"variant\": \"$v\", \"error\": \"$(tail -1 $OUT/$v.log | tr -d '"\\')\"}" >> $OUT/results.jsonl
   else
-    comp=false; impl=auto; det=false
+    comp=false; impl=auto; det=false; prec=bf16; f8=null; extra=""
     has "$v" compile && comp=true
     has "$v" det && det=true
     has "$v" hf && impl=hf
+    has "$v" bf16m && prec=bf16_master
+    has "$v" fp8 && f8='"tensorwise"'
+    has "$v" fp8row && f8='"rowwise"'
+    mb=$(tr '+' '\n' <<<"$v" | sed -n 's/^mb\([0-9]*\)$/\1/p')
+    [ -n "$mb" ] && extra="$extra,\"micro_batch\":$mb"
     ks=$(kernels_of "$v" | sed '/./s/\([^,]*\)/"\1"/g')  # none: an empty list
     python3 -m torch.distributed.run --standalone --nproc_per_node=1 workflows/scripts/train.py \
-      --data-dir $OUT/data --out $OUT/$v/model.pt --ckpt-dir $OUT/$v/ckpt --metrics $OUT/$v/metrics.jsonl \
-      --config-json "{$COMMON,\"plugin\":\"$base\",\"compile\":$comp,\"deterministic\":$det,\"model_impl\":\"$impl\",\"kernels\":[$ks]}" > $OUT/$v.log 2>&1
+      --data-dir $SCRATCH/data --out $SCRATCH/$v/model.pt --ckpt-dir $SCRATCH/$v/ckpt --metrics $OUT/$v/metrics.jsonl \
+      --config-json "{$COMMON$extra,\"plugin\":\"$base\",\"compile\":$comp,\"deterministic\":$det,\"model_impl\":\"$impl\",\"kernels\":[$ks],\"precision\":\"$prec\",\"fp8\":$f8}" > $OUT/$v.log 2>&1
     python3 benchmarks/gpu/summarize.py "$v" $OUT/$v/metrics.jsonl >> $OUT/results.jsonl
+    trained="$trained $v"
   fi
   echo "== $v $((SECONDS - t0)) s: $(tail -1 $OUT/results.jsonl | cut -c1-600)"
 done
+if [ -n "${PARITY:-}" ]; then
+  set -- $trained
+  first=$1; shift
+  [ $# -gt 0 ] && python3 benchmarks/loss_parity.py $OUT/$first/metrics.jsonl $(for v in "$@"; do echo $OUT/$v/metrics.jsonl; done) \
+    | tee -a $OUT/results.jsonl
+fi

@@ -46,7 +46,7 @@ def test_flash_attention_for_hopper_is_refused_on_older_gpus_and_in_fp32(monkeyp
     monkeypatch.setattr(kernels, "_installed", lambda module: True)
     monkeypatch.setattr(kernels.torch.cuda, "get_device_capability", lambda: (8, 0))
     assert "compute capability 9.0+" in (kernels.problem(["flash_attn_hopper"], cuda=True, impl="native") or "")
-    assert "bf16 only" in (kernels.problem(["flash_attn_hopper"], True, "native", precision="fp32") or "")
+    assert "bf16 only" in (kernels.problem(["flash_attn_hopper"], True, "native", bf16_compute=False) or "")
     monkeypatch.setattr(kernels.torch.cuda, "get_device_capability", lambda: (9, 0))
     assert kernels.problem(["flash_attn_hopper"], cuda=True, impl="native") is None
 

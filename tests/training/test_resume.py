@@ -22,12 +22,19 @@ from .helpers import SCRIPTS, TINY, metrics, run, train, train_argv
 
 STEPS, STOP = 8, 5
 CPU_PLUGINS = [name for name, spec in plugins.PLUGIN_TABLE.items() if "cpu" in spec.devices]
-# Per CPU plugin, the config whose resume is checked. bf16 hybrid keeps fp32 masters apart from the model
-# checkpoint: a resume must restore them, not re-seed them from bf16.
+# The configs whose resume is checked: every CPU plugin, and every precision that keeps fp32 masters apart from
+# the model checkpoint (bf16 hybrid, torch_ddp's bf16_master): a resume must restore them, not re-seed them from bf16.
 RESUME_CONFIGS: dict[str, dict[str, Any]] = {
     "torch_ddp": {"plugin": "torch_ddp", "grad_accum": 2},
+    "torch_ddp_bf16_master": {"plugin": "torch_ddp", "precision": "bf16_master", "grad_accum": 2},
     "hybrid": {"plugin": "hybrid", "precision": "bf16", "grad_accum": 2},
 }
+CASES = list(RESUME_CONFIGS)
+
+
+def keeps_masters_apart(case: str) -> bool:
+    cfg = lm.merge_config(RESUME_CONFIGS[case])
+    return plugins.masters_apart(cfg) and plugins.bf16_compute(cfg)
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -89,14 +96,18 @@ def assert_same_end_state(straight: Path, resumed: Path) -> None:
     assert [(r["loss"], r["lr"], r["tokens"]) for r in ra] == [(r["loss"], r["lr"], r["tokens"]) for r in rb]
 
 
-def test_every_plugin_that_runs_on_cpu_has_a_resume_case() -> None:
-    assert sorted(RESUME_CONFIGS) == sorted(CPU_PLUGINS)
+def test_every_plugin_that_runs_on_cpu_and_every_bf16_precision_has_a_resume_case() -> None:
+    assert {cfg["plugin"] for cfg in RESUME_CONFIGS.values()} == set(CPU_PLUGINS)
+    torch_ddp = plugins.PLUGIN_TABLE["torch_ddp"]
+    covered = {cfg.get("precision") for cfg in RESUME_CONFIGS.values() if cfg["plugin"] == "torch_ddp"}
+    assert set(torch_ddp.precisions) - {"fp32", "bf16"} <= covered  # bf16 autocast keeps no masters
+    assert [case for case in CASES if keeps_masters_apart(case)] == ["torch_ddp_bf16_master", "hybrid"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("plugin", CPU_PLUGINS)
-def test_stop_after_k_then_resume_equals_a_straight_run(plugin: str, tmp_path: Path, data_dir: Path) -> None:
-    cfg = {**TINY, **RESUME_CONFIGS[plugin], "steps": STEPS, "lr": 3e-3}
+@pytest.mark.parametrize("case", CASES)
+def test_stop_after_k_then_resume_equals_a_straight_run(case: str, tmp_path: Path, data_dir: Path) -> None:
+    cfg = {**TINY, **RESUME_CONFIGS[case], "steps": STEPS, "lr": 3e-3}
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(straight, data_dir, cfg)
 
@@ -107,9 +118,11 @@ def test_stop_after_k_then_resume_equals_a_straight_run(plugin: str, tmp_path: P
     step_dir = resumed / "ckpt" / f"step_{STOP:08d}"
     assert_sharded_layout(step_dir, world=2)
     masters = load(step_dir / checkpoint.RANKS / "rank00001.pt")["masters"]
-    if plugins.PLUGIN_TABLE[plugin].fp32_masters and cfg.get("precision") == "bf16":
+    if keeps_masters_apart(case):
         assert masters and all(v.dtype == torch.float32 for v in masters.values())
         assert "model.embed_tokens.weight" in masters  # keyed by parameter name, not position
+    else:
+        assert masters is None
     proc = train(resumed, data_dir, cfg)
     assert f"at step {STOP}" in proc.stdout
     assert "resume: world size" not in proc.stdout  # same size: nothing converted
@@ -133,11 +146,11 @@ def test_a_run_that_died_after_a_checkpoint_resumes_from_it_and_drops_later_metr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("plugin", CPU_PLUGINS)
+@pytest.mark.parametrize("case", CASES)
 def test_resume_on_another_world_size_reshards_and_logs_what_per_rank_state_did_not_follow(
-    plugin: str, tmp_path: Path, data_dir: Path
+    case: str, tmp_path: Path, data_dir: Path
 ) -> None:
-    cfg = {**TINY, **RESUME_CONFIGS[plugin], "steps": STEPS, "lr": 3e-3}
+    cfg = {**TINY, **RESUME_CONFIGS[case], "steps": STEPS, "lr": 3e-3}
     train(tmp_path, data_dir, {**cfg, "stop_after": STOP}, nproc=2)
     saved = load(tmp_path / "ckpt" / f"step_{STOP:08d}" / checkpoint.RANKS / "rank00000.pt")
     proc = train(tmp_path, data_dir, cfg, nproc=1)
@@ -184,6 +197,7 @@ def checkpointer(plugin: str, module: nn.Module, masters: dict[int, torch.Tensor
     wrapped = Wrapped(module, masters)
     ck.model, ck.optimizer, ck.cfg = wrapped, wrapped, lm.merge_config({"plugin": plugin})
     ck.rank, ck.world, ck.dp_size, ck.spec = 0, world, world, plugins.PLUGIN_TABLE[plugin]
+    ck.masters_apart = plugins.masters_apart(ck.cfg)
     return ck
 
 
@@ -213,13 +227,13 @@ def test_resume_on_another_world_size_is_an_error_naming_both_sizes_where_the_pl
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("plugin", CPU_PLUGINS)
+@pytest.mark.parametrize("case", CASES)
 def test_a_rerun_with_the_same_config_and_world_size_gives_the_same_model_bit_for_bit(
-    plugin: str, tmp_path: Path, data_dir: Path
+    case: str, tmp_path: Path, data_dir: Path
 ) -> None:
     """CPU + gloo: two straight runs of the same config on the same world size write a byte-identical final model
     and the same loss on every logged step (seeded data order and init, deterministic CPU kernels)."""
-    cfg = {**TINY, **RESUME_CONFIGS[plugin], "steps": STEPS, "lr": 3e-3}
+    cfg = {**TINY, **RESUME_CONFIGS[case], "steps": STEPS, "lr": 3e-3}
     first, second = tmp_path / "first", tmp_path / "second"
     train(first, data_dir, cfg)
     train(second, data_dir, cfg)

@@ -5,7 +5,7 @@
         optimizer/       booster.save_optimizer(shard=True): likewise
         lr_scheduler.pt  booster.save_lr_scheduler (written by rank 0)
         ranks/rankNNNNN.pt  per-rank state: RNG states; fp32 master weights where the plugin keeps them apart
-                         from the model checkpoint (plugins.PluginSpec.fp32_masters)
+                         from the model checkpoint (plugins.masters_apart)
         trainer.json     step, tokens, elapsed, world and data-parallel size, config; written last
 
 Every rank writes into .tmp_step_NNNNNNNN; rank 0 renames it once all ranks are done, so a checkpoint directory
@@ -117,6 +117,7 @@ class Checkpointer:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.keep = max(1, cfg["keep_ckpts"])
         self.spec = plugins.spec_of(cfg)
+        self.masters_apart = plugins.masters_apart(cfg)
 
     def log(self, msg: str) -> None:
         if self.rank == 0:
@@ -135,7 +136,7 @@ class Checkpointer:
         self.booster.save_model(self.model, str(tmp / MODEL), shard=True)
         self.booster.save_optimizer(self.optimizer, str(tmp / OPTIMIZER), shard=True)
         self.booster.save_lr_scheduler(self.scheduler, str(tmp / SCHEDULER))
-        masters = fp32_masters(self.model, self.optimizer) if self.spec.fp32_masters else None
+        masters = fp32_masters(self.model, self.optimizer) if self.masters_apart else None
         per_rank = {
             "rng": rng_state(),
             "masters": None if masters is None else {k: v.detach().cpu().clone() for k, v in masters.items()},
@@ -177,6 +178,8 @@ class Checkpointer:
         self.booster.load_optimizer(self.optimizer, str(path / OPTIMIZER))
         self.booster.load_lr_scheduler(self.scheduler, str(path / SCHEDULER))
         if resized:
+            if self.cfg["precision"] == "bf16_master":  # ColossalAI's plugins re-seed their own on load
+                self.optimizer.update_master_params()
             self._log_resize(path, meta)
         else:
             per_rank = torch.load(rank_file(path, self.rank), map_location="cpu", weights_only=False)
@@ -198,7 +201,7 @@ class Checkpointer:
         )
 
     def _restore_masters(self, saved: dict[str, torch.Tensor] | None) -> None:
-        current = fp32_masters(self.model, self.optimizer) if self.spec.fp32_masters else None
+        current = fp32_masters(self.model, self.optimizer) if self.masters_apart else None
         if saved is None and current is None:
             return
         saved_shapes = {k: tuple(v.shape) for k, v in (saved or {}).items()}

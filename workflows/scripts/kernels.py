@@ -43,7 +43,7 @@ def _installed(module: str) -> bool:
         return False
 
 
-def problem(names: list[str], cuda: bool, impl: str, precision: str = "bf16") -> str | None:
+def problem(names: list[str], cuda: bool, impl: str, bf16_compute: bool = True) -> str | None:
     """Why these kernels cannot be used here (None: they can). Checked before anything is imported."""
     if not isinstance(names, list) or not set(names) <= set(KERNELS):
         return f"kernels must be a list drawn from {list(KERNELS)}, got {names!r}"
@@ -55,8 +55,8 @@ def problem(names: list[str], cuda: bool, impl: str, precision: str = "bf16") ->
         return f"kernels {names} are GPU kernels: this machine has no CUDA (leave kernels empty on CPU)"
     for name in names:
         kernel = KERNELS[name]
-        if kernel.needs_bf16 and precision != "bf16":
-            return f"kernel {name} runs in bf16 only: set precision bf16 (not {precision!r})"
+        if kernel.needs_bf16 and not bf16_compute:
+            return f"kernel {name} runs in bf16 only: set precision bf16 or bf16_master"
         if not _installed(kernel.module):
             return f"kernel {name} needs the optional package {kernel.pip} (pip install {kernel.pip}); not installed"
         if kernel.min_capability > (0, 0):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fp8
 import kernels
 import numpy as np
 import plugins
@@ -41,7 +42,12 @@ CONFIG_SPEC: dict[str, tuple[Any, str]] = {
     "sp": (1, "hybrid: sequence-parallel size, > 1 enables SP (split_gather/ring: must equal tp)"),
     "sp_mode": ("all_to_all", "hybrid: all_to_all (own axis) | split_gather | ring (share the tp group)"),
     "zero_stage": (0, "hybrid: ZeRO stage 0/1/2; low_level_zero: 1/2 (0 means 2)"),
-    "precision": ("fp32", "fp32 | bf16 (torch_ddp: autocast, fp32 weights; others: the plugin's bf16 AMP)"),
+    "precision": (
+        "fp32",
+        "fp32 | bf16 | bf16_master. bf16: torch_ddp autocast over fp32 weights; the other plugins their bf16 AMP "
+        "(bf16 weights, fp32 masters). bf16_master (torch_ddp): bf16 weights, activations and residual stream, fp32 "
+        "masters in the optimizer; faster on GPUs, loss within 1% of bf16 (benchmarks/README.md)",
+    ),
     "model_impl": ("auto", "auto | native | hf (auto: native Llama module, hf LlamaForCausalLM for hybrid)"),
     "n_layer": (4, "transformer blocks"),
     "n_head": (4, "attention heads (head dim = d_model / n_head, even)"),
@@ -71,6 +77,11 @@ CONFIG_SPEC: dict[str, tuple[Any, str]] = {
         "optional fused kernels (CUDA, native model): any of liger_rms_norm, liger_swiglu, liger_rope, "
         "liger_fused_ce (package liger-kernel), flash_attn_hopper (flash-attn-4, Hopper GPU, bf16)",
     ),
+    "fp8": (
+        None,
+        "FP8 matmuls (torchao float8 training): null (off) | tensorwise | rowwise | rowwise_with_gw_hp; torch_ddp, "
+        "a GPU of compute capability 8.9+, bf16 or bf16_master, compile: true, package torchao",
+    ),
     "compile": (False, "torch.compile the model (GPU; torch_ddp/low_level_zero only, ignored otherwise)"),
     "deterministic": (
         False,
@@ -83,7 +94,16 @@ DEFAULT_CONFIG: dict[str, Any] = {key: spec[0] for key, spec in CONFIG_SPEC.item
 
 # Keys that may differ between a checkpoint and the run resuming it; any other difference is refused.
 # The data-parallel size may change (a different node count), the model/optimizer layout may not.
-RESUME_MUTABLE_KEYS = {"stop_after", "ckpt_every", "keep_ckpts", "log_every", "compile", "kernels", "deterministic"}
+RESUME_MUTABLE_KEYS = {
+    "stop_after",
+    "ckpt_every",
+    "keep_ckpts",
+    "log_every",
+    "compile",
+    "kernels",
+    "deterministic",
+    "fp8",
+}
 MODEL_KEYS = ("n_layer", "n_head", "d_model", "d_ff", "seq_len", "vocab", "rope_theta")
 
 
@@ -122,8 +142,8 @@ def validate_config(cfg: dict[str, Any], cuda: bool, world_size: int) -> None:
             f"plugin {name!r} cannot run on this CPU-only machine: {spec.cpu_refusal}. "
             f"Use plugin {' or '.join(cpu_ok)} on CPU."
         )
-    if cfg["precision"] not in ("fp32", "bf16"):
-        raise ConfigError(f"precision {cfg['precision']!r} unknown; choose fp32 or bf16")
+    if cfg["precision"] not in plugins.PRECISIONS:
+        raise ConfigError(f"precision {cfg['precision']!r} unknown; choose one of {' | '.join(plugins.PRECISIONS)}")
     if cfg["precision"] not in spec.precisions:
         raise ConfigError(f"plugin {name!r} supports precision {' | '.join(spec.precisions)}, not {cfg['precision']!r}")
     tp, pp, sp = cfg["tp"], cfg["pp"], cfg["sp"]
@@ -141,9 +161,18 @@ def validate_config(cfg: dict[str, Any], cuda: bool, world_size: int) -> None:
             f"plugin {name!r} needs model_impl {' | '.join(spec.model_kinds)} (shardformer only knows transformers "
             f"models), not {cfg['model_impl']!r}"
         )
-    kernel_problem = kernels.problem(cfg["kernels"], cuda, model_impl(cfg), cfg["precision"])
+    kernel_problem = kernels.problem(cfg["kernels"], cuda, model_impl(cfg), plugins.bf16_compute(cfg))
     if kernel_problem:
         raise ConfigError(kernel_problem)
+    if cfg["fp8"] is not None and not (spec.fp8 and model_impl(cfg) == "native"):
+        with_fp8 = [p.name for p in plugins.PLUGIN_TABLE.values() if p.fp8]
+        raise ConfigError(
+            f"fp8 converts lm.NativeLlama's linear layers before the plugin wraps the model: it needs plugin "
+            f"{' or '.join(with_fp8)} and model_impl native (plugin {name!r}, model_impl {model_impl(cfg)!r})"
+        )
+    fp8_problem = fp8.problem(cfg["fp8"], cuda, plugins.bf16_compute(cfg), cfg["compile"])
+    if fp8_problem:
+        raise ConfigError(fp8_problem)
     own_sp_axis = cfg["sp_mode"] == "all_to_all"
     if sp > 1 and not own_sp_axis and sp != tp:
         raise ConfigError(f"sp_mode {cfg['sp_mode']!r} shares the tp group: set sp equal to tp ({tp})")
@@ -369,6 +398,8 @@ def build_model(train_cfg: dict[str, Any], cuda: bool) -> nn.Module:
     if model_impl(train_cfg) == "native":
         model = NativeLlama(mcfg)
         kernels.install(model, train_cfg["kernels"])
+        if train_cfg["fp8"] is not None:
+            fp8.convert(model, train_cfg["fp8"])
         return model
     # Without ColossalAI's flash attention (CPU), shardformer's attention takes the mask transformers builds;
     # with "sdpa" that mask is None (causality left to SDPA's is_causal) and the replaced attention ignores
@@ -497,6 +528,10 @@ def boost(cfg: dict[str, Any], cuda: bool, model: nn.Module | None = None, log: 
     optimizer = plugins.make_optimizer(cfg, model, cuda)
     schedule = WarmupCosine(cfg["steps"], cfg["warmup"], cfg["min_lr_ratio"], cfg["schedule"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    if cfg["precision"] == "bf16_master":  # after the scheduler: it takes a torch optimizer, and reads only lr
+        import master_weights
+
+        optimizer = master_weights.MasterWeightOptimizer(optimizer)
     model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
     dp_rank, dp_size = data_parallel_layout(plugin)
     return Boosted(plugin, booster, model, optimizer, scheduler, n_matmul, dp_rank, dp_size)
@@ -529,8 +564,8 @@ def model_inputs(ids: torch.Tensor, cfg: dict[str, Any], labels: bool) -> dict[s
 
 
 def autocast(cfg: dict[str, Any], device_type: str) -> contextlib.AbstractContextManager:
-    """bf16 autocast where the plugin keeps fp32 weights (PluginSpec.autocast); the others cast the model."""
-    if plugins.spec_of(cfg).autocast and cfg["precision"] == "bf16":
+    """bf16 autocast where the plugin keeps fp32 weights (plugins.autocasts); the others cast the model."""
+    if plugins.autocasts(cfg):
         return torch.autocast(device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 

@@ -21,8 +21,8 @@ class PluginSpec:
     # Device: the accelerators it runs on; why not on CPU (the error ColossalAI 0.5.0 raises there, measured).
     devices: tuple[str, ...]
     cpu_refusal: str
-    # Precision: allowed values; autocast=True: torch.autocast(bf16) over fp32 weights (else the plugin's bf16
-    # AMP: bf16 weights, fp32 masters in the optimizer).
+    # Precision: allowed values (of PRECISIONS); autocast=True: its bf16 is torch.autocast(bf16) over fp32 weights
+    # (else the plugin's bf16 AMP: bf16 weights, fp32 masters in the optimizer).
     precisions: tuple[str, ...]
     autocast: bool
     # Model kind: the default model_impl and the allowed ones ("hf" = transformers' LlamaForCausalLM, needed by
@@ -32,6 +32,7 @@ class PluginSpec:
     shardformer: bool
     place_before_boost: bool  # the caller moves the model to the device; else boost places (or shards) it
     compile_ok: bool  # torch.compile before boost works with this wrapper (CUDA only)
+    fp8: bool  # fp8.convert's Float8Linear layers train under this wrapper (measured: torch_ddp only)
     # Checkpoint IO (shard=True): who writes what. fp32_masters: the model checkpoint holds bf16 working weights
     # while the optimizer keeps fp32 masters, so the masters are saved per rank beside it (ColossalAI would
     # re-seed them from bf16 on load). resize_ok: the sharded model/optimizer load on another world size.
@@ -96,13 +97,14 @@ PLUGIN_TABLE: dict[str, PluginSpec] = {
             name="torch_ddp",
             devices=("cpu", "cuda"),
             cpu_refusal="",
-            precisions=("fp32", "bf16"),
+            precisions=("fp32", "bf16", "bf16_master"),
             autocast=True,
             model_kind="native",
             model_kinds=("native", "hf"),
             shardformer=False,
             place_before_boost=True,
             compile_ok=True,
+            fp8=True,
             checkpoint_io="rank 0 writes the whole (replicated) model and optimizer, split into size-limited files",
             fp32_masters=False,
             resize_ok=True,
@@ -124,6 +126,7 @@ PLUGIN_TABLE: dict[str, PluginSpec] = {
             shardformer=False,
             place_before_boost=False,
             compile_ok=True,
+            fp8=False,
             checkpoint_io="model: rank 0; optimizer: its ZeRO shards gathered to rank 0, which writes them "
             "(split on load by the new data-parallel size); fp32 master shards: every rank its own file",
             fp32_masters=True,
@@ -146,6 +149,7 @@ PLUGIN_TABLE: dict[str, PluginSpec] = {
             shardformer=False,
             place_before_boost=False,
             compile_ok=False,
+            fp8=False,
             checkpoint_io="model (its fp32 chunks) and optimizer: gathered chunk by chunk to rank 0, which writes "
             "them; every rank loads the parameters it holds",
             fp32_masters=False,  # Gemini's model checkpoint is written from its fp32 chunks
@@ -167,6 +171,7 @@ PLUGIN_TABLE: dict[str, PluginSpec] = {
             shardformer=True,
             place_before_boost=True,
             compile_ok=False,
+            fp8=False,
             checkpoint_io="each pipeline stage writes its own files (tp shards gathered to the stage's first "
             "rank; ZeRO optimizer shards gathered over dp); fp32 masters: every rank its own file",
             fp32_masters=True,
@@ -180,6 +185,26 @@ PLUGIN_TABLE: dict[str, PluginSpec] = {
     )
 }
 PLUGINS = tuple(PLUGIN_TABLE)
+
+# Precisions, and which of them compute in bf16. bf16_master is torch_ddp's bf16 without autocast: the model's
+# weights, activations and residual stream are bf16 and master_weights.py keeps fp32 masters in the optimizer, what
+# the other plugins' bf16 already does.
+PRECISIONS = ("fp32", "bf16", "bf16_master")
+BF16_COMPUTE = ("bf16", "bf16_master")
+
+
+def bf16_compute(cfg: dict[str, Any]) -> bool:
+    return cfg["precision"] in BF16_COMPUTE
+
+
+def masters_apart(cfg: dict[str, Any]) -> bool:
+    """The optimizer keeps fp32 masters apart from the (bf16) model checkpoint: checkpoint.py saves them per rank."""
+    return spec_of(cfg).fp32_masters or cfg["precision"] == "bf16_master"
+
+
+def autocasts(cfg: dict[str, Any]) -> bool:
+    """bf16 through torch.autocast over fp32 weights (torch_ddp's bf16)."""
+    return spec_of(cfg).autocast and cfg["precision"] == "bf16"
 
 
 def spec_of(cfg: dict[str, Any]) -> PluginSpec:
@@ -201,7 +226,8 @@ def make_plugin(cfg: dict[str, Any], cuda: bool) -> Any:
 
 
 def make_optimizer(cfg: dict[str, Any], model: nn.Module, cuda: bool) -> torch.optim.Optimizer:
-    """AdamW with decay on matrices only; ColossalAI's HybridAdam where the plugin or the config asks for it."""
+    """AdamW with decay on matrices only; ColossalAI's HybridAdam where the plugin or the config asks for it.
+    Built over the model's fp32 parameters (bf16_master wraps it afterwards: master_weights.py)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]

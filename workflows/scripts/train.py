@@ -12,8 +12,10 @@ Config keys (--config-json, a JSON object; omitted keys take the defaults printe
     tp, pp, sp    hybrid only: tensor-parallel, pipeline and sequence-parallel sizes (default 1)
     sp_mode       hybrid: all_to_all (own axis) | split_gather | ring (these two share the tp group: sp == tp)
     zero_stage    hybrid: 0/1/2; low_level_zero: 1/2 (0 means 2)
-    precision     fp32 | bf16. torch_ddp: torch.autocast(bf16) over fp32 weights; the other plugins: their own
-                  bf16 mixed precision (bf16 weights, fp32 masters kept by the optimizer)
+    precision     fp32 | bf16 | bf16_master. bf16: torch_ddp runs torch.autocast(bf16) over fp32 weights; the other
+                  plugins their own bf16 mixed precision (bf16 weights, fp32 masters kept by the optimizer).
+                  bf16_master (torch_ddp): that mixed precision for torch_ddp, no autocast: bf16 weights, activations
+                  and residual stream, fp32 masters in the optimizer (master_weights.py)
     model_impl    auto | native | hf. auto: the native module (SDPA is_causal, compiles well) except hybrid,
                   whose shardformer needs transformers' LlamaForCausalLM. Both share parameter names.
     n_layer, n_head, d_model, d_ff (null: 8/3*d_model rounded up to 64), seq_len, vocab (>= 257), rope_theta
@@ -27,6 +29,8 @@ Config keys (--config-json, a JSON object; omitted keys take the defaults printe
     seed          model init, data order, RNGs
     kernels       optional fused kernels for the native model on CUDA, from the liger-kernel package (a list of
                   liger_rms_norm, liger_swiglu, liger_rope, liger_fused_ce; default []: none, no package needed)
+    fp8           null | tensorwise | rowwise | rowwise_with_gw_hp: FP8 matmuls in the decoder's linear layers
+                  (torchao float8 training; fp8.py): torch_ddp, compute capability 8.9+, bf16 compute, compile
     compile       torch.compile the model (CUDA, torch_ddp / low_level_zero; ignored otherwise)
     deterministic deterministic CUDA kernels (use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG, no TF32): the
                   same loss lines in two runs of one config, slower; CPU runs are deterministic anyway
@@ -256,7 +260,7 @@ def mean_loss(run: Run, loss_sum: torch.Tensor, count: int) -> float:
 
 
 def mfu(run: Run, tokens_per_s: float) -> float | None:
-    if not run.cuda or run.cfg["precision"] != "bf16":
+    if not run.cuda or not plugins.bf16_compute(run.cfg):
         return None
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in GPU_PEAK_BF16.items() if k in name), None)
