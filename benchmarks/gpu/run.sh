@@ -67,7 +67,7 @@ for v in $VARIANTS; do
     : > $OUT/$v.log
     timeout ${VARIANT_TIMEOUT:-600} python3 benchmarks/gpu/plain_torch.py --data-dir $SCRATCH/data --steps ${PLAIN_STEPS:-$STEPS} $flags \
       2>> $OUT/$v.log | tee -a $OUT/$v.log | grep '^{' >> $OUT/results.jsonl \
-      || echo "{\"variant\": \"$v\", \"error\": \"$(tail -1 $OUT/$v.log | tr -d '"\\')\"}" >> $OUT/results.jsonl
+      || echo "{\"variant\": \"$v\", \"error\": \"no result line (failed, or past VARIANT_TIMEOUT); its log ends: $(tail -1 $OUT/$v.log | tr -d '"\\')\"}" >> $OUT/results.jsonl
   else
     comp=false; impl=auto; det=false; prec=bf16; f8=null; extra=""
     has "$v" compile && comp=true
