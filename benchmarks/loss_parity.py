@@ -4,8 +4,9 @@
 
 Reads train.py's metrics files (JSON lines with step and loss). Prints one JSON line per run: its name (the file's
 parent folder), the steps compared, the largest |loss - baseline loss| / baseline loss, the step where it occurs,
-and whether it is within the limit (steps 0 and max_rel_diff -1: not comparable, other logged steps or none). Exit code 1 when a run is not within it, or logged other steps than the
-baseline. The CPU test (tests/training/test_precision.py) and gpu/run.sh's PARITY=1 both use it.
+and whether it is within the limit (steps 0 and max_rel_diff -1: not comparable, other logged steps or none).
+Exit code 1 when a run is not within it. The CPU test (tests/training/test_precision.py) and gpu/run.sh's
+PARITY=1 both use it.
 """
 
 from __future__ import annotations
