@@ -111,7 +111,7 @@ def main() -> int:
         raise SystemExit(problem)
     model = lm.build_model(cfg, cuda=cuda).to(args.device)
     opt = plugins.make_optimizer(cfg, model, cuda=cuda)
-    if cfg["precision"] == "bf16_master":
+    if plugins.wraps_masters(cfg):
         import master_weights
 
         opt = master_weights.MasterWeightOptimizer(opt)

@@ -178,7 +178,7 @@ class Checkpointer:
         self.booster.load_optimizer(self.optimizer, str(path / OPTIMIZER))
         self.booster.load_lr_scheduler(self.scheduler, str(path / SCHEDULER))
         if resized:
-            if self.cfg["precision"] == "bf16_master":  # ColossalAI's plugins re-seed their own on load
+            if plugins.wraps_masters(self.cfg):  # ColossalAI's plugins re-seed their own on load
                 self.optimizer.update_master_params()
             self._log_resize(path, meta)
         else:

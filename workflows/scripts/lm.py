@@ -528,7 +528,7 @@ def boost(cfg: dict[str, Any], cuda: bool, model: nn.Module | None = None, log: 
     optimizer = plugins.make_optimizer(cfg, model, cuda)
     schedule = WarmupCosine(cfg["steps"], cfg["warmup"], cfg["min_lr_ratio"], cfg["schedule"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    if cfg["precision"] == "bf16_master":  # after the scheduler: it takes a torch optimizer, and reads only lr
+    if plugins.wraps_masters(cfg):  # after the scheduler: it takes a torch optimizer, and reads only lr
         import master_weights
 
         optimizer = master_weights.MasterWeightOptimizer(optimizer)

@@ -197,9 +197,14 @@ def bf16_compute(cfg: dict[str, Any]) -> bool:
     return cfg["precision"] in BF16_COMPUTE
 
 
+def wraps_masters(cfg: dict[str, Any]) -> bool:
+    """master_weights.MasterWeightOptimizer keeps the fp32 masters (bf16_master), not the plugin."""
+    return cfg["precision"] == "bf16_master"
+
+
 def masters_apart(cfg: dict[str, Any]) -> bool:
     """The optimizer keeps fp32 masters apart from the (bf16) model checkpoint: checkpoint.py saves them per rank."""
-    return spec_of(cfg).fp32_masters or cfg["precision"] == "bf16_master"
+    return spec_of(cfg).fp32_masters or wraps_masters(cfg)
 
 
 def autocasts(cfg: dict[str, Any]) -> bool:
