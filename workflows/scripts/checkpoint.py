@@ -4,8 +4,9 @@
         model/           booster.save_model(shard=True): an index + size-limited shard files, per plugin IO
         optimizer/       booster.save_optimizer(shard=True): likewise
         lr_scheduler.pt  booster.save_lr_scheduler (written by rank 0)
-        ranks/rankNNNNN.pt  per-rank state: RNG states; fp32 master weights where the plugin keeps them apart
-                         from the model checkpoint (plugins.masters_apart)
+        ranks/rankNNNNN.pt  per-rank state: RNG states; fp32 master weights where they are kept apart from the
+                         model checkpoint (plugins.masters_apart): every rank its shard, or rank 0 alone where
+                         every rank holds all of them (PluginSpec.replicated)
         trainer.json     step, tokens, elapsed, world and data-parallel size, config; written last
 
 Every rank writes into .tmp_step_NNNNNNNN; rank 0 renames it once all ranks are done, so a checkpoint directory
@@ -14,8 +15,9 @@ checkpoint IO (plugins.PLUGIN_TABLE[...].checkpoint_io).
 
 Resume on the same world size restores everything exactly. On another world size the plugin's IO reshards the
 model and optimizer (where its PluginSpec says resize_ok; else a ConfigError naming both sizes); the per-rank
-state cannot follow, and that conversion is logged: RNG states stay as seeded, fp32 master weights are re-seeded
-from the checkpoint's model weights (ColossalAI's own load does that).
+state cannot follow, and that conversion is logged: RNG states stay as seeded, sharded fp32 master weights are
+re-seeded from the checkpoint's model weights (ColossalAI's own load does that); replicated ones (bf16_master) are
+restored from rank 0's copy.
 """
 
 from __future__ import annotations
@@ -136,7 +138,8 @@ class Checkpointer:
         self.booster.save_model(self.model, str(tmp / MODEL), shard=True)
         self.booster.save_optimizer(self.optimizer, str(tmp / OPTIMIZER), shard=True)
         self.booster.save_lr_scheduler(self.scheduler, str(tmp / SCHEDULER))
-        masters = fp32_masters(self.model, self.optimizer) if self.masters_apart else None
+        writes_masters = self.masters_apart and (self.rank == 0 or not self.spec.replicated)
+        masters = fp32_masters(self.model, self.optimizer) if writes_masters else None
         per_rank = {
             "rng": rng_state(),
             "masters": None if masters is None else {k: v.detach().cpu().clone() for k, v in masters.items()},
@@ -177,23 +180,26 @@ class Checkpointer:
         self.booster.load_model(self.model, str(path / MODEL))
         self.booster.load_optimizer(self.optimizer, str(path / OPTIMIZER))
         self.booster.load_lr_scheduler(self.scheduler, str(path / SCHEDULER))
+        if not resized:
+            set_rng_state(self._rank_state(path, self.rank)["rng"])
+        if not resized or self.spec.replicated:  # else ColossalAI's load re-seeded them from the model weights
+            masters_rank = 0 if self.spec.replicated else self.rank
+            self._restore_masters(self._rank_state(path, masters_rank)["masters"])
         if resized:
-            if plugins.wraps_masters(self.cfg):  # ColossalAI's plugins re-seed their own on load
-                self.optimizer.update_master_params()
             self._log_resize(path, meta)
-        else:
-            per_rank = torch.load(rank_file(path, self.rank), map_location="cpu", weights_only=False)
-            set_rng_state(per_rank["rng"])
-            self._restore_masters(per_rank["masters"])
         return TrainState(step=meta["step"], tokens=meta["tokens"], elapsed=meta["elapsed"])
 
+    @staticmethod
+    def _rank_state(path: Path, rank: int) -> dict[str, Any]:
+        return torch.load(rank_file(path, rank), map_location="cpu", weights_only=False)
+
     def _log_resize(self, path: Path, meta: dict[str, Any]) -> None:
-        saved = torch.load(rank_file(path, 0), map_location="cpu", weights_only=False)
-        masters = (
-            "fp32 master weights re-seeded from the checkpoint's model weights (they were saved per rank)"
-            if saved["masters"] is not None
-            else "no fp32 masters apart from the model checkpoint"
-        )
+        if self._rank_state(path, 0)["masters"] is None:
+            masters = "no fp32 masters apart from the model checkpoint"
+        elif self.spec.replicated:
+            masters = "fp32 master weights restored from rank 0's copy (every rank holds all of them)"
+        else:
+            masters = "fp32 master weights re-seeded from the checkpoint's model weights (they were saved per rank)"
         self.log(
             f"resume: world size {meta['world_size']} -> {self.world} (data-parallel {meta['dp_size']} -> "
             f"{self.dp_size}): model, optimizer and lr schedule resharded by the {self.spec.name} checkpoint IO; "

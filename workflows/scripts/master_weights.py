@@ -73,10 +73,5 @@ class MasterWeightOptimizer(OptimizerWrapper):
             p.grad = None
         self._grads_on_masters = False  # the masters' gradient buffers are overwritten next step
 
-    def update_master_params(self) -> None:
-        """Re-seed the masters from the working weights (after a model load that had no masters to restore)."""
-        with torch.no_grad():
-            torch._foreach_copy_(self.masters, [w.data for w in self.working])
-
     def get_working_to_master_map(self) -> dict[int, torch.Tensor]:
         return {id(w): m for w, m in zip(self.working, self.masters, strict=True)}

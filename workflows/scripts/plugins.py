@@ -38,6 +38,9 @@ class PluginSpec:
     # re-seed them from bf16 on load). resize_ok: the sharded model/optimizer load on another world size.
     checkpoint_io: str
     fp32_masters: bool
+    # replicated: every rank holds the whole model and optimizer, so state kept beside them (bf16_master's fp32
+    # masters) is written once, by rank 0, and every rank reads that copy, on any world size.
+    replicated: bool
     resize_ok: bool
     # Grad clipping: "loop" = train.py calls optimizer.clip_grad_by_norm; "plugin" = max_norm inside step().
     grad_clip: str
@@ -107,6 +110,7 @@ PLUGIN_TABLE: dict[str, PluginSpec] = {
             fp8=True,
             checkpoint_io="rank 0 writes the whole (replicated) model and optimizer, split into size-limited files",
             fp32_masters=False,
+            replicated=True,
             resize_ok=True,
             grad_clip="loop",
             pipeline=None,
@@ -130,6 +134,7 @@ PLUGIN_TABLE: dict[str, PluginSpec] = {
             checkpoint_io="model: rank 0; optimizer: its ZeRO shards gathered to rank 0, which writes them "
             "(split on load by the new data-parallel size); fp32 master shards: every rank its own file",
             fp32_masters=True,
+            replicated=False,
             resize_ok=True,
             grad_clip="plugin",
             pipeline=None,
@@ -153,6 +158,7 @@ PLUGIN_TABLE: dict[str, PluginSpec] = {
             checkpoint_io="model (its fp32 chunks) and optimizer: gathered chunk by chunk to rank 0, which writes "
             "them; every rank loads the parameters it holds",
             fp32_masters=False,  # Gemini's model checkpoint is written from its fp32 chunks
+            replicated=False,
             resize_ok=True,
             grad_clip="plugin",
             pipeline=None,
@@ -175,6 +181,7 @@ PLUGIN_TABLE: dict[str, PluginSpec] = {
             checkpoint_io="each pipeline stage writes its own files (tp shards gathered to the stage's first "
             "rank; ZeRO optimizer shards gathered over dp); fp32 masters: every rank its own file",
             fp32_masters=True,
+            replicated=False,
             resize_ok=True,  # the data-parallel size may change; tp/pp/sp are fixed by the config check
             grad_clip="plugin",
             pipeline="1F1B (OneForwardOneBackward) over grad_accum microbatches",
