@@ -47,21 +47,22 @@ for v in $VARIANTS; do
   if [ $SECONDS -gt $DEADLINE ]; then echo "skip $v: past the deadline"; continue; fi
   t0=$SECONDS
   base=${v%%+*}
+  # Config keys both scripts read from their --config-json: micro-batch, precision, fp8.
+  extra=""
+  mb=$(tr '+' '\n' <<<"$v" | sed -n 's/^mb\([0-9]*\)$/\1/p')
+  [ -n "$mb" ] && extra="$extra,\"micro_batch\":$mb"
+  has "$v" bf16m && extra="$extra,\"precision\":\"bf16_master\"" || extra="$extra,\"precision\":\"bf16\""
+  has "$v" fp8 && extra="$extra,\"fp8\":\"tensorwise\""
+  has "$v" fp8row && extra="$extra,\"fp8\":\"rowwise\""
   if [ "$base" = plain ]; then
     flags=""
     has "$v" compile && flags="$flags --compile"
     has "$v" hf && flags="$flags --model-impl hf"
     ks=$(kernels_of "$v")
     [ -n "$ks" ] && flags="$flags --kernels $ks"
-    extra=""
-    mb=$(tr '+' '\n' <<<"$v" | sed -n 's/^mb\([0-9]*\)$/\1/p')
-    [ -n "$mb" ] && extra="$extra,\"micro_batch\":$mb"
     has "$v" hybrid_adam && extra="$extra,\"optimizer\":\"hybrid_adam\""
     has "$v" cdt && flags="$flags --inductor-tuning"
     has "$v" prof && flags="$flags --profile"
-    has "$v" bf16m && extra="$extra,\"precision\":\"bf16_master\"" || extra="$extra,\"precision\":\"bf16\""
-    has "$v" fp8 && extra="$extra,\"fp8\":\"tensorwise\""
-    has "$v" fp8row && extra="$extra,\"fp8\":\"rowwise\""
     flags="$flags --config-json {$COMMON$extra}"
     # Only the JSON line goes to the results (ColossalAI's JIT builds print to stdout too).
     : > $OUT/$v.log
@@ -69,19 +70,14 @@ for v in $VARIANTS; do
       2>> $OUT/$v.log | tee -a $OUT/$v.log | grep '^{' >> $OUT/results.jsonl \
       || echo "{\"variant\": \"$v\", \"error\": \"no result line (failed, or past VARIANT_TIMEOUT); its log ends: $(tail -1 $OUT/$v.log | tr -d '"\\')\"}" >> $OUT/results.jsonl
   else
-    comp=false; impl=auto; det=false; prec=bf16; f8=null; extra=""
+    comp=false; impl=auto; det=false
     has "$v" compile && comp=true
     has "$v" det && det=true
     has "$v" hf && impl=hf
-    has "$v" bf16m && prec=bf16_master
-    has "$v" fp8 && f8='"tensorwise"'
-    has "$v" fp8row && f8='"rowwise"'
-    mb=$(tr '+' '\n' <<<"$v" | sed -n 's/^mb\([0-9]*\)$/\1/p')
-    [ -n "$mb" ] && extra="$extra,\"micro_batch\":$mb"
     ks=$(kernels_of "$v" | sed '/./s/\([^,]*\)/"\1"/g')  # none: an empty list
     python3 -m torch.distributed.run --standalone --nproc_per_node=1 workflows/scripts/train.py \
       --data-dir $SCRATCH/data --out $SCRATCH/$v/model.pt --ckpt-dir $SCRATCH/$v/ckpt --metrics $OUT/$v/metrics.jsonl \
-      --config-json "{$COMMON$extra,\"plugin\":\"$base\",\"compile\":$comp,\"deterministic\":$det,\"model_impl\":\"$impl\",\"kernels\":[$ks],\"precision\":\"$prec\",\"fp8\":$f8}" > $OUT/$v.log 2>&1
+      --config-json "{$COMMON$extra,\"plugin\":\"$base\",\"compile\":$comp,\"deterministic\":$det,\"model_impl\":\"$impl\",\"kernels\":[$ks]}" > $OUT/$v.log 2>&1
     python3 benchmarks/gpu/summarize.py "$v" $OUT/$v/metrics.jsonl >> $OUT/results.jsonl
     trained="$trained $v"
   fi
