@@ -180,21 +180,25 @@ class Checkpointer:
         self.booster.load_model(self.model, str(path / MODEL))
         self.booster.load_optimizer(self.optimizer, str(path / OPTIMIZER))
         self.booster.load_lr_scheduler(self.scheduler, str(path / SCHEDULER))
+        # Rank 0's file is read once: it holds replicated masters, and the resize log looks into it.
+        first = self._rank_state(path, 0) if resized or self.spec.replicated else None
         if not resized:
-            set_rng_state(self._rank_state(path, self.rank)["rng"])
-        if not resized or self.spec.replicated:  # else ColossalAI's load re-seeded them from the model weights
-            masters_rank = 0 if self.spec.replicated else self.rank
-            self._restore_masters(self._rank_state(path, masters_rank)["masters"])
+            own = first if first is not None and self.rank == 0 else self._rank_state(path, self.rank)
+            set_rng_state(own["rng"])
+            self._restore_masters((first if self.spec.replicated else own)["masters"])
+        elif self.spec.replicated:  # sharded masters: ColossalAI's load re-seeded them from the model weights
+            self._restore_masters(first["masters"])
         if resized:
-            self._log_resize(path, meta)
+            self._log_resize(first, meta)
         return TrainState(step=meta["step"], tokens=meta["tokens"], elapsed=meta["elapsed"])
 
     @staticmethod
     def _rank_state(path: Path, rank: int) -> dict[str, Any]:
         return torch.load(rank_file(path, rank), map_location="cpu", weights_only=False)
 
-    def _log_resize(self, path: Path, meta: dict[str, Any]) -> None:
-        if self._rank_state(path, 0)["masters"] is None:
+    def _log_resize(self, first: dict[str, Any], meta: dict[str, Any]) -> None:
+        """first: rank 0's per-rank state."""
+        if first["masters"] is None:
             masters = "no fp32 masters apart from the model checkpoint"
         elif self.spec.replicated:
             masters = "fp32 master weights restored from rank 0's copy (every rank holds all of them)"

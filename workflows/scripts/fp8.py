@@ -56,11 +56,8 @@ def _convertible(module: nn.Module, name: str) -> bool:
     return out_features % 16 == 0 and in_features % 16 == 0  # FP8 GEMMs need both dims in multiples of 16
 
 
-def convert(model: nn.Module, recipe: str) -> int:
-    """Swap the decoder's nn.Linear layers for Float8Linear in place; returns how many were swapped."""
+def convert(model: nn.Module, recipe: str) -> None:
+    """Swap the decoder's nn.Linear layers for Float8Linear in place."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    before = sum(isinstance(m, nn.Linear) for m in model.modules())
     convert_to_float8_training(model, module_filter_fn=_convertible, config=Float8LinearConfig.from_recipe_name(recipe))
-    after = sum(type(m) is nn.Linear for m in model.modules())
-    return before - after

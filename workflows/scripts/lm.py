@@ -46,7 +46,7 @@ CONFIG_SPEC: dict[str, tuple[Any, str]] = {
         "fp32",
         "fp32 | bf16 | bf16_master. bf16: torch_ddp autocast over fp32 weights; the other plugins their bf16 AMP "
         "(bf16 weights, fp32 masters). bf16_master (torch_ddp): bf16 weights, activations and residual stream, fp32 "
-        "masters in the optimizer; faster on GPUs, loss within 1% of bf16 (benchmarks/README.md)",
+        "masters in the optimizer; faster on GPUs (measured gain and loss parity: docs/training.md)",
     ),
     "model_impl": ("auto", "auto | native | hf (auto: native Llama module, hf LlamaForCausalLM for hybrid)"),
     "n_layer": (4, "transformer blocks"),

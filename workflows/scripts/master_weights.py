@@ -25,7 +25,7 @@ class MasterWeightOptimizer(OptimizerWrapper):
     model's parameters become bf16 in place. Make the lr scheduler over `optim` before wrapping (it reads only the
     groups' lr); the Booster keeps this wrapper as it is."""
 
-    def __init__(self, optim: torch.optim.Optimizer, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, optim: torch.optim.Optimizer) -> None:
         super().__init__(optim)
         self.working: list[nn.Parameter] = []
         self.masters: list[torch.Tensor] = []
@@ -36,7 +36,7 @@ class MasterWeightOptimizer(OptimizerWrapper):
                     raise ValueError(f"bf16_master: expected fp32 parameters to copy as masters, got {p.dtype}")
                 master = p.detach().clone()
                 with torch.no_grad():
-                    p.data = p.data.to(dtype)  # the same Parameter object: DDP and torch.compile see bf16
+                    p.data = p.data.to(torch.bfloat16)  # the same Parameter object: DDP and torch.compile see bf16
                 self.working.append(p)
                 self.masters.append(master)
                 masters.append(master)
