@@ -11,18 +11,18 @@ Hopper; "liger" = Liger's four); needs their packages.
 --inductor-tuning: Inductor's coordinate-descent tuning of its generated Triton kernels (longer first compile).
 --profile adds a torch.profiler summary of 3 steps after the timed ones: CUDA time per kernel family.
 
-Prints one JSON line: tokens/s and MFU (6 * N * tokens/s / 989e12, N = parameters in matmuls) over the median
-step time after warm-up (each step timed alone, synchronized), the same over a window of steps run back to back
-with one synchronize at the end (`window_*`: the CPU runs ahead as in train.py, which never synchronizes a
-step), mfu_attn (the window's MFU counting attention's 12 * layers * d_model * seq FLOPs per token too, PaLM's
-definition), and the peak memory.
+Prints one JSON line. Throughput is measured as train.py measures it: wall clock between synchronised points.
+After the warm-up steps, the timed steps run in intervals of --log-every steps; each interval ends by reading the
+loss back to the host (train.py's logging step), which waits for every kernel queued before it, and nothing else
+synchronises. tokens_per_s, step_ms and mfu (6 * N * tokens/s / 989e12, N = parameters in matmuls) are the timed
+tokens over the sum of the intervals; step_ms_min_max the fastest and slowest interval per step; mfu_attn the same
+counting attention's 12 * layers * d_model * seq FLOPs per token too (PaLM's definition); and the peak memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -92,6 +92,7 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--log-every", type=int, default=10, help="steps per timed interval (train.py's log_every)")
     ap.add_argument("--model-impl", choices=("native", "hf"), default="native")
     ap.add_argument("--kernels", default="", help="comma list of kernels.KERNELS, or liger (its four)")
     ap.add_argument("--inductor-tuning", action="store_true")
@@ -136,25 +137,27 @@ def main() -> int:
         state["step"] += 1
         state["loss"] = loss
 
-    times = []
     t_first = time.perf_counter()
     first = 0.0
-    for step in range(args.warmup + args.steps):
-        sync()
-        t0 = time.perf_counter()
+    for step in range(args.warmup):
         run_step()
         sync()
         if step == 0:
             first = time.perf_counter() - t_first
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
-    tps = rows * seq / med
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        run_step()
-    sync()
-    window_tps = rows * seq * args.steps / (time.perf_counter() - t0)
+    intervals = []  # (steps, seconds), each ended by the loss read back to the host
+    done = 0
+    mark = time.perf_counter()
+    while done < args.steps:
+        n = min(args.log_every, args.steps - done)
+        for _ in range(n):
+            run_step()
+        state["loss"].item()
+        now = time.perf_counter()
+        intervals.append((n, now - mark))
+        mark, done = now, done + n
+    seconds = sum(dt for _, dt in intervals)
+    tps = rows * seq * args.steps / seconds
+    per_step = [dt / n for n, dt in intervals]
     attn_flops = 12 * cfg["n_layer"] * cfg["d_model"] * seq
     peak_mem = round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None
     variant = "plain+compile" if args.compile else "plain"
@@ -166,13 +169,12 @@ def main() -> int:
     variant += {None: "", "tensorwise": "+fp8", "rowwise": "+fp8row"}.get(cfg["fp8"], f"+fp8_{cfg['fp8']}")
     rec: dict[str, Any] = {
         "variant": variant,
-        "step_ms": round(1000 * med, 1),
-        "step_ms_min_max": [round(1000 * min(times), 1), round(1000 * max(times), 1)],
+        "step_ms": round(1000 * seconds / args.steps, 1),
+        "step_ms_min_max": [round(1000 * min(per_step), 1), round(1000 * max(per_step), 1)],
         "tokens_per_s": round(tps),
         "mfu": round(6 * n_matmul * tps / PEAK, 4),
-        "window_tokens_per_s": round(window_tps),
-        "window_mfu": round(6 * n_matmul * window_tps / PEAK, 4),
-        "mfu_attn": round((6 * n_matmul + attn_flops) * window_tps / PEAK, 4),
+        "mfu_attn": round((6 * n_matmul + attn_flops) * tps / PEAK, 4),
+        "timed_steps": args.steps,
         "params_matmul": n_matmul,
         "first_step_s": round(first, 1),
         "loss": round(float(state["loss"].item()), 3),

@@ -137,15 +137,23 @@ def test_the_state_scaling_benchmark_runs_at_a_tiny_size(tmp_path):
         assert cycles[0]["listing"] == cycles[1]["listing"]  # flat: one listing, whatever runs
 
 
-def test_the_gpu_summary_runs_on_a_tiny_metrics_file(tmp_path):
+def test_the_gpu_summary_is_the_steady_tokens_over_their_wall_clock_after_the_first_interval(tmp_path):
     metrics = tmp_path / "m.jsonl"
-    rows = [{"step": i, "step_ms": ms, "tokens_per_s": 10, "mfu": 0.4, "loss": 2.0} for i, ms in enumerate((9, 5, 7))]
+    # 10 steps of 100 tokens a line; the first interval (the compile) took 50 s, then 1 s, 2 s and 1 s + a 1 s save.
+    rows = [
+        {"step": 10, "tokens": 1000, "tokens_per_s": 20.0, "mfu": 0.2, "time": 50.0, "loss": 3.0},
+        {"step": 20, "tokens": 2000, "tokens_per_s": 1000.0, "mfu": 10.0, "time": 51.0, "ckpt_s": 0.0, "loss": 2.5},
+        {"step": 30, "tokens": 3000, "tokens_per_s": 500.0, "mfu": 5.0, "time": 53.0, "ckpt_s": 0.0, "loss": 2.2},
+        {"step": 40, "tokens": 4000, "tokens_per_s": 1000.0, "mfu": 10.0, "time": 55.0, "ckpt_s": 1.0, "loss": 2.0},
+    ]
     metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = subprocess.run(
         [sys.executable, str(REPO / "benchmarks/gpu/summarize.py"), "v", str(metrics)],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
-    assert json.loads(out.stdout)["step_ms"] == 6.0
+    summary = json.loads(out.stdout)
+    assert summary["tokens_per_s"] == 750 and summary["span_tokens_per_s"] == 750  # 3000 tokens in 4 s
+    assert summary["step_ms"] == 133.3 and summary["mfu"] == 7.5 and summary["first_interval_s"] == 50.0
 
 
 @pytest.mark.parametrize(

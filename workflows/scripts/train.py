@@ -52,9 +52,14 @@ Final model (--out, rank 0): torch.save({"model_config", "state_dict" (unsharded
 "train_config", "step"}), loadable on CPU in one process by lm.load_final_model.
 
 Metrics (--metrics, rank 0, JSON lines): step, steps (the total), loss (mean over ranks and the steps since the
-last line), lr, tokens, tokens_per_s, mfu (6*N*tokens/s over the GPUs' bf16 peak; null when unknown), elapsed,
-step_ms, time (Unix seconds). Under the multinode executor, $MULTINODE_METRICS_FILE (beside the job's log) is made
-a link to that file: `multinode status` and Snakemake's progress lines read it there.
+last line), lr, tokens, tokens_per_s, mfu (6*N*tokens/s over the GPUs' bf16 peak; null when unknown), elapsed
+(training seconds so far), step_ms, ckpt_s (seconds spent saving checkpoints since the last line), time (Unix
+seconds). Throughput is wall clock between synchronised points: each line's loss is an all-reduce read back to the
+host, which waits for every kernel queued before it, and the interval since the previous line (minus ckpt_s) is
+what tokens_per_s, step_ms and mfu divide by. So the logged intervals add up to the run's training time, and
+tokens_per_s equals the tokens between two lines over their wall-clock gap less ckpt_s. Under the multinode
+executor, $MULTINODE_METRICS_FILE (beside the job's log) is made a link to that file: `multinode status` and
+Snakemake's progress lines read it there.
 """
 
 from __future__ import annotations
@@ -331,26 +336,51 @@ def save_final(run: Run, state: checkpoint.TrainState) -> None:
 
 
 class Logger:
-    """Accumulates losses between log lines; rank 0 writes metrics and a progress line."""
+    """Accumulates losses between log lines; rank 0 writes metrics and a progress line.
+
+    Intervals are wall clock between synchronised points (the start of the loop, then every log line's loss read
+    back to the host), so no queued GPU work escapes them. Checkpoint saves, bracketed by their own synchronised
+    points, are taken out of the interval and reported beside it (ckpt_s)."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
         self.loss_sum = torch.zeros((), device=run.device)
         self.count = 0
-        self.train_s = 0.0
+        self.steps = 0
         self.tokens = 0
+        self.ckpt_s = 0.0
+        self.mark = 0.0
+        self.counted = 0.0  # of this interval's training time, already added to state.elapsed (by a checkpoint)
 
-    def add(self, loss: torch.Tensor | None, seconds: float, tokens: int) -> None:
+    def start(self) -> None:
+        synchronize(self.run)
+        self.mark = time.perf_counter()
+
+    def add(self, loss: torch.Tensor | None, tokens: int) -> None:
         if loss is not None:
             self.loss_sum += loss.detach().float()
             self.count += 1
-        self.train_s += seconds
+        self.steps += 1
         self.tokens += tokens
 
-    def emit(self, state: checkpoint.TrainState, lr: float, step_s: float) -> None:
+    def checkpoint(self, save: Any, state: checkpoint.TrainState) -> None:
+        """Save, and keep its time out of the training interval. The checkpoint's elapsed counts up to the save."""
+        synchronize(self.run)
+        t0 = time.perf_counter()
+        so_far = t0 - self.mark - self.ckpt_s
+        state.elapsed += so_far - self.counted
+        self.counted = so_far
+        save(state)
+        synchronize(self.run)
+        self.ckpt_s += time.perf_counter() - t0
+
+    def emit(self, state: checkpoint.TrainState, lr: float) -> None:
         run = self.run
-        loss = mean_loss(run, self.loss_sum, self.count)
-        tps = self.tokens / max(self.train_s, 1e-9)
+        loss = mean_loss(run, self.loss_sum, self.count)  # .item(): every kernel queued so far has finished
+        now, wall = time.perf_counter(), time.time()
+        train_s = max(now - self.mark - self.ckpt_s, 1e-9)
+        state.elapsed += train_s - self.counted
+        tps = self.tokens / train_s
         rec = {
             "step": state.step,
             "steps": run.cfg["steps"],
@@ -360,8 +390,9 @@ class Logger:
             "tokens_per_s": round(tps, 1),
             "mfu": mfu(run, tps),
             "elapsed": round(state.elapsed, 3),
-            "step_ms": round(1000 * step_s, 2),
-            "time": round(time.time(), 3),  # wall clock: progress ETAs count checkpoints and logging too
+            "step_ms": round(1000 * train_s / max(self.steps, 1), 3),
+            "ckpt_s": round(self.ckpt_s, 6),
+            "time": round(wall, 6),
         }
         if run.rank == 0:
             with open(run.args.metrics, "a") as f:
@@ -373,7 +404,13 @@ class Logger:
                 flush=True,
             )
         self.loss_sum.zero_()
-        self.count, self.train_s, self.tokens = 0, 0.0, 0
+        self.count, self.steps, self.tokens, self.ckpt_s, self.counted = 0, 0, 0, 0.0, 0.0
+        self.mark = now  # the line's own writing counts toward the next interval
+
+
+def synchronize(run: Run) -> None:
+    if run.cuda:
+        torch.cuda.synchronize(run.device)
 
 
 def train(run: Run, preempt: Preemption) -> int:
@@ -398,28 +435,26 @@ def train(run: Run, preempt: Preemption) -> int:
     logger = Logger(run)
     saved_at = state.step if latest is not None else -1
     run.model.train()
+    logger.start()
     while state.step < end:
-        t0 = time.perf_counter()
         lr = run.optimizer.param_groups[0]["lr"]
         loss = train_step(run, state.step)
-        dt = time.perf_counter() - t0
         state.step += 1
         state.tokens += tokens_per_step
-        state.elapsed += dt
-        logger.add(loss, dt, tokens_per_step)
+        logger.add(loss, tokens_per_step)
         if state.step % cfg["log_every"] == 0 or state.step == end:
-            logger.emit(state, lr, dt)
+            logger.emit(state, lr)
         if state.step < cfg["steps"] and preempt.requested():
-            run.ckpt.save(state)
+            logger.checkpoint(run.ckpt.save, state)
             if run.rank == 0:
                 write_preempt_file(state.step)
             log0(run.rank, f"SIGUSR2: checkpointed step {state.step}, exiting for requeue")
             return 0
         if cfg["ckpt_every"] and state.step % cfg["ckpt_every"] == 0:
-            run.ckpt.save(state)
+            logger.checkpoint(run.ckpt.save, state)
             saved_at = state.step
     if saved_at != state.step:
-        run.ckpt.save(state)
+        logger.checkpoint(run.ckpt.save, state)
     if state.step < cfg["steps"]:
         log0(run.rank, f"stop_after: stopped at step {state.step} of {cfg['steps']} (checkpointed)")
         return 0

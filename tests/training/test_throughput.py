@@ -1,0 +1,41 @@
+"""train.py's throughput is wall clock between synchronised points: every metrics line's tokens_per_s is the tokens
+since the previous line over the wall-clock gap between the two lines, less the checkpoint time it reports beside
+it, and the logged intervals add up to the run's training time (elapsed). Nothing done between two lines (the
+per-step preemption check, logging, the data batch) falls outside the interval."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .helpers import TINY, metrics, train
+
+# Checkpoints every 6 steps, lines every 4: some intervals hold a save, some don't.
+CFG = {**TINY, "plugin": "torch_ddp", "steps": 24, "log_every": 4, "ckpt_every": 6}
+
+
+@pytest.mark.slow
+def test_logged_tokens_per_s_is_tokens_between_two_lines_over_their_wall_clock_gap(tmp_path: Path, data_dir: Path):
+    train(tmp_path, data_dir, CFG)
+    rows = metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [4, 8, 12, 16, 20, 24]
+    assert sum(r["ckpt_s"] > 0 for r in rows) == 3  # saves at steps 6, 12 and 18 fall in three intervals
+    for before, after in zip(rows, rows[1:], strict=False):
+        gap = after["time"] - before["time"] - after["ckpt_s"]
+        wall_tps = (after["tokens"] - before["tokens"]) / gap
+        assert after["tokens_per_s"] == pytest.approx(wall_tps, rel=0.01), (before, after)
+        assert after["step_ms"] == pytest.approx(1000 * gap / (after["step"] - before["step"]), rel=0.01)
+
+
+@pytest.mark.slow
+def test_logged_intervals_add_up_to_the_training_time(tmp_path: Path, data_dir: Path):
+    train(tmp_path, data_dir, CFG)
+    rows = metrics(tmp_path / "metrics.jsonl")
+    starts = [0] + [r["step"] for r in rows[:-1]]
+    intervals = [r["step_ms"] * (r["step"] - start) / 1000 for r, start in zip(rows, starts, strict=True)]
+    assert rows[-1]["elapsed"] == pytest.approx(sum(intervals), rel=0.01)
+    # The first line's interval starts when the loop starts; from there on, the wall clock between the first and
+    # the last line is the training time of the later lines plus their checkpoints.
+    span = rows[-1]["time"] - rows[0]["time"]
+    assert span == pytest.approx(sum(intervals[1:]) + sum(r["ckpt_s"] for r in rows[1:]), rel=0.01)
