@@ -14,7 +14,6 @@ import lm
 import plugins
 import pytest
 import torch
-import yaml
 from torch import nn
 
 from .helpers import REPO, SCRIPTS, TINY, run, train, train_argv
@@ -26,32 +25,36 @@ sys.modules["loss_parity"] = loss_parity  # dataclasses look their module up the
 spec.loader.exec_module(loss_parity)
 
 
+# The parity bound, stated before it was measured (docs/training.md, "Loss parity"): at every logged step of 300,
+# an option's loss is within 1% of the default's, on the hard generated corpus.
+PARITY_BOUND = 0.01
+
+
 @pytest.fixture(scope="module")
-def example_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The example pipeline's data: its generator, document count and seed (workflows/config.yaml)."""
+def hard_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """preprocess.py's hard corpus: its loss keeps an entropy floor, so parity is not read off a collapsed curve."""
     import preprocess
 
-    data = yaml.safe_load((REPO / "workflows" / "config.yaml").read_text())["data"]
-    out = tmp_path_factory.mktemp("example_data")
-    argv = ["--out-dir", str(out), "--num-docs", str(data["num_docs"]), "--seed", str(data["seed"])]
-    assert preprocess.main(argv) == 0
+    out = tmp_path_factory.mktemp("hard_data")
+    assert preprocess.main(["--out-dir", str(out), "--generator", "hard", "--num-docs", "1000", "--seed", "0"]) == 0
     return out
 
 
 @pytest.mark.slow
-def test_bf16_master_keeps_the_default_loss_within_1_percent_at_every_logged_step_over_300_steps(
-    tmp_path: Path, example_data: Path
+def test_bf16_master_keeps_the_default_loss_within_the_bound_at_every_logged_step_over_300_steps(
+    tmp_path: Path, hard_data: Path
 ) -> None:
     """train.py's default model (fp32 on CPU) against the same run with precision bf16_master, one process each."""
     cfg = {"steps": 300, "log_every": 10, "ckpt_every": 0}
     default, bf16_master = tmp_path / "default", tmp_path / "bf16_master"
-    train(default, example_data, cfg, nproc=1)
-    train(bf16_master, example_data, {**cfg, "precision": "bf16_master"}, nproc=1)
+    train(default, hard_data, cfg, nproc=1)
+    train(bf16_master, hard_data, {**cfg, "precision": "bf16_master"}, nproc=1)
     base = loss_parity.losses(default / "metrics.jsonl")
-    parity = loss_parity.compare(base, loss_parity.losses(bf16_master / "metrics.jsonl"), limit=0.01)
+    parity = loss_parity.compare(base, loss_parity.losses(bf16_master / "metrics.jsonl"), limit=PARITY_BOUND)
     assert parity.steps == 30 and parity.within, parity
     assert parity.max_rel_diff > 0  # it really ran in another precision
-    assert base[300] < 0.5 * base[10]  # and the model learned: parity of two flat curves would prove nothing
+    # The model learned, and the curve did not collapse: it still falls in the last third, far above zero.
+    assert base[300] < 0.5 * base[10] and base[300] > 1.0 and base[300] < base[200] - 0.02, base
 
 
 def test_loss_parity_fails_a_run_off_by_more_than_the_limit_or_logged_at_other_steps() -> None:

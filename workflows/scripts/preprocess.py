@@ -4,8 +4,12 @@
                                            [--val-fraction F] [--num-docs D] [--input TEXT ...]
     python workflows/scripts/preprocess.py --merge DIR1 DIR2 ... --out-dir OUT
 
-Documents come from a seeded procedural prose generator (no downloads), or, with --input, from the
-paragraphs of text files. Tokens are the UTF-8 bytes (0..255) plus EOS=256 after each document (vocab 257).
+Documents come from a seeded procedural generator (no downloads), or, with --input, from the paragraphs of
+text files. Generators (--generator): `prose` (the default, the example pipeline's: a small grammar a tiny model
+learns quickly) and `hard` (for numerics checks that must be able to fail: a Zipf-distributed lexicon of
+pseudo-words, random digits, and values declared at a document's start and recalled later, so the loss keeps an
+entropy floor far from zero and falls slowly as the model learns to copy from far back).
+Tokens are the UTF-8 bytes (0..255) plus EOS=256 after each document (vocab 257).
 Each document goes to val with probability --val-fraction, decided by a hash of (seed, document index), so
 the output is a pure function of the arguments.
 
@@ -17,6 +21,7 @@ byte for byte.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import random
@@ -188,6 +193,48 @@ def generated_document(seed: int, index: int) -> str:
     return title + "\n\n" + "\n\n".join(paragraphs) + "\n"
 
 
+SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["th", "sh", "qu", "x"]
+HARD_LEXICON_SIZE = 3000
+
+
+@functools.cache
+def hard_lexicon() -> tuple[list[str], list[float]]:
+    """Pseudo-words of 1-4 syllables and their Zipf cumulative weights (rank r: 1 / (r + 1) ** 1.1)."""
+    rng = random.Random("hard-lexicon")
+    words: list[str] = []
+    seen: set[str] = set()
+    while len(words) < HARD_LEXICON_SIZE:
+        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4)))
+        if word not in seen:
+            seen.add(word)
+            words.append(word)
+    cum, total = [], 0.0
+    for r in range(len(words)):
+        total += 1 / (r + 1) ** 1.1
+        cum.append(total)
+    return words, cum
+
+
+def hard_document(seed: int, index: int) -> str:
+    """Values declared first and recalled later (long-range copies), between Zipf word salad and fresh digits."""
+    rng = random.Random(f"hard:{seed}:{index}")
+    words, cum = hard_lexicon()
+    names = [rng.choice(words).capitalize() for _ in range(rng.randint(3, 6))]
+    values = {name: str(rng.randrange(10 ** rng.randint(3, 5))) for name in names}
+    lines = [f"{name} is {value}." for name, value in values.items()]
+    for _ in range(rng.randint(6, 14)):
+        if rng.random() < 0.35:
+            name = rng.choice(names)
+            lines.append(f"Recall {name}: {values[name]}.")
+        else:
+            salad = " ".join(rng.choices(words, cum_weights=cum, k=rng.randint(4, 12)))
+            lines.append(f"{salad.capitalize()} {rng.randrange(1000)}.")
+    return f"Record {index + 1}\n" + "\n".join(lines) + "\n"
+
+
+GENERATORS = {"prose": generated_document, "hard": hard_document}
+
+
 def text_documents(paths: Iterable[str]) -> list[str]:
     """Paragraphs (blank-line separated) of the given text files, in order."""
     docs: list[str] = []
@@ -237,7 +284,14 @@ def write_stats(out_dir: Path, extra: dict) -> dict:
 
 
 def build(
-    out_dir: Path, seed: int, val_fraction: float, num_docs: int, shard: int, num_shards: int, inputs: list[str] | None
+    out_dir: Path,
+    seed: int,
+    val_fraction: float,
+    num_docs: int,
+    shard: int,
+    num_shards: int,
+    inputs: list[str] | None,
+    generator: str = "prose",
 ) -> dict:
     source_docs = text_documents(inputs) if inputs else None
     total = len(source_docs) if source_docs is not None else num_docs
@@ -246,7 +300,7 @@ def build(
     val: list[np.ndarray] = []
     n_val = 0
     for i in range(lo, hi):
-        doc = source_docs[i] if source_docs is not None else generated_document(seed, i)
+        doc = source_docs[i] if source_docs is not None else GENERATORS[generator](seed, i)
         if is_val(seed, i, val_fraction):
             val.append(encode(doc))
             n_val += 1
@@ -258,7 +312,12 @@ def build(
     return write_stats(
         out_dir,
         {
-            "source": {"inputs": inputs} if inputs else {"generator": GENERATOR_VERSION},
+            # The prose generator's record stays as it was, so existing outputs keep their stats.
+            "source": {"inputs": inputs}
+            if inputs
+            else {"generator": GENERATOR_VERSION}
+            if generator == "prose"
+            else {"generator": GENERATOR_VERSION, "kind": generator},
             "seed": seed,
             "val_fraction": val_fraction,
             "shard": shard,
@@ -301,7 +360,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--val-fraction", type=float, default=0.05)
     p.add_argument("--num-docs", type=int, default=2000, help="generated documents (all shards together)")
-    p.add_argument("--input", nargs="+", help="text files to use instead of generated prose")
+    p.add_argument("--generator", choices=sorted(GENERATORS), default="prose", help="generated documents' kind")
+    p.add_argument("--input", nargs="+", help="text files to use instead of generated documents")
     p.add_argument("--merge", nargs="+", type=Path, metavar="DIR", help="concatenate these shard dirs")
     args = p.parse_args(argv)
     if not 0 <= args.shard < args.num_shards:
@@ -317,7 +377,14 @@ def main(argv: list[str] | None = None) -> int:
         stats = merge(args.merge, args.out_dir)
     else:
         stats = build(
-            args.out_dir, args.seed, args.val_fraction, args.num_docs, args.shard, args.num_shards, args.input
+            args.out_dir,
+            args.seed,
+            args.val_fraction,
+            args.num_docs,
+            args.shard,
+            args.num_shards,
+            args.input,
+            args.generator,
         )
     print(
         f"{args.out_dir}: train {stats['train_tokens']:,} tokens, val {stats['val_tokens']:,} tokens, "
