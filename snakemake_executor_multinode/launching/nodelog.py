@@ -65,6 +65,7 @@ class RankFile(Source):
     local: int = 0
     attempt: int = 0
     inode: int = 0  # the file this source reads: torchrun replaces a file under the same path (RankFiles.poll)
+    path: Path | None = None
     held: bytes = b""
     waited: int = 0  # polls its held lines have waited for the rank
 
@@ -159,6 +160,7 @@ class RankFiles:
             local = int(m["local"])
             src = RankFile(b"", 1 if m["stream"] == "stdout" else 2, self.console(local), local=local)
             src.attempt, src.fh, src.inode = int(m["attempt"]), fh, os.fstat(fh.fileno()).st_ino
+            src.path = path
             self.sources[path] = src
         for src in self.sources.values():
             self._read(src, out, final)
@@ -169,6 +171,11 @@ class RankFiles:
             data += chunk
         if not src.label:
             rank = self.rank(src.local, src.attempt)
+            if rank is not None and not self._current(src):
+                # The file was replaced: the worker with this local rank and attempt number is the next round's
+                # (torchrun starts it only after replacing the file), so its rank is not this file's. Held open, the
+                # old file keeps its inode: an equal inode is the same file.
+                rank = None
             src.held += data
             src.waited += bool(src.held)
             if rank is None and not final and src.waited < RANK_WAIT_POLLS:
@@ -178,6 +185,13 @@ class RankFiles:
             src.label = f"[{self.node} {who}] ".encode()
         if data:
             out.feed(src, data)
+
+    @staticmethod
+    def _current(src: RankFile) -> bool:
+        try:
+            return src.path is not None and src.path.stat().st_ino == src.inode
+        except OSError:
+            return False
 
     def _retire(self, src: RankFile, out: Labeller) -> None:
         self._read(src, out, final=True)

@@ -165,3 +165,47 @@ def test_lines_wait_for_their_workers_rank_and_never_go_out_unlabelled(tmp_path)
         "[node2 rank2] early line",
         "[node2 local_rank1] a short-lived worker",
     ]
+
+
+def test_a_replaced_file_whose_rank_was_never_found_keeps_its_round_not_the_new_rounds_rank(tmp_path):
+    """A round's worker ended before its rank was seen, and the next round (same attempt number, same local rank)
+    replaced its file: the old lines go out with their local rank, never with the rank of the round after them
+    (seen in a job log: a line of the earlier round labelled `[node1 rank3]`)."""
+    root, workers = tmp_path / "logs", {}
+    files = nodelog.RankFiles(root, "node1", lambda local, attempt: workers.get((local, attempt)), lambda _: True)
+    out = Labeller(tmp_path / "node1.out")
+    rank_file(root, 0, 0).write_text("round 1, rank never seen\n")
+    files.poll(out)
+    shutil.rmtree(root / "run_x" / "attempt_0")
+    workers[(0, 0)] = 3  # the new round's worker: same local rank, same attempt number
+    rank_file(root, 0, 0).write_text("round 2 line 1\n")
+    files.poll(out)
+    files.close(out)
+    assert (tmp_path / "node1.out").read_text().splitlines() == [
+        "[node1 local_rank0] round 1, rank never seen",
+        "[node1 rank3] round 2 line 1",
+    ]
+
+
+def test_a_rank_looked_up_while_the_next_round_replaces_the_file_is_not_trusted(tmp_path):
+    """The round ends between finding the file and asking for its worker's rank: the worker found is the next
+    round's, so the old lines must not take its rank."""
+    root, workers = tmp_path / "logs", {}
+
+    def rank(local: int, attempt: int) -> int | None:
+        if not workers:  # torchrun restarts the round just as the rank is asked for
+            shutil.rmtree(root / "run_x" / "attempt_0")
+            rank_file(root, 0, 0).write_text("round 2 line 1\n")
+            workers[(0, 0)] = 3
+        return workers.get((local, attempt))
+
+    files = nodelog.RankFiles(root, "node1", rank, lambda _: True)
+    out = Labeller(tmp_path / "node1.out")
+    rank_file(root, 0, 0).write_text("round 1 line 1\n")
+    files.poll(out)
+    files.poll(out)
+    files.close(out)
+    assert (tmp_path / "node1.out").read_text().splitlines() == [
+        "[node1 local_rank0] round 1 line 1",
+        "[node1 rank3] round 2 line 1",
+    ]
