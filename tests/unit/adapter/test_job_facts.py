@@ -13,6 +13,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -29,8 +30,9 @@ from snakemake.settings.types import DAGSettings, ExecutionSettings, OutputSetti
 from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_storage_plugins.registry import StoragePluginRegistry
 
+from snakemake_executor_multinode.watching.reattach import RunReason
 from snakemake_executor_plugin_multinode import ExecutorSettings
-from snakemake_executor_plugin_multinode.facts import JobFacts, declared_nodes, job_facts
+from snakemake_executor_plugin_multinode.facts import JobFacts, declared_nodes, job_facts, rerun_reason
 
 STORAGE = "mnfacts"  # provider name of the test storage plugin
 STORAGE_PLUGIN = f'''
@@ -468,3 +470,61 @@ def test_a_renamed_attribute_raises(kinds: Planned, missing: str) -> None:
         job_facts(_Renamed(job, missing))
     with pytest.raises(AttributeError, match=missing):
         kinds.executor.runs_directly(job_facts(_Renamed(job, missing)))
+
+
+MADE = """
+configfile: "config.yaml"
+
+rule all:
+    input: "out.txt"
+
+rule make:
+    input: expand("in_{n}.txt", n=config["inputs"])
+    output: "out.txt"
+    params: greeting=config["greeting"]
+    shell: "CMD"
+"""
+MADE_CMD = "cat {input} > {output}; echo {params.greeting} >> {output}"
+
+
+@pytest.mark.parametrize(
+    "change,changed",
+    [
+        ("params", ("changed params",)),
+        ("code", ("changed code",)),
+        ("input set", ("a changed set of input files",)),
+        ("input file", ("updated input files",)),
+        ("params and code", ("changed code", "changed params")),
+    ],
+)
+def test_rerun_reason_names_what_snakemake_found_changed(tmp_path: Path, change: str, changed: tuple[str, ...]) -> None:
+    """A job made by an earlier run, then run again because something it was made from changed: rerun_reason says
+    what (reattach then submits it anew, and its log names the change); the job was not forced."""
+    for name in ("in_a.txt", "in_b.txt"):
+        (tmp_path / name).write_text(f"{name}\n")
+        os.utime(tmp_path / name, (1_000_000_000, 1_000_000_000))  # older than any output
+    (tmp_path / "config.yaml").write_text("inputs: [a]\ngreeting: hello\n")
+    (tmp_path / "Snakefile").write_text(MADE.replace("CMD", MADE_CMD))
+    made = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert made.returncode == 0 and (tmp_path / "out.txt").exists(), made.stderr
+    config, cmd = {"inputs": "[a]", "greeting": "hello"}, MADE_CMD
+    if "params" in change:
+        config["greeting"] = "hi"
+    if "code" in change:
+        cmd = MADE_CMD.replace("echo", "printf '%s\\\\n'")
+    if change == "input set":
+        config["inputs"] = "[a, b]"
+    if change == "input file":  # newer than the output, and other content (a mere touch is not a change)
+        (tmp_path / "in_a.txt").write_text("in_a.txt, second edition\n")
+        later = (tmp_path / "out.txt").stat().st_mtime + 60
+        os.utime(tmp_path / "in_a.txt", (later, later))
+    (tmp_path / "config.yaml").write_text("".join(f"{k}: {v}\n" for k, v in config.items()))
+    planned = plan(tmp_path, MADE.replace("CMD", cmd))
+    try:
+        assert planned.workflow.dag.needrun(planned.job("make"))
+        assert rerun_reason(planned.job("make")) == RunReason(forced=False, changed=changed, incomplete_jobids=())
+    finally:
+        with planned.executor.lock:
+            planned.executor.wait = False
