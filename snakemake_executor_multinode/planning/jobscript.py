@@ -135,6 +135,15 @@ def _sbatch_lines(opts: list[str]) -> str:
     return "\n".join(lines)
 
 
+def checkpointed(signal: str | None) -> str:
+    """What the log says when the training asked for a requeue: after the rule's pre-time-limit signal (the one its
+    checkpoint handler answers; SLURM tells the job no signal name, so the plan's is the one to say)."""
+    if signal is None:
+        return "checkpointed without a pre-time-limit signal"
+    name = signal.split(":", 1)[-1].split("@", 1)[0].removeprefix("SIG")  # [B:|R:]NAME|NUMBER[@lead]
+    return f"checkpointed after signal {name}" if name.isdigit() else f"checkpointed after SIG{name}"
+
+
 def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
     q = shlex.quote
     stem = protocol.log_stem(f'"${protocol.JOB_KEY_VAR}"', req.attempt)
@@ -169,6 +178,7 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "workdir": shell_quote(str(ctx.workdir)),
         "command": f"bash -c {q(ctx.command)}",
         "max_requeues": str(req.max_requeues),
+        "checkpointed": checkpointed(req.signal),
         "stall_timeout": str(req.stall_timeout_s),
         "on_stall": req.on_stall,
         "code": inert(ctx.code or "as the command names it"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,12 +96,14 @@ def run_job_script(
     command: str = f'touch "${protocol.PREEMPT_FILE_VAR}"',
     crashes: str | None = None,
     crash_window_s: int | None = None,
+    resources: dict | None = None,
 ) -> tuple[int, list[str], Path, str]:
     """The rendered job script, run with bash as slurmd would run it (by default a restart of a job whose training
     checkpointed on the pre-time-limit signal); `scontrol` is a stand-in that records its arguments and, for a
     requeue, ends the run as slurmctld does (SIGTERM). `crashes`: the crash marker earlier runs left.
     Returns (exit code, scontrol calls, the state folder, the script's output)."""
-    req = build_request("train", {"nodes": 1, "gpus": 1})  # max_requeues 3, crash loop: 3 runs within 300 s
+    # max_requeues 3, crash loop: 3 runs within 300 s
+    req = build_request("train", {"nodes": 1, "gpus": 1, **(resources or {})})
     if crash_window_s is not None:
         req = dataclasses.replace(req, crash_loop_s=crash_window_s)
     state = tmp_path / "state"
@@ -142,6 +145,42 @@ def test_preemptions_and_admin_requeues_do_not_use_up_the_jobs_own_requeue_budge
 def test_a_job_that_used_its_own_requeues_stops_and_a_rerun_resumes(tmp_path):
     code, calls, _, _ = run_job_script(tmp_path, restart=1, own_requeues=3)
     assert not any(c.startswith("requeue") for c in calls) and code == protocol.EXIT_PREEMPTED
+
+
+# What the log says before a requeue is what happened: which signal the training checkpointed after, or the stall.
+STALLED_STEP = (
+    f"{sys.executable} -c 'import os; from snakemake_executor_multinode.launching import stall; "
+    'stall.record(os.environ, "stalled: no progress for 20s on any rank; stacks in x.log", "requeue")\'; '
+    f"exit {protocol.EXIT_STALLED}"
+)  # what the launcher does after a stall with on_stall requeue: the verdict and the requeue request, exit 87
+
+
+def test_a_requeue_after_a_stall_says_the_watchdog_ended_the_step_and_names_no_signal(tmp_path):
+    code, calls, _, out = run_job_script(tmp_path, restart=0, command=STALLED_STEP, resources={"on_stall": "requeue"})
+    assert "requeue 42" in calls and code == 143, out
+    assert "SIG" not in out and "checkpointed" not in out, out  # no signal was sent, nothing says one was
+    assert (
+        "[multinode] stalled, ended by the progress watchdog (on_stall: requeue): "
+        "stalled: no progress for 20s on any rank; stacks in x.log\n"
+    ) in out, out
+
+
+@pytest.mark.parametrize(
+    ("signal", "said"),
+    [
+        (None, "[multinode] checkpointed after SIGUSR2 (step 7)"),  # the default pre-time-limit signal
+        ("B:USR1@90", "[multinode] checkpointed after SIGUSR1 (step 7)"),
+        ("SIGTERM@60", "[multinode] checkpointed after SIGTERM (step 7)"),
+        ("10@60", "[multinode] checkpointed after signal 10 (step 7)"),
+        ("none", "[multinode] checkpointed without a pre-time-limit signal (step 7)"),
+    ],
+)
+def test_a_requeue_after_a_checkpoint_names_the_signal_the_rule_asked_for(tmp_path, signal, said):
+    resources = {"signal": signal} if signal else {}
+    command = f'echo "step 7" > "${protocol.PREEMPT_FILE_VAR}"'
+    code, calls, _, out = run_job_script(tmp_path, restart=0, command=command, resources=resources)
+    assert "requeue 42" in calls and code == 143, out
+    assert said + "\n" in out and out.count("checkpointed") == 1, out
 
 
 # --- the crash loop: SLURM runs some failed jobs again (RequeueExit, node failure); the job script bounds it --------

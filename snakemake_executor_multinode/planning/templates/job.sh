@@ -120,9 +120,13 @@ set +m
 trap 'kill -TERM -- -"$MULTINODE_COMMAND" 2>/dev/null; wait "$MULTINODE_COMMAND"; exit 143' TERM
 wait "$MULTINODE_COMMAND" || rc=$?
 
-# ==== 5. checkpointed before the time limit? requeue, so the rerun resumes ========================
+# ==== 5. checkpointed before the time limit, or stalled (on_stall requeue)? requeue, to resume ===
 if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
-    echo "[multinode] checkpointed after SIG${SLURM_SIGNAL:-USR2} ($(cat "$MULTINODE_PREEMPT_FILE"))"
+    if [ -e "$MULTINODE_STALL_FILE" ]; then  # on_stall: requeue; no signal came, the launcher ended the step
+        echo "[multinode] stalled, ended by the progress watchdog (on_stall: requeue): $(cat "$MULTINODE_STALL_FILE")"
+    else
+        echo "[multinode] {{checkpointed}} ($(cat "$MULTINODE_PREEMPT_FILE"))"
+    fi
     # The job's own requeues only: SLURM's restart count also counts preemptions and admin requeues, which must not
     # use up the budget (a job preempted 3 times still requeues itself at its time limit).
     MULTINODE_SELF_REQUEUES=$(cat {{self_requeue_marker}} 2>/dev/null || echo 0)
