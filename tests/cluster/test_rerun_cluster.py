@@ -179,3 +179,20 @@ def test_a_finished_pipeline_rerun_does_nothing_and_submits_nothing(pipeline):
     result = rerun(wd)
     assert result.proc.returncode == 0 and "Nothing to be done" in result.text, result.text
     assert result.submitted == {} and result.adopted == [] and result.ran == []
+
+
+def test_provenance_diff_of_two_outputs_of_the_run_names_what_made_them_differ(pipeline):
+    """`multinode provenance --diff` on the records the run wrote: two shards of one rule (elements of one job array)
+    differ in their wildcard, theme by theme, never in their software environment; an output against itself in
+    nothing."""
+    wd, _old = pipeline
+    cmd = [sys.executable, "-m", "snakemake_executor_multinode.cli", "provenance", "--diff"]
+    shown = subprocess.run([*cmd, "out/shards/a.txt", "out/shards/b.txt"], cwd=wd, capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "config: wildcards.s: 'a' -> 'b'" in lines, lines
+    themes = [line.split(":")[0] for line in lines]
+    order = ["code", "config", "environment", "nodes"]
+    assert "environment" not in themes and themes == sorted(themes, key=order.index), lines
+    same = subprocess.run([*cmd, "out/summary.txt", "out/summary.txt"], cwd=wd, capture_output=True, text=True)
+    assert same.stdout == "no difference in code, config, environment or nodes\n", same.stderr

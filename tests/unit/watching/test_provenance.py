@@ -215,3 +215,51 @@ def test_the_record_of_a_job_that_inherits_the_environment_holds_the_submitting_
     # --diff compares them as it compares a job's own
     other = {**inherited, "versions": {**inherited["versions"], "numpy": "0.0"}}
     assert any(line.startswith("environment: versions.numpy") for line in provenance.diff(inherited, other))
+
+
+def made(workdir: Path, size: str, commit: str, nodes: str, torch: str) -> None:
+    """The record of results/<size>.pt, written as a run writes it: the submission's half, then the job's end."""
+    record = provenance.submission(
+        rule="train",
+        wildcards={"size": size},
+        command=f"python train.py --size {size}",
+        script="#!/bin/bash\n",
+        code={"snapshot": "abc", "commit": commit},
+        environment={"env": {"OMP_PLACES": "cores"}, "modules": ["cuda"]},
+        outputs=[f"results/{size}.pt"],
+    )
+    provenance.save_submission(workdir, f"mn-run-train-{size}", record)
+    runs = workdir / f"{size}.runs.jsonl"
+    runs.write_text(json.dumps({"event": "start", "nodes": nodes, "versions": {"torch": torch}}) + "\n")
+    provenance.finish(workdir, f"mn-run-train-{size}", runs, {"state": "success"})
+
+
+def test_the_diff_command_prints_what_differs_between_two_outputs_theme_by_theme(tmp_path):
+    """`multinode provenance --diff A B`, the installed command's module run as a user runs it, on two outputs'
+    records: one line per difference, code first, then config, environment and nodes; none for equal records."""
+    import subprocess
+    import sys
+
+    wd = tmp_path / "wf"
+    made(wd, "small", commit="c1", nodes="node[1-2]", torch="2.13.0")
+    made(wd, "large", commit="c2", nodes="node[2-3]", torch="2.13.1")
+
+    def command(*args: str) -> subprocess.CompletedProcess:
+        cli = [sys.executable, "-m", "snakemake_executor_multinode.cli", "provenance", *args]
+        return subprocess.run(cli, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    shown = command("--diff", "-d", str(wd), "results/small.pt", "results/large.pt")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == [
+        "code: code.commit: 'c1' -> 'c2'",
+        "config: command: 'python train.py --size small' -> 'python train.py --size large'",
+        "config: wildcards.size: 'small' -> 'large'",
+        "environment: versions.torch: '2.13.0' -> '2.13.1'",
+        "nodes: nodes: 'node[1-2]' -> 'node[2-3]'",
+    ]
+    same = command("--diff", "-d", str(wd), "results/small.pt", str(wd / "results/small.pt"))
+    assert (same.returncode, same.stdout) == (0, "no difference in code, config, environment or nodes\n")
+    missing = command("--diff", "-d", str(wd), "results/small.pt", "results/medium.pt")
+    assert missing.returncode == 1 and "no record for results/medium.pt" in missing.stderr and not missing.stdout
+    one = command("--diff", "-d", str(wd), "results/small.pt")
+    assert one.returncode == 2 and "give two outputs with --diff" in one.stderr
