@@ -357,7 +357,7 @@ def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) 
     if code == 0:
         return 0
     if stalls.verdict is not None:
-        log(f"FAILED: {stalls.verdict}" if stalls.on_stall == "fail" else f"{stalls.verdict}; requeued to resume")
+        log(f"{stalls.verdict}; requeued to resume" if stalls.requeue else f"FAILED: {stalls.verdict}")
         return protocol.EXIT_STALLED
     if watch.failure is not None:
         f = watch.failure
@@ -419,6 +419,7 @@ class StallCheck:
         self.watchdog = stall.Watchdog(self.timeout_s if paths else 0, paths)
         self.asked: float | None = None  # when every node was asked for its stacks
         self.verdict: str | None = None
+        self.requeue = False  # the stall's requeue was asked for and its request written (stall.record)
 
     def due(self) -> bool:
         """True once, when the step should end: the stacks of every node are in (or STACKS_WAIT_S passed)."""
@@ -434,8 +435,12 @@ class StallCheck:
         done = all(stall.done_file(self.stem, n).exists() for n in self.nodes)
         if not done and time.monotonic() - self.asked < stall.STACKS_WAIT_S:
             return False
-        self.verdict = stall.verdict(self.stem, self.nodes, self.timeout_s, f"{self.stem}.log")
-        stall.record(self.env, self.verdict, self.on_stall)
+        recorded = stall.record(
+            self.env, stall.verdict(self.stem, self.nodes, self.timeout_s, f"{self.stem}.log"), self.on_stall
+        )
+        for error in recorded.errors:
+            log(f"ERROR: {error}")
+        self.verdict, self.requeue = recorded.verdict, recorded.requeue
         return True
 
 

@@ -16,7 +16,8 @@ After `stall_timeout` seconds without progress the launcher (head node):
 3. writes its verdict to the stall marker ("stalled: no progress for 10m on any rank; stacks in <log>; rank 1 differs:
    time.sleep (worker.py:12)"), which Snakemake's error quotes;
 4. on_stall fail: exits EXIT_STALLED; requeue: writes the preempt file, so the job script requeues the job (it resumes
-   from its last checkpoint) as after the pre-time-limit signal.
+   from its last checkpoint) as after the pre-time-limit signal. A file it cannot write is logged as an error naming
+   it; without the preempt file the job fails, its verdict saying it was not requeued (record).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from snakemake_executor_multinode import protocol
@@ -165,17 +167,47 @@ def verdict(stem: str, nodes: Sequence[str], timeout_s: float, log: str) -> str:
     return said + "; " + "; ".join(f"rank {','.join(ranks)}: {top}" for top, ranks in by_top.items())
 
 
-def record(env: Mapping[str, str], message: str, on_stall: str) -> None:
-    """The verdict for the tracker; with on_stall requeue, the preempt file too (the job script then requeues)."""
-    writes = [(protocol.STALL_FILE_VAR, message)]
+@dataclass(frozen=True)
+class Recorded:
+    """What `record` could write."""
+
+    verdict: str  # as written for the tracker: with on_stall requeue and no requeue, why not
+    requeue: bool  # the job script will requeue the job: on_stall requeue, and its request was written
+    errors: tuple[str, ...] = ()  # each file that could not be written: its path and why
+
+
+def record(env: Mapping[str, str], message: str, on_stall: str) -> Recorded:
+    """The verdict for the tracker; with on_stall requeue, the preempt file too (the job script then requeues).
+
+    A file that cannot be written is an error for the caller to log, never skipped: without the preempt file the
+    job script does not requeue, and the job fails with the stall's exit code, its verdict saying why. No other way
+    to requeue is tried (scontrol from here): the job's own requeue count lives in the same state folder, so past a
+    broken shared filesystem a stalling job could requeue without bound; a failed job is one --retries or a rerun
+    resumes from its last checkpoint, and a person sees it."""
+    errors: list[str] = []
+    requeue = False
     if on_stall == "requeue":
-        writes.append((protocol.PREEMPT_FILE_VAR, "stalled"))
-    for var, text in writes:
-        if path := env.get(var):
-            try:
-                Path(path).write_text(text + "\n")
-            except OSError:
-                pass
+        if not (preempt := env.get(protocol.PREEMPT_FILE_VAR)):
+            why = f"no ${protocol.PREEMPT_FILE_VAR}: not run by the plugin's job script, which requeues"
+            errors.append(f"on_stall requeue: {why}")
+        elif (err := _write(preempt, "stalled")) is not None:
+            why = f"cannot write {preempt} ({err})"
+            errors.append(f"cannot write the requeue request {preempt}: {err}")
+        else:
+            requeue = True
+        if not requeue:
+            message += f"; not requeued: {why}"
+    if (path := env.get(protocol.STALL_FILE_VAR)) and (err := _write(path, message)) is not None:
+        errors.append(f"cannot write the stall verdict {path}: {err}")
+    return Recorded(message, requeue, tuple(errors))
+
+
+def _write(path: str, text: str) -> str | None:
+    try:
+        Path(path).write_text(text + "\n")
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
 
 
 def _seconds(s: float) -> str:

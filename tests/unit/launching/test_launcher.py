@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode import protocol
-from snakemake_executor_multinode.launching import launcher
+from snakemake_executor_multinode.launching import launcher, stall
 from snakemake_executor_multinode.launching.launcher import (
     Allocation,
     StepWatch,
@@ -371,6 +371,46 @@ def test_a_failure_stops_the_step_and_the_launcher_does_not_wait_on_it(tmp_path,
     # the launcher returned without waiting for srun: its SIGTERM, or its kill after STOP_WAIT_S, ended srun early
     assert code == 1 and not (tmp_path / "done").exists()
     assert ("srun still waits" in capfd.readouterr().err) == bool(on_sigterm)
+
+
+def stalled_step(tmp_path: Path, preempt: Path) -> tuple[int, str]:
+    """A step that makes no progress under on_stall requeue, run by the launcher's supervision: (its exit code, the
+    stall marker's text). The fake srun ends on the launcher's gentle stop (SIGUSR1), as srun's tasks do."""
+    stem = str(tmp_path / "9.attempt1")
+    nodes = ["node1", "node2"]
+    for node in nodes:  # every node's stacks are in: the verdict need not wait for them
+        stall.done_file(stem, node).write_text("done\n")
+    env = {
+        protocol.LOG_STEM_VAR: stem,
+        protocol.STALL_TIMEOUT_VAR: "1",
+        protocol.ON_STALL_VAR: "requeue",
+        protocol.STALL_FILE_VAR: str(tmp_path / "9.stalled"),
+        protocol.PREEMPT_FILE_VAR: str(preempt),
+    }
+    srun = fake_srun(tmp_path, "trap 'exit 1' USR1; while :; do sleep 0.1; done")
+    code = run_step(srun, env, nodes)
+    return code, (tmp_path / "9.stalled").read_text()
+
+
+def test_a_stall_under_on_stall_requeue_asks_the_job_script_to_requeue(tmp_path, capfd):
+    code, verdict = stalled_step(tmp_path, tmp_path / "9.preempted")
+    assert code == protocol.EXIT_STALLED and (tmp_path / "9.preempted").read_text() == "stalled\n"
+    assert verdict.startswith("stalled: no progress for 1s on any rank")
+    err = capfd.readouterr().err
+    assert "; requeued to resume" in err and "ERROR" not in err, err
+
+
+def test_a_stall_whose_requeue_request_cannot_be_written_fails_loudly_naming_the_file(tmp_path, capfd):
+    """The requeue request cannot be written (the state folder is broken): no requeue can happen, and the log and
+    Snakemake's error (the stall marker) say so and name the file; the step fails with the stall's exit code."""
+    (tmp_path / "state").write_text("a file where the state folder should be")
+    preempt = tmp_path / "state" / "9.preempted"
+    code, verdict = stalled_step(tmp_path, preempt)
+    assert code == protocol.EXIT_STALLED and not preempt.exists()
+    err = capfd.readouterr().err
+    assert f"ERROR: cannot write the requeue request {preempt}: " in err, err
+    assert "requeued to resume" not in err and "FAILED: stalled: no progress for 1s" in err, err
+    assert f"; not requeued: cannot write {preempt}" in verdict and verdict.count("\n") == 1, verdict
 
 
 def test_a_clean_run_after_a_checkpoint_exits_with_the_preempted_code(tmp_path, monkeypatch):

@@ -123,3 +123,21 @@ def test_the_verdict_goes_to_the_tracker_and_on_stall_requeue_asks_the_job_scrip
     assert not (tmp_path / "7.pre").exists()
     stall.record(env, "stalled: again", "requeue")
     assert (tmp_path / "7.pre").read_text() == "stalled\n"  # the job script's requeue path, as after USR2
+
+
+def test_a_verdict_that_cannot_be_written_is_an_error_naming_the_file_never_silence(tmp_path):
+    (tmp_path / "state").write_text("a file where the state folder should be")
+    marker = tmp_path / "state" / "7.stalled"
+    env = {protocol.STALL_FILE_VAR: str(marker), protocol.PREEMPT_FILE_VAR: str(tmp_path / "7.pre")}
+    recorded = stall.record(env, "stalled: no progress for 20s on any rank", "requeue")
+    assert recorded.requeue and (tmp_path / "7.pre").read_text() == "stalled\n"  # the requeue still happens
+    (error,) = recorded.errors
+    assert error.startswith(f"cannot write the stall verdict {marker}: ")
+
+
+def test_on_stall_requeue_without_a_requeue_file_to_write_is_an_error(tmp_path):
+    """Outside the plugin's job script nothing would requeue the job: said, not assumed."""
+    env = {protocol.STALL_FILE_VAR: str(tmp_path / "7.stalled")}
+    recorded = stall.record(env, "stalled: no progress for 20s on any rank", "requeue")
+    assert not recorded.requeue and len(recorded.errors) == 1 and protocol.PREEMPT_FILE_VAR in recorded.errors[0]
+    assert "; not requeued: " in (tmp_path / "7.stalled").read_text()
