@@ -11,7 +11,9 @@ import subprocess
 import sys
 from datetime import datetime
 
-from tests.helpers import REPO, alive, job_logs, log_times
+import pytest
+
+from tests.helpers import REPO, alive, job_logs, jobs_from, log_times
 
 WORKFLOW = REPO / "tests" / "workflows" / "stall"
 
@@ -42,4 +44,39 @@ def test_a_deadlocked_two_node_job_is_ended_with_every_ranks_stack_and_the_odd_r
     assert end.timestamp() - last_progress <= 20 + 30, text
     # nothing left: every worker process ended with the job
     pids = [int((wd / "pids" / str(r)).read_text()) for r in range(4)]
+    assert not [p for p in pids if alive(p, "python3") or alive(p, "python")]
+
+
+@pytest.mark.slow
+def test_a_stalled_job_under_on_stall_requeue_is_requeued_and_its_next_run_resumes_and_finishes(
+    slurm_cluster, tmp_path
+):
+    """on_stall: requeue. The same deadlock is ended the same way, then the job script requeues the job (one
+    submission, no Snakemake retry); the next run resumes from the checkpoints the stalled one left and finishes."""
+    wd = tmp_path / "stall"
+    shutil.copytree(WORKFLOW, wd)
+    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--latency-wait", "5"]
+    proc = subprocess.run([*cmd, "--config", "on_stall=requeue"], cwd=wd, capture_output=True, text=True, timeout=900)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and (wd / "done.txt").exists(), said
+    (job,) = jobs_from(slurm_cluster, wd)  # one submission: the requeue is the job's own
+    logdir = wd / ".snakemake/multinode/logs/rule_train"
+    first = next(logdir.rglob(f"{job}.attempt1.log")).read_text()
+    rerun = next(logdir.rglob(f"{job}.attempt1.restart1.log")).read_text()
+    assert re.search(
+        r"stalled: no progress for 20s on any rank; stacks in \S+; rank 3 differs: .*; requeued to resume", first
+    ), first
+    assert re.search(r"^\[node\d rank3\] stack\| .*<module> \(stall\.py:\d+\)", first, re.M), first
+    # the job script says what happened: the watchdog's stall, no signal
+    assert "[multinode] stalled, ended by the progress watchdog (on_stall: requeue): stalled: no progress" in first
+    assert "checkpointed after" not in first and "[multinode] requeued; the next run resumes" in first, first
+    resumed = {
+        int(m[1])
+        for m in re.finditer(
+            r"^\[node\d rank\d\] rank (\d): resumed from the checkpoint of rank \1 at restart 1$", rerun, re.M
+        )
+    }
+    assert resumed == {0, 1, 2, 3}, rerun
+    assert "[multinode] exit 0," in rerun and "stall noticed" not in rerun, rerun
+    pids = [int((wd / "pids" / str(r)).read_text()) for r in range(4)]  # the stalled run's workers
     assert not [p for p in pids if alive(p, "python3") or alive(p, "python")]
