@@ -17,6 +17,10 @@
 #            four runs share the GPU at once, each with its own Inductor and Triton caches, so no compiled kernel
 #            or autotuning choice is shared. If a deterministic run fails compiled, its error is printed and both
 #            pairs run again without compile.)
+#            fp8 (torch_ddp + compile, precision bf16_master, fp8 tensorwise, 10 steps, each logged: fp8.convert
+#            runs inside the training run, which must swap the decoder's linear layers for torchao's Float8Linear,
+#            keep lm_head an nn.Linear, and log a finite loss on every step. Needs compute capability 8.9+ and
+#            torchao.)
 # NO_CAUSALITY=1 skips the causality check (a run split over several device calls needs it once).
 # Exit code: the number of failed checks (a run that fails; a deterministic pair that is not identical).
 set -uo pipefail
@@ -112,6 +116,41 @@ det_runs() {  # compile (true/false): both pairs at once on the GPU; sets DET_FA
   done
   return $det_failed
 }
+fp8_run() {  # name: train.py with fp8, under a probe that says on rank 0 what fp8.convert made of the model
+  # train.py logs nothing about its layers: the probe wraps fp8.convert (lm.build_model looks it up as fp8.convert
+  # when it calls it), then runs train.py as __main__ with its arguments untouched.
+  cat >"$OUT/fp8_probe.py" <<'EOF'
+import os, runpy, sys
+sys.path.insert(0, os.path.abspath("workflows/scripts"))  # where train.py finds lm and fp8 when run directly
+import fp8
+convert = fp8.convert
+def counted(model, recipe):
+    convert(model, recipe)
+    kinds = [(n, type(m).__name__) for n, m in model.named_modules() if type(m).__name__ in ("Linear", "Float8Linear")]
+    if os.environ.get("RANK", "0") == "0":
+        left = [n for n, kind in kinds if kind == "Linear"]
+        n8 = sum(kind == "Float8Linear" for _, kind in kinds)
+        print(f"fp8 probe: {recipe}: {n8} Float8Linear, nn.Linear left: {left}", flush=True)
+fp8.convert = counted
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+EOF
+  local t0=$SECONDS c='"plugin":"torch_ddp","compile":true,"precision":"bf16_master","fp8":"tensorwise","steps":10,"log_every":1'
+  $TR "$OUT/fp8_probe.py" $S/train.py --data-dir "$OUT/data" --out "$OUT/$1/model.pt" --ckpt-dir "$OUT/$1/ckpt" \
+    --metrics "$OUT/$1/metrics.jsonl" --config-json "{$M,$c}" >>"$OUT/$1.log" 2>&1  # the later keys win
+  report "$1" $? $((SECONDS - t0)) || { FAILED=$((FAILED + 1)); return; }
+  python3 - "$OUT/$1.log" "$OUT/$1/metrics.jsonl" <<'EOF' || FAILED=$((FAILED + 1))
+import json, math, re, sys
+probe = re.findall(r"fp8 probe: tensorwise: (\d+) Float8Linear, nn.Linear left: (\[.*\])", open(sys.argv[1]).read())
+losses = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2]))}
+print(f"   fp8: {probe[-1][0] if probe else 'no'} Float8Linear layers, nn.Linear left {probe[-1][1] if probe else '?'}; "
+      f"loss on steps {sorted(losses)}: {[round(x, 4) for _, x in sorted(losses.items())]}")
+assert len(probe) == 1, "the training run did not report exactly one fp8 conversion (rank 0)"
+assert int(probe[0][0]) > 0, "fp8.convert made no Float8Linear layer"
+assert probe[0][1] == "['lm_head']", "only the output head stays nn.Linear"
+assert len(losses) == 10 and all(math.isfinite(x) for x in losses.values()), "a logged loss is missing or not finite"
+EOF
+}
 det() {
   local c=${DET_COMPILE:-true}
   echo "== det: torch_ddp bf16 {$M}, every step logged; compile $c; deterministic pair det_a/det_b, default pair def_a/def_b"
@@ -136,6 +175,7 @@ for p in $PLUGINS; do
     hybrid) train hybrid '"plugin":"hybrid"'; evaluate hybrid ;;
     gemini) stop_resume gemini '"plugin":"gemini"' ;;
     det) det ;;
+    fp8) fp8_run fp8 ;;
     ddp_kernels) stop_resume ddp_kernels '"plugin":"torch_ddp","compile":true,"kernels":["liger_fused_ce","flash_attn_hopper"]' ;;
   esac
 done
