@@ -21,10 +21,16 @@
 #        others as for plain)
 # PARITY=1: afterwards, benchmarks/loss_parity.py compares every train.py variant's losses with the first one's
 #   (1% at every logged step) and appends the result lines to results.jsonl.
+# GENERATOR: preprocess.py's --generator (prose, the default, or hard: the parity corpus, docs/training.md).
+# JOBS: variants run at once (default 1). Above 1 they share the GPU, so their throughput means nothing (their result
+#   lines say "shared_gpu": true): for parity runs, and to fill Inductor's and Triton's caches (/tmp) before a call
+#   on the same machine measures the same variants one at a time.
+# LABEL: written into every result line ("call"), so lines of one call are found together.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$(mktemp -d)}
 SCRATCH=${SCRATCH:-$OUT}
+mkdir -p "$OUT" "$SCRATCH"
 SITE=/tmp/site
 WHEELS=${WHEELS:-.whl}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE $WHEELS/*.whl || exit 1
@@ -39,26 +45,27 @@ VARIANTS=${VARIANTS:-"plain plain+compile torch_ddp torch_ddp+compile low_level_
 COMMON="$MODEL,\"steps\":$STEPS,\"warmup\":${WARMUP:-5},\"log_every\":10,\"ckpt_every\":0"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu.txt
 python3 -c 'import torch, colossalai, transformers; print("torch", torch.__version__, "colossalai", colossalai.__version__, "transformers", transformers.__version__)' | tee -a $OUT/gpu.txt
-python3 workflows/scripts/preprocess.py --out-dir $SCRATCH/data --num-docs ${NUM_DOCS:-4000} > /dev/null || exit 1
+python3 workflows/scripts/preprocess.py --out-dir $SCRATCH/data --num-docs ${NUM_DOCS:-4000} --generator ${GENERATOR:-prose} > /dev/null || exit 1
+JOBS=${JOBS:-1}
+TAG="\"call\": \"${LABEL:-}\", \"shared_gpu\": $([ "$JOBS" -gt 1 ] && echo true || echo false)"
+tag() { sed "s/^{/{$TAG, /"; }  # every result line says which call made it and whether the GPU was shared
 has() { [[ "+$1+" == *"+$2+"* ]]; }
 kernels_of() { tr '+' '\n' <<<"$1" | grep -E '^(liger|flash_attn)' | paste -sd, -; }
-trained=""
-for v in $VARIANTS; do
-  if [ $SECONDS -gt $DEADLINE ]; then echo "skip $v: past the deadline"; continue; fi
-  t0=$SECONDS
-  base=${v%%+*}
+variant() {  # one variant: its result line goes to results.jsonl
+  local v=$1 t0=$SECONDS
+  local base=${v%%+*}
   # Config keys both scripts read from their --config-json: micro-batch, precision, fp8.
-  extra=""
-  mb=$(tr '+' '\n' <<<"$v" | sed -n 's/^mb\([0-9]*\)$/\1/p')
+  local extra=""
+  local mb=$(tr '+' '\n' <<<"$v" | sed -n 's/^mb\([0-9]*\)$/\1/p')
   [ -n "$mb" ] && extra="$extra,\"micro_batch\":$mb"
   has "$v" bf16m && extra="$extra,\"precision\":\"bf16_master\"" || extra="$extra,\"precision\":\"bf16\""
   has "$v" fp8 && extra="$extra,\"fp8\":\"tensorwise\""
   has "$v" fp8row && extra="$extra,\"fp8\":\"rowwise\""
   if [ "$base" = plain ]; then
-    flags=""
+    local flags=""
     has "$v" compile && flags="$flags --compile"
     has "$v" hf && flags="$flags --model-impl hf"
-    ks=$(kernels_of "$v")
+    local ks=$(kernels_of "$v")
     [ -n "$ks" ] && flags="$flags --kernels $ks"
     has "$v" hybrid_adam && extra="$extra,\"optimizer\":\"hybrid_adam\""
     has "$v" cdt && flags="$flags --inductor-tuning"
@@ -67,25 +74,37 @@ for v in $VARIANTS; do
     # Only the JSON line goes to the results (ColossalAI's JIT builds print to stdout too).
     : > $OUT/$v.log
     timeout ${VARIANT_TIMEOUT:-600} python3 benchmarks/gpu/plain_torch.py --data-dir $SCRATCH/data --steps ${PLAIN_STEPS:-$STEPS} $flags \
-      2>> $OUT/$v.log | tee -a $OUT/$v.log | grep '^{' >> $OUT/results.jsonl \
-      || echo "{\"variant\": \"$v\", \"error\": \"no result line (failed, or past VARIANT_TIMEOUT); its log ends: $(tail -1 $OUT/$v.log | tr -d '"\\')\"}" >> $OUT/results.jsonl
+      2>> $OUT/$v.log | tee -a $OUT/$v.log | grep '^{' | tag >> $OUT/results.jsonl \
+      || echo "{\"variant\": \"$v\", \"error\": \"no result line (failed, or past VARIANT_TIMEOUT); its log ends: $(tail -1 $OUT/$v.log | tr -d '"\\')\"}" | tag >> $OUT/results.jsonl
   else
-    comp=false; impl=auto; det=false
+    local comp=false impl=auto det=false
     has "$v" compile && comp=true
     has "$v" det && det=true
     has "$v" hf && impl=hf
-    ks=$(kernels_of "$v" | sed '/./s/\([^,]*\)/"\1"/g')  # none: an empty list
-    python3 -m torch.distributed.run --standalone --nproc_per_node=1 workflows/scripts/train.py \
+    local ks=$(kernels_of "$v" | sed '/./s/\([^,]*\)/"\1"/g')  # none: an empty list
+    timeout ${VARIANT_TIMEOUT:-600} python3 -m torch.distributed.run --standalone --nproc_per_node=1 workflows/scripts/train.py \
       --data-dir $SCRATCH/data --out $SCRATCH/$v/model.pt --ckpt-dir $SCRATCH/$v/ckpt --metrics $OUT/$v/metrics.jsonl \
       --config-json "{$COMMON$extra,\"plugin\":\"$base\",\"compile\":$comp,\"deterministic\":$det,\"model_impl\":\"$impl\",\"kernels\":[$ks]}" > $OUT/$v.log 2>&1
-    python3 benchmarks/gpu/summarize.py "$v" $OUT/$v/metrics.jsonl >> $OUT/results.jsonl
-    trained="$trained $v"
+    python3 benchmarks/gpu/summarize.py "$v" $OUT/$v/metrics.jsonl | tag >> $OUT/results.jsonl
   fi
-  echo "== $v $((SECONDS - t0)) s: $(tail -1 $OUT/results.jsonl | cut -c1-600)"
+  echo "== $v $((SECONDS - t0)) s: $(grep "\"variant\": \"$v\"" $OUT/results.jsonl | tail -1 | cut -c1-600)"
+}
+trained=""
+for v in $VARIANTS; do
+  if [ $SECONDS -gt $DEADLINE ]; then echo "skip $v: past the deadline"; continue; fi
+  [ "${v%%+*}" = plain ] || trained="$trained $v"
+  if [ "$JOBS" -gt 1 ]; then
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    variant "$v" &
+    sleep 2  # staggered starts: the data and the first imports do not all land at once
+  else
+    variant "$v"
+  fi
 done
+wait
 if [ -n "${PARITY:-}" ]; then
   set -- $trained
   first=$1; shift
   [ $# -gt 0 ] && python3 benchmarks/loss_parity.py $OUT/$first/metrics.jsonl $(for v in "$@"; do echo $OUT/$v/metrics.jsonl; done) \
-    | tee -a $OUT/results.jsonl
+    | tag | tee -a $OUT/results.jsonl
 fi
