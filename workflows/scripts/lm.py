@@ -532,7 +532,10 @@ def boost(cfg: dict[str, Any], cuda: bool, model: nn.Module | None = None, log: 
         import master_weights
 
         optimizer = master_weights.MasterWeightOptimizer(optimizer)
+    fp32 = plugins.fp32_weights(cfg, model)  # the plugin's bf16 cast would be all its masters start from
     model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
+    if fp32 is not None:
+        plugins.reseed_zero_masters(optimizer, fp32)
     dp_rank, dp_size = data_parallel_layout(plugin)
     return Boosted(plugin, booster, model, optimizer, scheduler, n_matmul, dp_rank, dp_size)
 

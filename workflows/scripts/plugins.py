@@ -42,6 +42,9 @@ class PluginSpec:
     # masters) is written once, by rank 0, and every rank reads that copy, on any world size.
     replicated: bool
     resize_ok: bool
+    # reseed_masters: the plugin casts the model to bf16 before its ZeRO optimizer copies the fp32 masters, so they
+    # would start on the bf16 grid (ColossalAI 0.5.0); boost re-seeds them from the fp32 weights (reseed_zero_masters).
+    reseed_masters: bool
     # Grad clipping: "loop" = train.py calls optimizer.clip_grad_by_norm; "plugin" = max_norm inside step().
     grad_clip: str
     # Pipeline schedule: None, or the schedule used when pp > 1 (grad_accum = the number of microbatches).
@@ -112,6 +115,7 @@ PLUGIN_TABLE: dict[str, PluginSpec] = {
             fp32_masters=False,
             replicated=True,
             resize_ok=True,
+            reseed_masters=False,
             grad_clip="loop",
             pipeline=None,
             parallel_axes=False,
@@ -136,6 +140,7 @@ PLUGIN_TABLE: dict[str, PluginSpec] = {
             fp32_masters=True,
             replicated=False,
             resize_ok=True,
+            reseed_masters=True,
             grad_clip="plugin",
             pipeline=None,
             parallel_axes=False,
@@ -160,6 +165,7 @@ PLUGIN_TABLE: dict[str, PluginSpec] = {
             fp32_masters=False,  # Gemini's model checkpoint is written from its fp32 chunks
             replicated=False,
             resize_ok=True,
+            reseed_masters=False,  # its masters start on the bf16 grid too; they live in chunks: not re-seeded
             grad_clip="plugin",
             pipeline=None,
             parallel_axes=False,
@@ -183,6 +189,7 @@ PLUGIN_TABLE: dict[str, PluginSpec] = {
             fp32_masters=True,
             replicated=False,
             resize_ok=True,  # the data-parallel size may change; tp/pp/sp are fixed by the config check
+            reseed_masters=False,  # its masters start on the bf16 grid too; tp shards them: not re-seeded
             grad_clip="plugin",
             pipeline="1F1B (OneForwardOneBackward) over grad_accum microbatches",
             parallel_axes=True,
@@ -249,3 +256,48 @@ def make_optimizer(cfg: dict[str, Any], model: nn.Module, cuda: bool) -> torch.o
 
         return HybridAdam(groups, lr=cfg["lr"], betas=betas, weight_decay=cfg["weight_decay"], adamw_mode=True)
     return torch.optim.AdamW(groups, lr=cfg["lr"], betas=betas, fused=cuda)
+
+
+def fp32_weights(cfg: dict[str, Any], model: nn.Module) -> dict[nn.Parameter, torch.Tensor] | None:
+    """Before boost, where boost must re-seed the plugin's masters (PluginSpec.reseed_masters, bf16): the fp32 data
+    of the model's trainable parameters, by parameter. References, not copies: the plugin's cast replaces each
+    param.data, and these keep the fp32 values alive until reseed_zero_masters."""
+    if not (spec_of(cfg).reseed_masters and cfg["precision"] == "bf16"):
+        return None
+    return {p: p.data for p in model.parameters() if p.requires_grad and p.dtype == torch.float32}
+
+
+def reseed_zero_masters(optimizer: Any, fp32: dict[nn.Parameter, torch.Tensor]) -> int:
+    """Copy the fp32 weights into ColossalAI's LowLevelZeroOptimizer masters (this rank's shard of each flattened,
+    padded parameter); returns how many were re-seeded, and empties fp32.
+
+    LowLevelZeroPlugin casts the model to bf16 (LowLevelZeroModel.__init__) before LowLevelZeroOptimizer clones the
+    masters from those same parameters (_create_master_param_current_rank), so every master starts exactly on the
+    bf16 grid. Round-to-nearest then hides any update smaller than half a bf16 ulp from the working weights: in a
+    warm-up (lr 1e-5 against half an ulp of 6e-5 at |w| = 0.02) the model stands still for its first steps, where
+    fp32 masters off the grid move the rounded weights by the update on average (docs/training.md, "ZeRO's fp32
+    masters"). Each shard is checked against the master it replaces (bf16 of the fp32 value equals it exactly), so a
+    layout this does not know raises instead of scrambling the weights."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    working_to_master = optimizer.get_working_to_master_map()
+    padding = optimizer.get_param_padding_map()
+    done = 0
+    with torch.no_grad():
+        for param, value in fp32.items():
+            master = working_to_master.get(id(param))
+            if master is None:
+                continue
+            group = optimizer.param_to_pg[param]
+            if isinstance(group, tuple):
+                raise NotImplementedError("re-seeding ZeRO masters over an extra data-parallel group")
+            size, rank = dist.get_world_size(group), dist.get_rank(group)
+            flat = F.pad(value.reshape(-1), [0, padding[id(param)]])
+            shard = flat.split(flat.numel() // size)[rank].to(master.device)
+            if shard.shape != master.shape or not torch.equal(shard.to(param.dtype).to(master.dtype), master):
+                raise RuntimeError(f"ZeRO master of a {tuple(value.shape)} parameter is not its shard {rank}/{size}")
+            master.copy_(shard)
+            done += 1
+    fp32.clear()
+    return done
