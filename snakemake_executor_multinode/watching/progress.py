@@ -3,7 +3,8 @@
 The convention (protocol.METRICS_FILE_VAR): the job script exports $MULTINODE_METRICS_FILE, a path beside the job's
 log; a training writes its metrics there as JSON lines, or makes that path a link to its own metrics file (as
 workflows/scripts/train.py does). Keys read, all optional but `step`: `steps` (the total), `loss`, `tokens_per_s`,
-`time` (Unix seconds when the line was written), `tokens` (cumulative), `step_ms`, `elapsed` (training seconds).
+`time` (Unix seconds when the line was written), `tokens` (cumulative), `step_ms`, `elapsed` (training seconds),
+`mfu` (model FLOPs utilisation, a fraction: 0.474 is shown as `mfu 47.4%`; null when the training cannot tell).
 The ETA's time per step, best first: the wall clock between the last few lines (`time`: what the run really takes,
 checkpoints and logging included), tokens per step over tokens_per_s, the last step's step_ms, elapsed / step.
 Nothing here asks SLURM: progress is one read of the file's tail, on the shared filesystem.
@@ -34,6 +35,7 @@ class Progress:
     loss: float | None = None
     tokens_per_s: float | None = None
     seconds_per_step: float | None = None
+    mfu: float | None = None  # a fraction of the GPUs' peak
 
     @property
     def eta_s(self) -> float | None:
@@ -47,6 +49,8 @@ class Progress:
             parts.append(f"loss {self.loss:.3g}")
         if self.tokens_per_s is not None:
             parts.append(f"{human(self.tokens_per_s)} tok/s")
+        if self.mfu is not None:
+            parts.append(f"mfu {100 * self.mfu:.1f}%")
         if eta and (left := self.eta_s):  # none at the last step
             parts.append(f"ETA {duration(left)}")
         return " ".join(parts)
@@ -123,7 +127,12 @@ def parse(record: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]] = ()) 
     total = _number(record, "steps")
     per_step = _seconds_per_step(record, earlier)
     return Progress(
-        int(step), int(total) if total else None, _number(record, "loss"), _number(record, "tokens_per_s"), per_step
+        int(step),
+        int(total) if total else None,
+        _number(record, "loss"),
+        _number(record, "tokens_per_s"),
+        per_step,
+        _number(record, "mfu"),
     )
 
 

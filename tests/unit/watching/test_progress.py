@@ -143,3 +143,20 @@ def test_an_interval_of_0_turns_progress_lines_off(tmp_path):
     write_lines(protocol.metrics_file(log), {"step": 1})
     assert ProgressLines(interval=0).line("5", "train", log) is None
     assert ProgressLines(interval=60).line("5", "train", None) is None
+
+
+def test_the_line_carries_mfu_when_the_training_says_it():
+    record = {"step": 1200, "steps": 20000, "loss": 2.3141, "tokens": 1200 * 111575, "tokens_per_s": 184000.0}
+    assert (
+        progress.parse(record | {"mfu": 0.474}).describe() == "step 1200/20000 loss 2.31 184k tok/s mfu 47.4% ETA 3h10m"
+    )
+    # null (the training does not know its GPUs' peak) or absent: no mfu at all, never "mfu 0.0%"
+    assert "mfu" not in progress.parse(record | {"mfu": None}).describe()
+    assert "mfu" not in progress.parse(record).describe()
+
+
+def test_the_progress_line_snakemake_prints_carries_mfu(tmp_path):
+    log = tmp_path / "7.attempt1.log"
+    write_lines(protocol.metrics_file(log), {"step": 10, "steps": 20, "tokens_per_s": 2048.0, "mfu": 0.5})
+    line = ProgressLines(interval=60, clock=Clock()).line("7", "train", log)
+    assert line == "train (SLURM job 7): step 10/20 2.0k tok/s mfu 50.0%"
