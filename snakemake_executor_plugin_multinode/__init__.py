@@ -19,7 +19,7 @@ from snakemake_interface_executor_plugins.settings import CommonSettings, Execut
 from snakemake_executor_multinode.planning import environment, submit_check
 from snakemake_executor_multinode.planning.plan import JobPlan, RuleJob, direct_command
 from snakemake_executor_multinode.planning.request import RequestError
-from snakemake_executor_multinode.planning.settings import Settings, SettingsError
+from snakemake_executor_multinode.planning.settings import Settings, SettingsError, help_text
 from snakemake_executor_multinode.session import Session, SubmitRefused
 from snakemake_executor_multinode.watching.registry import Submission
 from snakemake_executor_plugin_multinode.facts import JobFacts, job_facts, rerun_reason
@@ -29,7 +29,11 @@ def _executor_settings() -> type[ExecutorSettingsBase]:
     """Snakemake's `--multinode-*` options, made from the core's one declaration of the settings (settings.py)."""
     hints = typing.get_type_hints(Settings)
     spec = [
-        (f.name, hints[f.name], field(default=f.default, metadata={**f.metadata, "env_var": True}))
+        (
+            f.name,
+            hints[f.name],
+            field(default=f.default, metadata={**f.metadata, "help": help_text(f), "env_var": True}),
+        )
         for f in fields(Settings)
     ]
     return make_dataclass("ExecutorSettings", spec, bases=(ExecutorSettingsBase,))

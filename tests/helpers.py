@@ -311,7 +311,7 @@ def hostile_plan(tmp_path: Path, value: str) -> JobPlan:
     """A 2-node job whose wildcard and environment profile value are `value` (hostile input)."""
     profiles = tmp_path / "profiles.yaml"
     profiles.write_text(yaml.safe_dump({"profiles": {"hostile": {"env": {"TOKEN": value}}}}))
-    planner = Planner(Settings(env_profiles=str(profiles)), tmp_path, "run1")
+    planner = Planner(Settings(profile_file=str(profiles)), tmp_path, "run1")
     job = RuleJob(
         "train", {"nodes": 2, "env_profile": "hostile"}, 'printf %s "$TOKEN" > token.txt', wildcards={"sample": value}
     )

@@ -195,17 +195,28 @@ def network_check_seconds(value: Any, where: str = "network_check") -> int:
 
 
 def resolve(profiles: ProfileSet, selection: str | None) -> dict[str, Any]:
-    """Flatten the selected profiles (with `extends`) into one; later ones win key by key."""
+    """Flatten the selected profiles (with `extends`) into one; later ones win key by key. A null under nccl or env
+    unsets what an earlier profile of the chain set (a built-in's site-specific value); unsetting what none set is
+    an error, as it is most likely a misspelt key."""
     merged: dict[str, Any] = {}
     for name in split_selection(selection or profiles.default):
         if name not in profiles.profiles:
             raise EnvProfileError(f"unknown environment profile {name!r}; defined: {sorted(profiles.names)}")
-        for layer in _chain(profiles, name):
-            for key, value in layer.items():
+        for layer_name in _chain(profiles, name):
+            for key, value in profiles.profiles[layer_name].items():
                 if key == "extends":
                     continue
                 if key in ("nccl", "env"):
-                    merged[key] = {**merged.get(key, {}), **value}
+                    section = {**merged.get(key, {})}
+                    for sub, sub_value in value.items():
+                        if sub_value is not None:
+                            section[sub] = sub_value
+                        elif section.pop(sub, None) is None:
+                            raise EnvProfileError(
+                                f"{profiles.sources[layer_name]}.{key}.{sub}: null unsets {key}.{sub}, but no "
+                                f"profile before it in {selection or profiles.default!r} sets it"
+                            )
+                    merged[key] = section
                 elif key in ("modules", "setup"):
                     merged[key] = [*merged.get(key, []), *value]
                 else:
@@ -213,15 +224,15 @@ def resolve(profiles: ProfileSet, selection: str | None) -> dict[str, Any]:
     return merged
 
 
-def _chain(profiles: ProfileSet, name: str | None) -> list[dict[str, Any]]:
+def _chain(profiles: ProfileSet, name: str | None) -> list[str]:
+    """`name` and the profiles it extends, the farthest first."""
     chain, seen = [], set()
     while name is not None:
         if name in seen:
             raise EnvProfileError(f"{profiles.sources[name]}.extends: cycle through {name!r}")
         seen.add(name)
-        body = profiles.profiles[name]
-        chain.append(body)
-        name = body.get("extends")
+        chain.append(name)
+        name = profiles.profiles[name].get("extends")
     return chain[::-1]
 
 
@@ -273,7 +284,7 @@ def render_lines(profile: dict[str, Any]) -> list[str]:
         if "ib" in nccl:
             lines.append(f"export NCCL_IB_DISABLE={'0' if nccl['ib'] else '1'}")
         for key, var in NCCL_KEYS.items():
-            if key in nccl and nccl[key] is not None:
+            if key in nccl:
                 lines.append(f"export {var}={q(_value(nccl[key]))}")
         if nccl.get("dump_on_timeout"):
             lines.append(f"export {FLIGHT_RECORDER_FILE}={FLIGHT_RECORDER_PREFIX}  # the dumps, beside the job log")

@@ -96,7 +96,7 @@ class Planner:
             raise SettingsError(f"--multinode-crash-loop-seconds={settings.crash_loop_seconds}: more than 0 seconds")
         # slurm_extra is read with the options of the SLURM release the session finds (before its first plan)
         self.sbatch_options: OptionTable = ANY_RELEASE
-        self.profiles = environment.load_profiles(settings.env_profiles)  # EnvProfileError names file and key
+        self.profiles = environment.load_profiles(settings.profile_file)  # EnvProfileError names file and key
         self.snapshots = snapshot.SnapshotStore(workdir, settings.snapshot)  # SnapshotError names setting and path
         if settings.env_profile is not None:
             environment.select(self.profiles, settings.env_profile, where="--multinode-env-profile")
@@ -119,6 +119,10 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
             "a defined environment profile, or several comma-separated (applied left to right); defined: "
             + ", ".join(sorted(profiles.names)),
         ) from err
+    try:
+        resolved = environment.resolve(profiles, selection)
+    except environment.EnvProfileError as err:  # a null that unsets nothing: names file, profile and key
+        raise RequestError(job.rule, "env_profile", chosen, str(err)) from err
     req = build_request(
         job.rule,
         job.resources,
@@ -129,11 +133,10 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
         sbatch_options=planner.sbatch_options,
         env_profile=selection,
         declared_nodes=job.declared_nodes,
-        profile=environment.resolve(profiles, selection) if selection else None,
+        profile=resolved,
     )
     if avoid := [n for n in job.avoid_nodes if _NODE.match(n)]:
         req = replace(req, exclude=",".join(filter(None, [req.exclude, *avoid])))
-    resolved = environment.resolve(profiles, req.env_profile)
     lines = environment.render_lines(resolved)
     versions_in_job = req.gpus > 0 or environment.own_software(resolved)
     log_dir = jobscript.log_dir_for(PurePath(planner.settings.logdir), req)

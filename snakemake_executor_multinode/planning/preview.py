@@ -27,13 +27,13 @@ from snakemake_executor_multinode.launching import container, launcher
 from snakemake_executor_multinode.planning import environment
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.planning.request import RequestError
-from snakemake_executor_multinode.planning.settings import Settings, SettingsError
+from snakemake_executor_multinode.planning.settings import Settings, SettingsError, help_text
 
 # Settings that shape the script (the others steer the executor's status loop).
 SCRIPT_SETTINGS = (
     "account",
     "partition",
-    "env_profiles",
+    "profile_file",
     "env_profile",
     "signal",
     "logdir",
@@ -58,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     for f in fields(Settings):
         if f.name in SCRIPT_SETTINGS:
             kind, flag = hints[f.name], f"--{f.name.replace('_', '-')}"
-            text = f"{f.metadata['help']} (as --multinode-{flag[2:]})"
+            text = f"{help_text(f)} (as --multinode-{flag[2:]})"
             if kind is bool:
                 p.add_argument(flag, action="store_true", help=text)
             else:

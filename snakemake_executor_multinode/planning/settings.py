@@ -5,8 +5,8 @@ flags, and the request fills what a rule leaves out from them: every default is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import Field, dataclass, field
+from typing import Any, Optional
 
 from snakemake_executor_multinode import protocol
 
@@ -37,7 +37,7 @@ class Settings:
             "resources for their own scheduling. By default an unknown name is an error naming close matches."
         },
     )
-    env_profiles: Optional[str] = field(
+    profile_file: Optional[str] = field(
         default=None,
         metadata={
             "help": "YAML file of environment profiles (CUDA, conda/venv, modules, NCCL/InfiniBand, variables); "
@@ -48,7 +48,15 @@ class Settings:
         default=None,
         metadata={
             "help": "Profile(s) for rules without env_profile, e.g. 'infiniband' or 'infiniband,debug'; "
-            "default: the file's `default:`."
+            "none: the profile file's `default:`."
+        },
+    )
+    launchers: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated commands (on PATH) that start a job's ranks on every node themselves, e.g. "
+            "'accelerate,deepspeed': a multi-node or multi-GPU rule whose command runs one of them is accepted "
+            "like one that runs `multinode torchrun`."
         },
     )
     signal: str = field(
@@ -174,3 +182,17 @@ class Settings:
             "seconds, read from the job's metrics file ($MULTINODE_METRICS_FILE; no SLURM query). 0: none."
         },
     )
+
+
+def help_text(f: Field[Any]) -> str:
+    """A setting's help as every command line shows it: ending with its default."""
+    default = f.default
+    if isinstance(default, bool):
+        shown = "on" if default else "off"
+    elif default is None:
+        shown = "none"
+    elif isinstance(default, float) and default.is_integer():
+        shown = str(int(default))
+    else:
+        shown = str(default)
+    return f"{f.metadata['help']} (default: {shown})"

@@ -107,7 +107,7 @@ def test_two_node_job_runs_every_rank_inside_the_podman_image_and_usr2_reaches_t
     write_workflow(tmp_path, podman_image, container=True, wait_usr2=True)
     cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--latency-wait", "5"]
     proc = subprocess.Popen(
-        [*cmd, "--multinode-env-profiles", "profiles.yaml"],
+        [*cmd, "--multinode-profile-file", "profiles.yaml"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -153,7 +153,7 @@ def test_container_launch_overhead_against_bare_metal(slurm_cluster, podman_imag
         workdir.mkdir()
         write_workflow(workdir, podman_image, container=container)
         start = time.monotonic()
-        snakemake(workdir, "--multinode-env-profiles", "profiles.yaml", timeout=300)
+        snakemake(workdir, "--multinode-profile-file", "profiles.yaml", timeout=300)
         times[container] = time.monotonic() - start
         images = {r["image"] for r in reports(workdir)}
         assert images == ({"multinode-probe"} if container else {"debian"}), images
@@ -203,7 +203,7 @@ def test_a_stalled_job_in_podman_is_ended_with_every_ranks_stack(slurm_cluster, 
         '    resources: nodes=2, gpus=0, cpus_per_task=2, runtime=30, env_profile="probe", stall_timeout="20s"\n'
         '    shell: "multinode torchrun --nproc_per_node=2 stall.py && touch {output}"\n'
     )
-    proc = snakemake(tmp_path, "--multinode-env-profiles", "profiles.yaml", timeout=600, check=False)
+    proc = snakemake(tmp_path, "--multinode-profile-file", "profiles.yaml", timeout=600, check=False)
     said = proc.stdout + proc.stderr
     assert proc.returncode != 0, said
     assert "stalled: no progress for 20s on any rank; stacks in" in said, said

@@ -103,7 +103,7 @@ def test_a_node_with_a_broken_interface_ends_the_job_at_once_naming_it(slurm_clu
         f"profiles:\n  broken:\n    extends: infiniband\n    env: {{PYTHONPATH: {str(hooks)!r}}}\n"
     )
     try:
-        proc = snakemake(wd, "--multinode-env-profiles", "profiles.yaml", check=False)
+        proc = snakemake(wd, "--multinode-profile-file", "profiles.yaml", check=False)
     finally:
         if marker.exists() and mode == "link-down":
             restore(slurm_cluster, marker.read_text().split()[0], ip)

@@ -223,7 +223,7 @@ def test_preview_shows_the_wrapped_per_node_line(tmp_path, capsys):
     code = main(
         [
             "preview",
-            "--env-profiles",
+            "--profile-file",
             str(path),
             "--workdir",
             str(tmp_path),

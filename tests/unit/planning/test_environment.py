@@ -31,19 +31,41 @@ def test_conda_is_activated_in_the_job_and_alloc_conf_is_always_set(tmp_path):
     assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in lines
 
 
-def test_builtin_infiniband_profile_is_the_seed_recipes_block():
+def test_builtin_infiniband_profile_holds_only_what_is_right_on_any_fabric():
     lines = render_lines(resolve(load_profiles(), "infiniband"))
     for expected in (
         "NCCL_IB_DISABLE=0",
-        "NCCL_SOCKET_IFNAME='^lo'",
-        "NCCL_IB_HCA=mlx5_0",
-        "NCCL_IB_GID_INDEX=0",
-        "NCCL_IB_TC=106",
         "NCCL_IB_TIMEOUT=22",
-        "NCCL_NET_GDR_LEVEL=2",
-        "NCCL_MIN_NRINGS=4",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE=2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT=1",
+        "NCCL_DEBUG=WARN",
+        "MULTINODE_NETWORK_CHECK=60",
     ):
         assert f"export {expected}" in lines
+    # site- and hardware-specific: NCCL's own detection picks every HCA
+    for variable in ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_TC", "NCCL_LAUNCH_MODE", "NCCL_MIN_NRINGS"):
+        assert not any(line.startswith(f"export {variable}=") for line in lines), variable
+
+
+def test_a_null_unsets_what_an_extended_builtin_profile_sets(tmp_path):
+    text = "profiles:\n  site:\n    extends: infiniband\n    nccl: {socket_ifname: null}\n    env: {X: null}\n"
+    text += "  base:\n    env: {X: '1'}\n"
+    lines = lines_for(tmp_path, text, "base,site")
+    assert not any(line.startswith("export NCCL_SOCKET_IFNAME=") for line in lines)
+    assert not any(line.startswith("export X=") for line in lines)
+    assert "export NCCL_IB_DISABLE=0" in lines  # the rest of the built-in stays
+
+
+def test_a_null_unsets_what_an_earlier_profile_of_the_selection_sets(tmp_path):
+    lines = lines_for(tmp_path, "profiles:\n  quiet:\n    nccl: {debug: null}\n", "infiniband,quiet")
+    assert not any(line.startswith("export NCCL_DEBUG=") for line in lines)
+
+
+def test_unsetting_a_key_no_profile_in_the_chain_sets_is_an_error_naming_file_profile_and_key(tmp_path):
+    with pytest.raises(EnvProfileError) as err:
+        lines_for(tmp_path, "profiles:\n  site:\n    extends: ethernet\n    nccl: {hca: null}\n", "site")
+    assert f"{tmp_path / 'env.yaml'}: profiles.site.nccl.hca: null unsets nccl.hca" in str(err.value)
 
 
 def test_ethernet_and_debug_profiles_compose_left_to_right():
@@ -59,7 +81,7 @@ def test_extends_and_default_apply(tmp_path):
         "    env: {WANDB_MODE: offline}\n    modules: [cuda/12.1]\n"
     )
     lines = lines_for(tmp_path, text)
-    assert "export NCCL_IB_HCA=mlx5_2" in lines and "export NCCL_IB_TC=106" in lines
+    assert "export NCCL_IB_HCA=mlx5_2" in lines and "export NCCL_IB_TIMEOUT=22" in lines
     assert "export WANDB_MODE=offline" in lines and "module load cuda/12.1" in lines
 
 

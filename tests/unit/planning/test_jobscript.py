@@ -19,6 +19,7 @@ default: a6000
 profiles:
   a6000:
     extends: infiniband
+    nccl: {hca: mlx5_0, gid_index: 0, tc: 106, gdr_level: 2, launch_mode: GROUP, min_nrings: 4}  # the site's
     cuda: /path/to/cuda-11.8
     conda: {base: /path/to/anaconda3, env: my_env}
 """
@@ -115,7 +116,7 @@ def test_preview_prints_the_same_script_the_executor_submits(tmp_path, capsys):
                 "preview",
                 "--rule",
                 "train",
-                "--env-profiles",
+                "--profile-file",
                 str(f),
                 "--workdir",
                 str(tmp_path),

@@ -11,7 +11,7 @@ import pytest
 from snakemake_executor_multinode.planning import environment
 from snakemake_executor_multinode.planning.plan import Planner, RuleJob
 from snakemake_executor_multinode.planning.request import RequestError
-from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.planning.settings import Settings, help_text
 from snakemake_executor_plugin_multinode import ExecutorSettings
 
 
@@ -20,7 +20,7 @@ def plan(resources: dict, **settings):
 
 
 def test_the_executors_options_are_the_core_settings_declared_once():
-    ours = {f.name: (f.default, f.metadata["help"]) for f in fields(Settings)}
+    ours = {f.name: (f.default, help_text(f)) for f in fields(Settings)}
     snakemakes = {f.name: (f.default, f.metadata["help"]) for f in fields(ExecutorSettings)}
     assert snakemakes == ours
     assert all(f.default is not MISSING and f.metadata["env_var"] for f in fields(ExecutorSettings))

@@ -48,7 +48,7 @@ def test_preview_of_the_gpu_cluster_train_job_is_the_seed_recipe():
             "preview",
             "--rule",
             "train",
-            "--env-profiles",
+            "--profile-file",
             "workflows/profiles/gpu-cluster-example/env.yaml",
             "--partition",
             "gpu_A6000",

@@ -142,7 +142,7 @@ def planned(tmp_path: Path, resources: dict, profile: str | None = None):
     settings = Settings()
     if profile is not None:
         (tmp_path / "profiles.yaml").write_text(f"default: own\nprofiles:\n  own:\n{profile}")
-        settings = Settings(env_profiles=str(tmp_path / "profiles.yaml"))
+        settings = Settings(profile_file=str(tmp_path / "profiles.yaml"))
     return Planner(settings, tmp_path, "run1").plan(RuleJob("shard", resources, "true"))
 
 
