@@ -112,9 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     from snakemake_executor_multinode.planning.preview import add_parser as add_preview
 
     add_preview(sub)
-    from snakemake_executor_multinode.cli.runs import add_parsers as add_run_commands  # status, cancel, report, clean
+    from snakemake_executor_multinode.cli.runs import (
+        add_parsers as add_run_commands,
+    )  # status, logs, cancel, report, clean
 
-    add_run_commands(sub)  # status, cancel, report, clean
+    add_run_commands(sub)  # status, logs, cancel, report, clean
     from snakemake_executor_multinode.watching.provenance import add_parser as add_provenance
 
     add_provenance(sub)

@@ -1,5 +1,5 @@
-"""`multinode status | cancel | report | clean`: look at a run (or stop it, or clean up after it) from its registry,
-without Snakemake.
+"""`multinode status | logs | cancel | report | clean`: look at a run (or a job's log; or stop the run, or clean up
+after it) from its registry, without Snakemake.
 
 A run is one Snakemake start with `--executor multinode`; its submissions are under
 .snakemake/multinode/runs/<run>/ of the working directory. `--run latest` (the default) is the run that started
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from snakemake_executor_multinode.protocol import REPORTS_DIR
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, RetryPolicy, SlurmClient, job_order
-from snakemake_executor_multinode.watching import clean, report, status_view
+from snakemake_executor_multinode.watching import clean, logs, report, status_view
 
 # An interactive command waits out a restarting controller for a minute, not the executor's ten.
 RETRY = RetryPolicy(total_seconds=60)
@@ -33,6 +33,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     status.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
     status.add_argument("--interval", type=float, default=10.0, help="seconds between refreshes (default 10)")
     status.set_defaults(func=status_command)
+    lg = sub.add_parser(
+        "logs",
+        help="a job's log, labelled [<node> rank<R>] by `multinode torchrun`; -f follows it until the job ends",
+    )
+    lg.add_argument(
+        "job",
+        nargs="?",
+        metavar="JOB",
+        help="a SLURM job id, a rule name or an output path of this folder's runs (default: the newest job)",
+    )
+    lg.add_argument("-f", "--follow", action="store_true", help="print lines as they come until the job ends")
+    only = lg.add_mutually_exclusive_group()
+    only.add_argument("--rank", type=int, metavar="R", help="only the lines of global rank R")
+    only.add_argument("--node", metavar="N", help="only the lines of node N (host name): its ranks' and torchrun's")
+    lg.add_argument(
+        "-d", "--directory", type=Path, default=Path.cwd(), help="Snakemake's working directory (default: here)"
+    )
+    lg.set_defaults(func=logs_command)
     cancel = sub.add_parser("cancel", help="cancel a run's jobs that are still queued or running, and only those")
     common(cancel, "latest (default), or a run id (or a unique prefix)")
     cancel.set_defaults(func=cancel_command)
@@ -104,6 +122,27 @@ def status_command(args: argparse.Namespace) -> int:
         print(_unanswered("status", err), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def logs_command(args: argparse.Namespace) -> int:
+    """Exit 2 when there is no such job or no log to print (one line on stderr naming what was looked for)."""
+    workdir = args.directory.resolve()
+    keep = logs.line_filter(args.rank, args.node)
+    out = sys.stdout.buffer
+    try:
+        sub = status_view.find_job(workdir, args.job)
+        if args.follow:
+            logs.follow(sub, keep, out, _client())
+        else:
+            logs.show(sub, keep, out)
+    except (status_view.JobNotFound, logs.NoLog) as err:
+        print(f"multinode logs: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # `multinode logs | head`
         return 0
     return 0
 

@@ -15,6 +15,7 @@ metrics file (progress.py), read from the shared filesystem.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,10 @@ SQUEUE_FIELDS = (
 
 class RunNotFound(LookupError):
     """No run of that id (or no run at all) in the registry."""
+
+
+class JobNotFound(LookupError):
+    """No submission of this folder's runs is the job asked for; the message names what was looked for."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,35 @@ def resolve_run(table: dict[str, list[Submission]], which: str) -> str:
         what = "no run" if not matches else "several runs"
         raise RunNotFound(f"{what} with id {which!r}; runs (newest last): {known}")
     return matches[0]
+
+
+def find_job(workdir: Path, which: str | None) -> Submission:
+    """One job of this folder's runs: `which` is a SLURM job id (or array element <id>_<task>), a rule name or one of
+    a job's output paths (as given to Snakemake, or absolute); None: the most recently submitted job. The newest
+    submission wins where several match (a rule's jobs, an output built again)."""
+    subs = sorted((s for s in runs(workdir / RUNS_DIR) if s.jobid), key=lambda s: s.submitted_at)
+    if not subs:
+        raise JobNotFound(f"no job: no run has submitted a job from {workdir} ({RUNS_DIR} is empty)")
+    if which is None:
+        return subs[-1]
+    if is_job_key(which):
+        found = [s for s in subs if s.jobid == which]
+        what = f"SLURM job {which}"
+    elif found := [s for s in subs if s.rule == which]:
+        what = f"rule {which}"
+    else:
+        wanted = os.path.normpath(workdir / which)  # an absolute path stays itself
+        found = [s for s in subs if any(os.path.normpath(workdir / o) == wanted for o in s.outputs)]
+        what = f"rule or output {which!r}"
+    if not found:
+        raise JobNotFound(f"no job is {what} in the runs of {workdir}")
+    return found[-1]
+
+
+def current_log(sub: Submission) -> str:
+    """The log the job writes now: its newest restart's, else its first."""
+    later = restart_logs(sub.log)
+    return str(later[-1]) if later else sub.log
 
 
 # --- SLURM ------------------------------------------------------------------------------------------------------
