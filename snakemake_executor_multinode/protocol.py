@@ -55,6 +55,36 @@ METRICS_SUFFIX = ".metrics.jsonl"
 # job id, restart count, nodes, GPUs, versions, start, end and exit, for the output's provenance record.
 RUNS_SUFFIX = ".runs.jsonl"
 
+# GPU samples of a job with GPUs, one file per node beside the job's first log (every run of a requeued job appends
+# to it): nvidia-smi's CSV lines of GPU_QUERY (no header, no units: MiB and %), one line per GPU every
+# --multinode-gpu-sample-seconds. `multinode status` and `multinode report` read them (watching/gpu_use.py).
+GPU_SAMPLES_SUFFIX = ".gpu.csv"
+GPU_QUERY = ("timestamp", "index", "utilization.gpu", "memory.used", "memory.total")
+
+
+def gpu_samples(stem: str, node: str) -> str:
+    """A node's GPU samples: <stem>.<node>.gpu.csv (`stem` and `node` may be shell words of the job script)."""
+    return f"{stem}.{node}{GPU_SAMPLES_SUFFIX}"
+
+
+def gpu_sampler(seconds: int) -> list[str]:
+    """The sampler each node runs: one CSV line per GPU every `seconds`, until it is stopped."""
+    return [
+        "nvidia-smi",
+        f"--query-gpu={','.join(GPU_QUERY)}",
+        "--format=csv,noheader,nounits",
+        "-l",
+        str(seconds),
+    ]
+
+
+def gpu_samples_of(log: Path) -> dict[str, Path]:
+    """Every node's GPU samples of the job whose first log is `log`, by node name."""
+    stem = log.name.removesuffix(".log")
+    found = log.parent.glob(gpu_samples(stem, "*"))
+    return {p.name[len(stem) + 1 : -len(GPU_SAMPLES_SUFFIX)]: p for p in sorted(found)}
+
+
 # Variables the job script exports for the launcher and the training.
 STATE_DIR_VAR = "MULTINODE_STATE_DIR"
 # The job's key, which names its markers and logs: $SLURM_JOB_ID, or <array job id>_<task id> for an element of a
@@ -89,6 +119,10 @@ METRICS_FILE_VAR = "MULTINODE_METRICS_FILE"
 # labelled output in <stem>.<node>.out beside it (.out: the job's own logs are the .log files). Unset (a
 # hand-written sbatch script): slurm-<jobid> in the submit folder, sbatch's own default.
 LOG_STEM_VAR = "MULTINODE_LOG_STEM"
+# The job's GPU samples without their <node>.gpu.csv (the first log's stem, absolute): the job script's sampler step
+# reads it on every node.
+GPU_SAMPLES_VAR = "MULTINODE_GPU_SAMPLES"
+GPU_SAMPLER_VAR = "MULTINODE_GPU_SAMPLER"  # internal to the job script: the sampler step's srun (its pid)
 # The container each node's torchrun runs in (container.py; the job script exports them from the profile's
 # `container:` key, a hand-written sbatch script may set them). Lists are space-separated words.
 CONTAINER_RUNTIME_VAR = "MULTINODE_CONTAINER_RUNTIME"  # pyxis | apptainer | singularity | podman; unset: none
@@ -141,6 +175,8 @@ VARIABLES = (
     CHANGED_VAR,
     METRICS_FILE_VAR,
     LOG_STEM_VAR,
+    GPU_SAMPLES_VAR,
+    GPU_SAMPLER_VAR,
     *CONTAINER_VARIABLES,
     *NETWORK_CHECK_VARIABLES,
 )

@@ -18,6 +18,7 @@ from pathlib import Path, PurePath
 from snakemake_executor_multinode import protocol
 from snakemake_executor_multinode.planning.quoting import shell_quote
 from snakemake_executor_multinode.planning.request import JobRequest
+from snakemake_executor_multinode.planning.settings import Settings
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=+\-]")
@@ -40,6 +41,8 @@ class ScriptContext:
     # with GPUs or software of its own. Any other job runs in the submitting side's environment, whose versions the
     # submission record holds, and writes its start line with the shell alone.
     versions_in_job: bool = True
+    # Seconds between GPU samples on every node (--multinode-gpu-sample-seconds); used for a job with GPUs only.
+    gpu_sample_s: int = Settings.gpu_sample_seconds
 
 
 def safe_component(text: str, limit: int = 80) -> str:
@@ -144,6 +147,12 @@ def checkpointed(signal: str | None) -> str:
     return f"checkpointed after signal {name}" if name.isdigit() else f"checkpointed after SIG{name}"
 
 
+def gpu_sampler(seconds: int) -> str:
+    """What each node's task of the sampler step runs: nvidia-smi into the node's file, where the node has it."""
+    node_file = protocol.gpu_samples(f'"${protocol.GPU_SAMPLES_VAR}"', '"$SLURMD_NODENAME"')
+    return f"command -v nvidia-smi >/dev/null || exit 0; exec {shlex.join(protocol.gpu_sampler(seconds))} >>{node_file}"
+
+
 def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
     q = shlex.quote
     stem = protocol.log_stem(f'"${protocol.JOB_KEY_VAR}"', req.attempt)
@@ -186,6 +195,9 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "exit_code_changed": str(protocol.EXIT_CODE_CHANGED),
         "versions_in_job": "1" if ctx.versions_in_job else "0",
         "runs_file": f"{shell_quote(str(ctx.workdir / ctx.log_dir))}/{stem}{protocol.RUNS_SUFFIX}",
+        "gpu_sample_seconds": str(max(0, ctx.gpu_sample_s) if req.gpus else 0),
+        "gpu_samples": f"{shell_quote(str(ctx.workdir / ctx.log_dir))}/{stem}",
+        "gpu_sampler": q(gpu_sampler(max(1, ctx.gpu_sample_s))),
     }
     template = resources.files(__package__).joinpath("templates", "job.sh").read_text()
 

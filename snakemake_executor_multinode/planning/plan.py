@@ -161,6 +161,7 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
         code=frozen.describe() if frozen else "not frozen: a restart checks the files the command names",
         code_manifest=planner.workdir / log_dir / f"{name}.code.sha256",
         versions_in_job=versions_in_job,
+        gpu_sample_s=planner.settings.gpu_sample_seconds,
     )
     script = jobscript.render(req, ctx, lines)
     return JobPlan(

@@ -182,6 +182,15 @@ class Settings:
             "seconds, read from the job's metrics file ($MULTINODE_METRICS_FILE; no SLURM query). 0: none."
         },
     )
+    gpu_sample_seconds: int = field(
+        default=30,
+        metadata={
+            "help": "A job with GPUs samples every node's GPU utilisation and memory with nvidia-smi every this many "
+            "seconds, where the nodes have nvidia-smi, beside the job's log (<jobid>.attempt<n>.<node>.gpu.csv); "
+            "`multinode status` and "
+            "`multinode report` show each node's mean utilisation and peak memory. 0: no sampling."
+        },
+    )
 
 
 def help_text(f: Field[Any]) -> str:

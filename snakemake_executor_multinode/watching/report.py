@@ -24,6 +24,7 @@ from pathlib import Path
 
 from snakemake_executor_multinode.protocol import REPORTS_DIR
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient, is_job_key, is_transient
+from snakemake_executor_multinode.watching import gpu_use
 from snakemake_executor_multinode.watching.registry import Submission
 from snakemake_executor_multinode.watching.status_view import clock, minutes_to_seconds, run_table, tres_map
 
@@ -181,6 +182,7 @@ class JobUsage(_UsedOfAsked):
     mem_req_mb: float | None  # per node
     peak_rss_mb: float | None
     gpu_hours: float
+    gpu_use: str = ""  # each sampled node's mean utilisation and peak memory (gpu_use.py); "": not sampled
 
     @property
     def active(self) -> bool:
@@ -207,6 +209,7 @@ def job_usage(sub: Submission, runs: Sequence[RunRecord]) -> JobUsage:
         mem_req_mb=last.mem_mb / last.nodes if last.mem_mb is not None else None,
         peak_rss_mb=max(mems) if mems else None,
         gpu_hours=sum(r.gpus * r.elapsed_s for r in runs) / 3600,
+        gpu_use=gpu_use.describe(gpu_use.for_log(sub.log)),
     )
 
 
@@ -459,6 +462,18 @@ def to_markdown(report: Report) -> str:
             for j in report.jobs
         ),
     )
+    if sampled := [j for j in report.jobs if j.gpu_use]:
+        lines += [
+            "",
+            "## GPU use per job",
+            "",
+            "Sampled with nvidia-smi: per node, the mean utilisation and the peak memory of one GPU.",
+            "",
+        ]
+        lines += _md_table(
+            ("rule", "wildcards", "job", "per node"),
+            ((j.rule, j.wildcards or "-", j.jobid, j.gpu_use) for j in sampled),
+        )
     notes = []
     if report.active:
         notes.append(f"{len(report.active)} job(s) had not ended: their figures are partial (report again later).")

@@ -31,7 +31,7 @@ from snakemake_executor_multinode.slurm.client import (
     job_order,
     queue_key,
 )
-from snakemake_executor_multinode.watching import progress
+from snakemake_executor_multinode.watching import gpu_use, progress
 from snakemake_executor_multinode.watching.registry import Submission, runs
 
 SACCT_FIELDS = (
@@ -68,6 +68,7 @@ class JobRow:
     restarts: int = 0
     progress: str = ""
     log: str = ""
+    gpu_use: str = ""  # each sampled node's mean utilisation and peak memory so far (gpu_use.py)
 
     @property
     def active(self) -> bool:
@@ -305,6 +306,7 @@ def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: P
                 restarts=view.restarts if view else len(later_logs),
                 progress=found.describe(eta=running) if found else "",
                 log=str(later_logs[-1]) if later_logs else sub.log,
+                gpu_use=gpu_use.describe(gpu_use.for_log(sub.log)),
             )
         )
     return rows
@@ -337,13 +339,17 @@ def summary(rows: Sequence[JobRow]) -> str:
     return ", ".join(f"{n} {state.lower()}" for state, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
+def _label(r: JobRow) -> str:
+    return r.rule + (f"[{r.wildcards}]" if r.wildcards else "") + (f" #{r.attempt}" if r.attempt > 1 else "")
+
+
 def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | None = None) -> str:
     when = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" if started else ""
     head = f"run {run_id}{when}: {len(rows)} job(s), {summary(rows)}"
     header = ("RULE", "JOBID", "STATE", "NODESxGPUS", "ELAPSED/LIMIT", "RESTARTS", "PROGRESS", "LOG")
     table = [header]
     for r in rows:
-        label = r.rule + (f"[{r.wildcards}]" if r.wildcards else "") + (f" #{r.attempt}" if r.attempt > 1 else "")
+        label = _label(r)
         shape = f"{r.nodes}x{r.gpus_per_node}" if r.nodes is not None and r.gpus_per_node is not None else "-"
         limit = clock(r.limit_s) if r.limit_s is not None else ("-" if r.elapsed_s is None else "none")
         table.append(
@@ -367,7 +373,15 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
         for r in rows
         if r.state == "PENDING" and r.reason and r.jobid and reasons.explain(r.reason)
     ]
-    return "\n".join([head, *lines, *(["", "why they wait:", *waits] if waits else [])])
+    gpus = [f"  {_label(r)} (job {r.jobid}): {r.gpu_use}" for r in rows if r.gpu_use]
+    return "\n".join(
+        [
+            head,
+            *lines,
+            *(["", "why they wait:", *waits] if waits else []),
+            *(["", "GPU use so far (per node: mean utilisation, peak memory of one GPU):", *gpus] if gpus else []),
+        ]
+    )
 
 
 def watch(

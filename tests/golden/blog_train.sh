@@ -143,6 +143,17 @@ else
     multinode_start_line
 fi
 
+# GPU samples: every node's GPU utilisation and memory into <stem>.<node>.gpu.csv beside the log, for `multinode
+# status` and `multinode report`. A step of its own (--overlap: it takes nothing from the rule's steps), one task per
+# node, so that any GPU job is sampled whatever starts its processes; none where the head node has no nvidia-smi.
+MULTINODE_GPU_SAMPLER=
+if [ 30 -gt 0 ] && command -v nvidia-smi >/dev/null; then
+    export MULTINODE_GPU_SAMPLES=/work/project/.snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1
+    srun --overlap --nodes="$NODE_NUM" --ntasks="$NODE_NUM" --ntasks-per-node=1 --cpus-per-task=1 --mem=0 \
+        --export=ALL --job-name=gpu-samples bash -c 'command -v nvidia-smi >/dev/null || exit 0; exec nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits -l 30 >>"$MULTINODE_GPU_SAMPLES"."$SLURMD_NODENAME".gpu.csv' >/dev/null 2>&1 &
+    MULTINODE_GPU_SAMPLER=$!
+fi
+
 # ==== 4. the rule ================================================================================
 # Snakemake gives every shell command OMP/BLAS threads = the rule's threads; `multinode torchrun` sets
 # OMP_NUM_THREADS = CPUs per GPU for the workers it starts.
@@ -159,6 +170,8 @@ MULTINODE_COMMAND=$!
 set +m
 trap 'kill -TERM -- -"$MULTINODE_COMMAND" 2>/dev/null; wait "$MULTINODE_COMMAND"; exit 143' TERM
 wait "$MULTINODE_COMMAND" || rc=$?
+# The samples end with the rule's command (srun stops its tasks on SIGTERM); the job's end would stop them anyway.
+[ -z "$MULTINODE_GPU_SAMPLER" ] || { kill "$MULTINODE_GPU_SAMPLER" 2>/dev/null; wait "$MULTINODE_GPU_SAMPLER"; }
 
 # ==== 5. checkpointed before the time limit, or stalled (on_stall requeue)? requeue, to resume ===
 if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
