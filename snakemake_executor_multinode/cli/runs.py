@@ -27,7 +27,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
             "-d", "--directory", type=Path, default=Path.cwd(), help="Snakemake's working directory (default: here)"
         )
 
-    status = sub.add_parser("status", help="a run's jobs: state, nodes x GPUs, elapsed/limit, restarts, progress, log")
+    status = sub.add_parser(
+        "status", help="a run's jobs: state, nodes x GPUs, elapsed/limit, restarts, progress, log; GPU use per node"
+    )
     common(status, "latest (default), or a run id (or a unique prefix)")
     status.add_argument("--all", action="store_true", help="every run of this folder, oldest first")
     status.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")

@@ -10,7 +10,7 @@ are, in one batched query for all of them, never one per job:
     requeued job is a line of its own, so its restarts are counted there.
 Neither knows a job that ended long ago on a cluster without accounting; its exit marker may still say how it ended,
 and its restarts are counted from the restart logs the job script writes. Progress is the last line of each job's
-metrics file (progress.py), read from the shared filesystem.
+metrics file (progress.py), and GPU use each node's GPU samples (gpu_use.py), read from the shared filesystem.
 """
 
 from __future__ import annotations
