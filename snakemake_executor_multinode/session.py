@@ -20,7 +20,7 @@ from snakemake_executor_multinode import protocol
 from snakemake_executor_multinode.files import write_private
 from snakemake_executor_multinode.planning import environment, jobscript, snapshot, submit_check
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
-from snakemake_executor_multinode.planning.request import refuse_container_directive
+from snakemake_executor_multinode.planning.request import refuse_container_directive, watchdog
 from snakemake_executor_multinode.planning.settings import Settings, SettingsError
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError, job_order
@@ -198,7 +198,10 @@ class Session:
         script = plan.script_path(jobid)
         pending.rename(script)
         sub = self.registry.submitted(sub, jobid, str(plan.log_path(jobid)), str(script))
-        self.info(f"rule {req.rule}: SLURM job {jobid} ({req.nodes} node(s) x {req.gpus} GPU(s)); log {sub.log}")
+        self.info(
+            f"rule {req.rule}: SLURM job {jobid} ({req.nodes} node(s) x {req.gpus} GPU(s)){watchdog(req)}; "
+            f"log {sub.log}"
+        )
         return sub
 
     def _sbatch_array(self, group: list[tuple[JobPlan, tuple[str, ...]]]) -> list[Submission]:
@@ -224,7 +227,7 @@ class Session:
         req = first.request
         self.info(
             f"rule {req.rule}: SLURM job array {jobid} of {len(group)} jobs ({jobid}_0 .. {jobid}_{len(group) - 1}, "
-            f"{req.nodes} node(s) x {req.gpus} GPU(s) each); logs {subs[0].log} and beside"
+            f"{req.nodes} node(s) x {req.gpus} GPU(s) each){watchdog(req)}; logs {subs[0].log} and beside"
         )
         return subs
 

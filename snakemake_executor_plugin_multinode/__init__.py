@@ -16,7 +16,7 @@ from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 from snakemake_interface_executor_plugins.settings import CommonSettings, ExecutorSettingsBase
 
-from snakemake_executor_multinode.planning import environment, submit_check
+from snakemake_executor_multinode.planning import environment, launch_check, submit_check
 from snakemake_executor_multinode.planning.plan import JobPlan, RuleJob, direct_command
 from snakemake_executor_multinode.planning.request import RequestError
 from snakemake_executor_multinode.planning.settings import Settings, SettingsError, help_text
@@ -109,9 +109,12 @@ class Executor(RemoteExecutor):
             keep=(*facts.outputs, *facts.logs),
         )
         try:
-            return self.session.plan(rule_job, facts.outputs, facts.container_image, facts.shellcmd)
+            plan = self.session.plan(rule_job, facts.outputs, facts.container_image, facts.shellcmd)
+            kind = facts.inner_snakemake_reason if facts.shellcmd is None else None
+            launch_check.check(plan.request, facts.shellcmd, kind, self.session.planner.launchers)
         except RequestError as err:
             raise WorkflowError(str(err)) from err
+        return plan
 
     def _validate_planned_jobs(self) -> None:
         """Plan every job whose resources are known now and ask SLURM about all of them at once, so that bad input

@@ -24,7 +24,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from snakemake_executor_multinode.launching import container, launcher
-from snakemake_executor_multinode.planning import environment
+from snakemake_executor_multinode.planning import environment, launch_check
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.planning.request import RequestError
 from snakemake_executor_multinode.planning.settings import Settings, SettingsError, help_text
@@ -39,6 +39,7 @@ SCRIPT_SETTINGS = (
     "logdir",
     "max_requeues",
     "gpu_flag",
+    "launchers",
 )
 
 
@@ -107,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         plan = planner.plan(
             RuleJob(args.rule, resources, command, threads=args.threads, wildcards=wildcards, attempt=args.attempt)
         )
+        launch_check.check(plan.request, command, None, planner.launchers)
     except (RequestError, SettingsError, environment.EnvProfileError) as err:
         print(f"multinode preview: {err}", file=sys.stderr)
         return 2

@@ -70,6 +70,7 @@ OWN_RESOURCES = frozenset(
         "slurm_extra",
         "stall_timeout",
         "on_stall",
+        "own_launcher",
     }
 )
 # A multi-node `multinode torchrun` job with no stall_timeout of its own (rule or profile) is ended once no rank has
@@ -305,6 +306,7 @@ class JobRequest:
     crash_loop_s: int = int(Settings.crash_loop_seconds)  # "quick": within this many seconds of the run's start
     stall_timeout_s: int = 0  # the launcher's progress watchdog; 0: off
     on_stall: str = "fail"  # fail | requeue (resumes from the last checkpoint)
+    own_launcher: bool = False  # the command starts its ranks itself (srun, mpirun): no launcher check (launch_check)
     attempt: int = 1
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
@@ -532,6 +534,12 @@ def build_request(
     gpus, gpu_type = _gpus(rule, r, nodes, warnings)
     mem_mb, mem_cpu = _mem_mb(rule, r), _mem_mb_per_cpu(rule, r)
     runtime_min = _runtime(rule, r, warnings)
+    own_launcher = _own_launcher(rule, r)
+    if nodes > 1 and not gpus:
+        warnings.append(
+            f"rule {rule!r}: nodes={nodes} without gpus: a CPU multi-node job. Each node gets one task and no GPU; "
+            "`multinode torchrun` starts one process per node (gloo backend). Set gpus=N (per node) for GPU training"
+        )
     name = "a SLURM name: letters, digits and _ . : + -"
     return JobRequest(
         rule=rule,
@@ -571,8 +579,9 @@ def build_request(
         max_requeues=max(0, defaults.max_requeues),
         crash_loop_runs=defaults.crash_loop_runs,
         crash_loop_s=math.ceil(defaults.crash_loop_seconds),
-        stall_timeout_s=_stall_timeout(rule, r, profile or {}, nodes),
+        stall_timeout_s=_stall_timeout(rule, r, profile or {}, watched=nodes > 1 and not own_launcher),
         on_stall=_on_stall(rule, r, profile or {}),
+        own_launcher=own_launcher,
         attempt=attempt,
         warnings=tuple(warnings),
     )
@@ -679,13 +688,14 @@ def _master_port(rule: str, r: Mapping[str, Any]) -> int | None:
     return port
 
 
-def _stall_timeout(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any], nodes: int) -> int:
-    """Seconds without progress before the launcher ends the step: the rule's, the profile's, or for a multi-node
-    job the default; a duration with its unit ('20m', '90s', '1h'), or 'off' / 0."""
+def _stall_timeout(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any], watched: bool) -> int:
+    """Seconds without progress before the launcher ends the step: the rule's, the profile's, or the default for a
+    `watched` job (multi-node, started by `multinode torchrun`, whose watchdog it is); a duration with its unit
+    ('20m', '90s', '1h'), or 'off' / 0."""
     where = "stall_timeout" if "stall_timeout" in r else "env_profile stall_timeout"
     value = r.get("stall_timeout", profile.get("stall_timeout"))
     if value is None:
-        return DEFAULT_STALL_TIMEOUT_S if nodes > 1 else 0
+        return DEFAULT_STALL_TIMEOUT_S if watched else 0
     if value in (0, "0", "off", "none", False):
         return 0
     allowed = "a duration with its unit, e.g. '20m', '90s' or '1h' (a bare number is ambiguous), or 'off'"
@@ -698,6 +708,29 @@ def _stall_timeout(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any], 
     if seconds <= 0:
         raise RequestError(rule, where, value, allowed)
     return max(1, round(seconds))
+
+
+def watchdog(req: JobRequest) -> str:
+    """The stall watchdog as the submission line states it (it ends a job, so the user hears of it up front)."""
+    if not req.stall_timeout_s:
+        return ""
+    minutes, seconds = divmod(req.stall_timeout_s, 60)
+    span = f"{minutes} min" if not seconds else f"{req.stall_timeout_s} s"
+    return f", stall watchdog {span} (resources stall_timeout; 0 turns it off)"
+
+
+def _own_launcher(rule: str, r: Mapping[str, Any]) -> bool:
+    value = r.get("own_launcher", False)
+    # --set-resources hands over text
+    read = {True: True, False: False, "True": True, "False": False, "true": True, "false": False}
+    if isinstance(value, bool | str) and value in read:
+        return read[value]
+    raise RequestError(
+        rule,
+        "own_launcher",
+        value,
+        "True (the command starts its ranks on every node itself, e.g. with srun or mpirun) or False",
+    )
 
 
 def _on_stall(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any]) -> str:

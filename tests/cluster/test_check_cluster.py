@@ -33,7 +33,7 @@ rule up:
 rule down:
     input: expand("up/{i}.txt", i=SHARDS)
     output: "down.txt"
-    resources: nodes=2, gpus=2, cpus_per_task=2, runtime=30, env_profile="ethernet"
+    resources: nodes=2, gpus=2, cpus_per_task=2, runtime=30, env_profile="ethernet", own_launcher=True
     shell: "cat {input} > {output}"
 
 rule py:

@@ -365,7 +365,8 @@ def test_more_nodes_than_the_partition_has_is_refused_by_slurm_before_any_submis
     (wd / "Snakefile").write_text(
         'rule all:\n    input: "x"\n'
         'rule first:\n    output: "w"\n    shell: "touch {output}"\n'
-        'rule big:\n    input: "w"\n    output: "x"\n    resources: nodes=5\n    shell: "touch {output}"\n'
+        'rule big:\n    input: "w"\n    output: "x"\n    resources: nodes=5, own_launcher=True\n'
+        '    shell: "touch {output}"\n'
     )
     proc = snakemake(wd, check=False)
     assert proc.returncode != 0

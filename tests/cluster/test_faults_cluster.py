@@ -122,7 +122,7 @@ def snakefile(wd: Path, text: str) -> None:
 REQUEUE = f"""
 rule work:
     output: "out.txt"
-    resources: nodes=2
+    resources: nodes=2, own_launcher=True
     shell:
         "echo run-${{{{SLURM_RESTART_COUNT:-0}}}} >> runs.txt; {WAIT_FOR}; "
         "echo run-${{{{SLURM_RESTART_COUNT:-0}}}} >> writes.txt; echo run-${{{{SLURM_RESTART_COUNT:-0}}}} > {{output}}"
@@ -179,7 +179,7 @@ def test_scontrol_requeue_of_a_running_two_node_job_is_news_not_a_failure(slurm_
 REATTACH = f"""
 rule work:
     output: "out.txt"
-    resources: nodes=2
+    resources: nodes=2, own_launcher=True
     shell: "echo $SLURM_JOB_ID >> runs.txt; {WAIT_FOR}; echo $SLURM_JOB_ID >> writes.txt; echo done > {{output}}"
 """
 
@@ -356,7 +356,7 @@ def test_rerun_takes_the_result_of_a_job_that_finished_while_snakemake_was_away(
 CTRL_C = f"""
 rule work:
     output: "{{run}}/{{name}}.txt"
-    resources: nodes=2
+    resources: nodes=2, own_launcher=True
     shell:
         "echo {{wildcards.run}}{{wildcards.name}} >> runs.txt; touch started-{{wildcards.run}}{{wildcards.name}}; "
         "{WAIT_FOR}; echo {{wildcards.run}}{{wildcards.name}} > {{output}}"
@@ -413,7 +413,7 @@ rule all:
     input: "down.txt"
 rule up:
     output: "up.txt"
-    resources: nodes=2
+    resources: nodes=2, own_launcher=True
     shell: "echo up >> runs.txt; {WAIT_FOR}; echo up > {{output}}"
 rule down:
     input: "up.txt"
@@ -579,7 +579,7 @@ rule fail:
     shell: "touch started-fail-{{wildcards.run}}; while [ ! -e fail-now ]; do sleep 0.2; done; exit 3"
 rule long:
     output: "{{run}}/long.txt"
-    resources: nodes=2
+    resources: nodes=2, own_launcher=True
     shell: "touch started-long-{{wildcards.run}}; {WAIT_FOR}; echo {{wildcards.run}} > {{output}}"
 """
 

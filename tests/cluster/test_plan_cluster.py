@@ -14,12 +14,15 @@ from snakemake_executor_multinode.planning.settings import Settings
 
 pytestmark = [pytest.mark.cluster, pytest.mark.one_release]
 
-RESOURCES = {"nodes": 2, "gpus": 1, "cpus_per_task": 2, "mem_mb": 800, "runtime": 30, "env_profile": "ethernet"}
+RESOURCES = {
+    "nodes": 2, "gpus": 1, "cpus_per_task": 2, "mem_mb": 800, "runtime": 30, "env_profile": "ethernet",
+    "own_launcher": True,
+}  # fmt: skip
 SNAKEFILE = """
 rule train:
     output: "out/{sample}.txt"
     log: "logs/{sample}.log"
-    resources: nodes=2, gpus=1, cpus_per_task=2, mem_mb=800, runtime=30, env_profile="ethernet"
+    resources: nodes=2, gpus=1, cpus_per_task=2, mem_mb=800, runtime=30, env_profile="ethernet", own_launcher=True
     shell: "echo {wildcards.sample} > {output}"
 """
 

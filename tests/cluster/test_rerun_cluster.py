@@ -38,7 +38,7 @@ rule shard:
 rule probe:
     input: expand("out/shards/{s}.txt", s=SHARDS)
     output: "out/probe.txt"
-    resources: nodes=2
+    resources: nodes=2, own_launcher=True
     shell: "echo $MULTINODE_JOB_KEY >> jobs.txt; srun hostname | sort > {output}; cat {input} >> {output}"
 
 rule summary:

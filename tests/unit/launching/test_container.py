@@ -244,7 +244,7 @@ def test_preview_shows_the_wrapped_per_node_line(tmp_path, capsys):
     assert "`multinode torchrun`'s step" in err and "in apptainer image /img/t.sif" in err
     assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1" in err
     assert "apptainer exec --nv --bind" in err and "train.py --epochs 3" in err and "$MASTER_PORT" in err
-    assert main(["preview", "nodes=2", "--", "echo", "hi"]) == 0
+    assert main(["preview", "nodes=2", "own_launcher=True", "--", "echo", "hi"]) == 0
     assert "torchrun's step" not in capsys.readouterr().err  # no launcher, no step
 
 
