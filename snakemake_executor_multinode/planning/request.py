@@ -486,7 +486,7 @@ def _tasks(rule: str, r: Mapping[str, Any], nodes: int) -> None:
             "mpi",
             r["mpi"],
             "not supported: `multinode torchrun` in the shell command starts one torchrun per node with srun "
-            "itself; drop mpi (and srun/mpirun from the command)",
+            "itself; drop mpi (a command that starts its ranks itself with srun or mpirun sets own_launcher=True)",
         )
 
 

@@ -74,3 +74,13 @@ def test_a_retry_avoids_the_nodes_earlier_attempts_failed_on_as_well_as_the_rule
     )
     assert p.request.exclude == "node7,node2"  # a name the launcher could not have written is dropped
     assert "#SBATCH --exclude=node7,node2" in p.script.splitlines()
+
+
+def test_unsetting_a_key_no_profile_sets_stops_the_plan_naming_rule_file_profile_and_key(tmp_path):
+    (tmp_path / "site.yaml").write_text("profiles:\n  site:\n    extends: ethernet\n    nccl: {hca: null}\n")
+    with pytest.raises(RequestError) as err:
+        plan({"env_profile": "site"}, profile_file=str(tmp_path / "site.yaml"))
+    assert str(err.value) == (
+        f"rule 'train': resource env_profile='site' is invalid: {tmp_path / 'site.yaml'}: profiles.site.nccl.hca: "
+        "null unsets nccl.hca, but no profile before it in 'site' sets it"
+    )
