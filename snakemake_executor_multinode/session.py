@@ -19,8 +19,9 @@ from typing import Any
 from snakemake_executor_multinode import protocol
 from snakemake_executor_multinode.files import write_private
 from snakemake_executor_multinode.planning import environment, jobscript, snapshot, submit_check
+from snakemake_executor_multinode.planning.launch_check import watchdog
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
-from snakemake_executor_multinode.planning.request import refuse_container_directive, watchdog
+from snakemake_executor_multinode.planning.request import refuse_container_directive
 from snakemake_executor_multinode.planning.settings import Settings, SettingsError
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError, job_order
@@ -199,8 +200,8 @@ class Session:
         pending.rename(script)
         sub = self.registry.submitted(sub, jobid, str(plan.log_path(jobid)), str(script))
         self.info(
-            f"rule {req.rule}: SLURM job {jobid} ({req.nodes} node(s) x {req.gpus} GPU(s)){watchdog(req)}; "
-            f"log {sub.log}"
+            f"rule {req.rule}: SLURM job {jobid} ({req.nodes} node(s) x {req.gpus} GPU(s))"
+            f"{watchdog(req, plan.command)}; log {sub.log}"
         )
         return sub
 
@@ -227,7 +228,8 @@ class Session:
         req = first.request
         self.info(
             f"rule {req.rule}: SLURM job array {jobid} of {len(group)} jobs ({jobid}_0 .. {jobid}_{len(group) - 1}, "
-            f"{req.nodes} node(s) x {req.gpus} GPU(s) each){watchdog(req)}; logs {subs[0].log} and beside"
+            f"{req.nodes} node(s) x {req.gpus} GPU(s) each){watchdog(req, first.command)}; "
+            f"logs {subs[0].log} and beside"
         )
         return subs
 

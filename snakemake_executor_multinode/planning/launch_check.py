@@ -63,6 +63,16 @@ def starts(command: str, launchers: Sequence[str]) -> bool:
     return False
 
 
+def watchdog(req: JobRequest, command: str) -> str:
+    """The stall watchdog as the submission line states it (it ends a job, so the user hears of it up front). It
+    lives in `multinode torchrun`: a job whose command does not run it has none, whatever the request says."""
+    if not req.stall_timeout_s or not starts(command, ()):
+        return ""
+    minutes, seconds = divmod(req.stall_timeout_s, 60)
+    span = f"{minutes} min" if not seconds else f"{req.stall_timeout_s} s"
+    return f", stall watchdog {span} (resources stall_timeout; 0 turns it off)"
+
+
 def check(req: JobRequest, shellcmd: str | None, kind: str | None, launchers: Sequence[str]) -> None:
     """RequestError when the job asks for nodes (or GPUs on one node) that its command would leave idle. `shellcmd`:
     the rule's shell command, None for a rule without one (`kind` says what it is: script rule, run: block, ...)."""

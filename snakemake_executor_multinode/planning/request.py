@@ -710,15 +710,6 @@ def _stall_timeout(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any], 
     return max(1, round(seconds))
 
 
-def watchdog(req: JobRequest) -> str:
-    """The stall watchdog as the submission line states it (it ends a job, so the user hears of it up front)."""
-    if not req.stall_timeout_s:
-        return ""
-    minutes, seconds = divmod(req.stall_timeout_s, 60)
-    span = f"{minutes} min" if not seconds else f"{req.stall_timeout_s} s"
-    return f", stall watchdog {span} (resources stall_timeout; 0 turns it off)"
-
-
 def _own_launcher(rule: str, r: Mapping[str, Any]) -> bool:
     value = r.get("own_launcher", False)
     # --set-resources hands over text

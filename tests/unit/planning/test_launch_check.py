@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from snakemake_executor_multinode.planning import launch_check
+from snakemake_executor_multinode.planning.launch_check import watchdog
 from snakemake_executor_multinode.planning.plan import Planner
-from snakemake_executor_multinode.planning.request import RequestError, build_request, watchdog
+from snakemake_executor_multinode.planning.request import RequestError, build_request
 from snakemake_executor_multinode.planning.settings import Settings, SettingsError
 
 
@@ -116,14 +117,22 @@ def test_a_cpu_multinode_rule_is_accepted_with_a_warning_naming_the_rule():
 
 
 def test_the_submission_line_states_the_stall_watchdog_where_it_applies():
-    assert watchdog(build_request("train", {"nodes": 2, "gpus": 1})) == (
+    torchrun = "multinode torchrun train.py"
+    assert watchdog(build_request("train", {"nodes": 2, "gpus": 1}), torchrun) == (
         ", stall watchdog 30 min (resources stall_timeout; 0 turns it off)"
     )
-    assert watchdog(build_request("train", {"nodes": 2, "gpus": 1, "stall_timeout": "90s"})) == (
+    assert watchdog(build_request("train", {"nodes": 2, "gpus": 1, "stall_timeout": "90s"}), torchrun) == (
         ", stall watchdog 90 s (resources stall_timeout; 0 turns it off)"
     )
-    assert watchdog(build_request("eval", {"gpus": 1})) == ""  # one node: off by default
-    assert watchdog(build_request("train", {"nodes": 2, "gpus": 1, "stall_timeout": "off"})) == ""
+    assert watchdog(build_request("eval", {"gpus": 1}), torchrun) == ""  # one node: off by default
+    assert watchdog(build_request("train", {"nodes": 2, "gpus": 1, "stall_timeout": "off"}), torchrun) == ""
+
+
+def test_a_job_started_by_another_launcher_is_told_of_no_watchdog_it_does_not_have():
+    """The watchdog runs inside `multinode torchrun`: an accelerate command named in --multinode-launchers has none."""
+    req = build_request("train", {"nodes": 2, "gpus": 1})
+    assert watchdog(req, "accelerate launch train.py") == ""
+    assert watchdog(req, "cd src && multinode torchrun train.py") != ""
 
 
 def test_preview_refuses_what_the_executor_would(tmp_path, capsys):
