@@ -57,6 +57,17 @@ TRANSIENT = (
 )
 
 
+def with_config_hint(message: str) -> str:
+    """sbatch's "could not find a configuration source" means no SLURM_CONF here: say what to set (a run and
+    `multinode check` both submit through sbatch, so both say it)."""
+    if "configuration source" not in message:
+        return message
+    return (
+        message
+        + '\n(no SLURM configuration: set SLURM_CONF, or for the local sandbox run `eval "$(multinode cluster env)"`)'
+    )
+
+
 class SubmitError(RuntimeError):
     """sbatch refused the job; the message is sbatch's own."""
 
@@ -214,12 +225,7 @@ class SlurmClient:
             return found[0]
         if proc.returncode != 0:
             message = (proc.stderr or proc.stdout).strip().replace("sbatch: error: ", "")
-            if "configuration source" in message:
-                message += (
-                    "\n(no SLURM configuration: set SLURM_CONF, or for the local sandbox run "
-                    '`eval "$(multinode cluster env)"`)'
-                )
-            raise SubmitError(message or f"sbatch exited {proc.returncode}")
+            raise SubmitError(with_config_hint(message) or f"sbatch exited {proc.returncode}")
         jobid = proc.stdout.strip().split(";")[0]
         if not jobid.isdigit():
             raise SubmitError(f"sbatch printed no job id: {proc.stdout!r}")
@@ -235,7 +241,8 @@ class SlurmClient:
             raise SubmitError(str(err)) from err
         text = (proc.stderr + proc.stdout).strip()  # sbatch answers on stderr, success or not
         if proc.returncode != 0:
-            raise SubmitError(text.replace("sbatch: error: ", "") or f"sbatch --test-only exited {proc.returncode}")
+            message = with_config_hint(text.replace("sbatch: error: ", ""))
+            raise SubmitError(message or f"sbatch --test-only exited {proc.returncode}")
         return text.removeprefix("sbatch: ")
 
     def version(self) -> str | None:

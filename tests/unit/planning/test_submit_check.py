@@ -221,12 +221,15 @@ def test_no_account_verdict_without_associations(tmp_path, assoc):
     assert fake.count("sacctmgr") == 1  # one attempt: a run never waits for slurmdbd
 
 
-def test_slurm_out_of_reach_is_reported_once_and_nothing_else_is_asked(tmp_path):
+def test_slurm_out_of_reach_is_reported_once_with_the_slurm_conf_hint_and_nothing_else_is_asked(tmp_path):
     fake = FakeSlurm(
         sbatch=lambda s: (1, "", "sbatch: fatal: Could not establish a configuration source"), assoc=(1, "", "")
     )
     report = check(fake, planned(tmp_path, "a", runtime=1), planned(tmp_path, "b", runtime=2))
-    assert report.unreachable == "sbatch: fatal: Could not establish a configuration source"
+    assert report.unreachable == (
+        "sbatch: fatal: Could not establish a configuration source\n(no SLURM configuration: set SLURM_CONF, or for "
+        'the local sandbox run `eval "$(multinode cluster env)"`)'
+    )  # the same hint a run's submission gives
     assert report.errors == [] and report.tests == 1 and fake.count("scontrol") == fake.count("sacctmgr") == 0
 
 
