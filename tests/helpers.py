@@ -5,6 +5,7 @@ cancels its jobs) leaves nothing running on the shared cluster."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -316,3 +318,14 @@ def hostile_plan(tmp_path: Path, value: str) -> JobPlan:
         "train", {"nodes": 2, "env_profile": "hostile"}, 'printf %s "$TOKEN" > token.txt', wildcards={"sample": value}
     )
     return planner.plan(job)
+
+
+def load_script(path: Path, name: str) -> types.ModuleType:
+    """A script that is no package module (benchmarks/, scripts/), imported under `name` so tests can call it; it is
+    registered in sys.modules first, where dataclasses look their module up."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

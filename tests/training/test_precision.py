@@ -5,7 +5,6 @@ test_resume.py's cases."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -16,13 +15,11 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers import load_script
+
 from .helpers import REPO, SCRIPTS, TINY, run, train, train_argv
 
-spec = importlib.util.spec_from_file_location("loss_parity", REPO / "benchmarks" / "loss_parity.py")
-assert spec and spec.loader
-loss_parity = importlib.util.module_from_spec(spec)
-sys.modules["loss_parity"] = loss_parity  # dataclasses look their module up there
-spec.loader.exec_module(loss_parity)
+loss_parity = load_script(REPO / "benchmarks/loss_parity.py", "loss_parity")
 
 
 # The parity bound, stated before it was measured (docs/training.md, "Loss parity"): at every logged step of 300,

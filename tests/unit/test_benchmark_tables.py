@@ -3,21 +3,17 @@ a result line a table needs and cannot find is an error naming the file and the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 
-spec = importlib.util.spec_from_file_location("benchmark_render", REPO / "benchmarks" / "render.py")
-assert spec and spec.loader
-render = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = render
-spec.loader.exec_module(render)
+render = load_script(REPO / "benchmarks/render.py", "benchmark_render")
 
 
 def test_the_readmes_are_rendered_from_the_result_files():

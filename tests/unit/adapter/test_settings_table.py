@@ -4,20 +4,14 @@ fails here until the page is rendered again."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import fields
 
 import pytest
 
 from snakemake_executor_plugin_multinode import ExecutorSettings
-from tests.helpers import REPO
+from tests.helpers import REPO, load_script
 
-spec = importlib.util.spec_from_file_location("render_settings", REPO / "scripts" / "render_settings.py")
-assert spec and spec.loader
-render_settings = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = render_settings
-spec.loader.exec_module(render_settings)
+render_settings = load_script(REPO / "scripts/render_settings.py", "render_settings")
 
 
 def test_the_settings_table_in_docs_further_is_rendered_from_executor_settings():
