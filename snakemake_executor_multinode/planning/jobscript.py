@@ -195,9 +195,9 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "exit_code_changed": str(protocol.EXIT_CODE_CHANGED),
         "versions_in_job": "1" if ctx.versions_in_job else "0",
         "runs_file": f"{shell_quote(str(ctx.workdir / ctx.log_dir))}/{stem}{protocol.RUNS_SUFFIX}",
-        "gpu_sample_seconds": str(max(0, ctx.gpu_sample_s) if req.gpus else 0),
+        "gpu_sample_seconds": str(ctx.gpu_sample_s if req.gpus else 0),  # >= 0: the planner refuses less
         "gpu_samples": f"{shell_quote(str(ctx.workdir / ctx.log_dir))}/{stem}",
-        "gpu_sampler": q(gpu_sampler(max(1, ctx.gpu_sample_s))),
+        "gpu_sampler": q(gpu_sampler(max(1, ctx.gpu_sample_s))),  # rendered even when off (0): never runs
     }
     template = resources.files(__package__).joinpath("templates", "job.sh").read_text()
 

@@ -94,6 +94,10 @@ class Planner:
             raise SettingsError(f"--multinode-crash-loop-runs={settings.crash_loop_runs}: 0 (no bound) or more runs")
         if not settings.crash_loop_seconds > 0:
             raise SettingsError(f"--multinode-crash-loop-seconds={settings.crash_loop_seconds}: more than 0 seconds")
+        if settings.gpu_sample_seconds < 0:
+            raise SettingsError(
+                f"--multinode-gpu-sample-seconds={settings.gpu_sample_seconds}: 0 (no sampling) or more seconds"
+            )
         # slurm_extra is read with the options of the SLURM release the session finds (before its first plan)
         self.sbatch_options: OptionTable = ANY_RELEASE
         self.launchers = launch_check.launchers_setting(settings.launchers)  # SettingsError names the command

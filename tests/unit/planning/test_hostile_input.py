@@ -69,8 +69,9 @@ def test_a_logdir_that_would_break_the_sbatch_block_is_refused():
         (Settings(crash_loop_runs=-1), r"--multinode-crash-loop-runs=-1: 0 \(no bound\) or more runs"),
         (Settings(crash_loop_seconds=0), r"--multinode-crash-loop-seconds=0: more than 0 seconds"),
         (Settings(crash_loop_seconds=-5.0), r"--multinode-crash-loop-seconds=-5.0: more than 0 seconds"),
+        (Settings(gpu_sample_seconds=-1), r"--multinode-gpu-sample-seconds=-1: 0 \(no sampling\) or more seconds"),
     ],
 )
-def test_a_crash_loop_bound_below_its_range_is_refused_naming_the_setting(settings, message):
+def test_a_setting_below_its_range_is_refused_naming_the_setting(settings, message):
     with pytest.raises(SettingsError, match=message):
         Planner(settings, Path("/w"), "r")
