@@ -13,7 +13,10 @@ PROFILE = "workflows/profiles/container-roce-example"
 
 
 def preview(rule: str) -> subprocess.CompletedProcess:
+    # --forcerun: the checkout may hold the example's results (scripts/example.sh before the suite, the README's
+    # order), and a rule whose outputs are up to date has no job to preview
     argv = ["multinode", "preview", "--rule", rule, "-s", "workflows/Snakefile", "--workflow-profile", PROFILE]
+    argv += ["--forcerun", rule]
     if rule == "preprocess":
         argv += ["--wildcards", "shard=0"]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
