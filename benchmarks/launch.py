@@ -56,7 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from snakemake_executor_multinode import protocol  # noqa: E402
+from snakemake_executor_multinode.contract import protocol  # noqa: E402
 from snakemake_executor_multinode.launching.launcher import (  # noqa: E402
     check_user_flags,
     log,

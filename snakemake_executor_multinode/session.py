@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from snakemake_executor_multinode import protocol
-from snakemake_executor_multinode.files import write_private
+from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.private_files import write_private
 from snakemake_executor_multinode.planning import environment, jobscript, snapshot, submit_check
 from snakemake_executor_multinode.planning.launch_check import watchdog
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob

@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 
 
 @dataclass(frozen=True)

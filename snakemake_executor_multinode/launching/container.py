@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 
 RUNTIMES = ("pyxis", "apptainer", "singularity", "podman")
 KEYS = ("runtime", "image", "mounts", "flags", "workdir", "python", "gpus", "env")

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
 from snakemake_executor_multinode.launching import container, liveness, netcheck, nodelog, stall
 from snakemake_executor_multinode.launching.allocation import (
     Allocation,
@@ -37,7 +38,6 @@ from snakemake_executor_multinode.launching.allocation import (
     read_allocation,
 )
 from snakemake_executor_multinode.launching.torchrun_flags import option_value, split_torchrun_args
-from snakemake_executor_multinode.protocol import EXIT_PREEMPTED
 
 __all__ = ["split_torchrun_args"]  # re-exported: torchrun's flags live in torchrun_flags.py
 

@@ -33,7 +33,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.launching.allocation import Allocation, free_port
 
 PREFIX = "[multinode preflight]"

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.launching import proctree, stall
 from snakemake_executor_multinode.launching.torchrun_flags import option_value
 

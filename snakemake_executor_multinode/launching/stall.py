@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.launching import proctree
 
 STACK_LABEL = "stack| "

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
+from snakemake_executor_multinode.contract.protocol import NETWORK_CHECK_DEFAULT_S, NETWORK_CHECK_VAR
 from snakemake_executor_multinode.launching import container
 from snakemake_executor_multinode.planning.quoting import shell_quote
-from snakemake_executor_multinode.protocol import NETWORK_CHECK_DEFAULT_S, NETWORK_CHECK_VAR
 
 DEFAULT_VARS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path, PurePath
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.planning.quoting import shell_quote
 from snakemake_executor_multinode.planning.request import JobRequest
 from snakemake_executor_multinode.planning.settings import Settings

@@ -21,14 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from snakemake_executor_multinode.planning.settings import Settings
-from snakemake_executor_multinode.planning.units import (
+from snakemake_executor_multinode.contract.units import (
     mib_to_mb,
     parse_mem_mb,
     read_runtime,
     runtime_hint,
     timespan_seconds,
 )
+from snakemake_executor_multinode.planning.settings import Settings
 from snakemake_executor_multinode.slurm.sbatch_flags import ANY_RELEASE, OptionTable, parse_sbatch_flags
 
 

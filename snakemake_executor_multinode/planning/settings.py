@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import Field, dataclass, field
 from typing import Any, Optional
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 
 
 class SettingsError(ValueError):

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.planning.settings import SettingsError
 
 # A path in a shell command: after the start, blank, quote, '=' or '(' (--script=x.py, $(cat x)); made of the

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from snakemake_executor_multinode.planning.units import timespan_seconds
-from snakemake_executor_multinode.protocol import INDEX_DIR, MARKERS, RUNS_DIR, STATE_DIR, STATE_ROOT, marker
+from snakemake_executor_multinode.contract.protocol import INDEX_DIR, MARKERS, RUNS_DIR, STATE_DIR, STATE_ROOT, marker
+from snakemake_executor_multinode.contract.units import timespan_seconds
 from snakemake_executor_multinode.slurm.client import job_order
 from snakemake_executor_multinode.watching import registry
 from snakemake_executor_multinode.watching.registry import Submission

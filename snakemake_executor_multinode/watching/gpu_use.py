@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from snakemake_executor_multinode.protocol import GPU_QUERY, gpu_samples_of
+from snakemake_executor_multinode.contract.protocol import GPU_QUERY, gpu_samples_of
 
 _UTIL, _USED, _TOTAL = (GPU_QUERY.index(k) for k in ("utilization.gpu", "memory.used", "memory.total"))
 

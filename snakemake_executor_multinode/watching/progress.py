@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from snakemake_executor_multinode.protocol import metrics_file
+from snakemake_executor_multinode.contract.protocol import metrics_file
 
 TAIL_BYTES = 16384  # a metrics line is a few hundred bytes; the tail holds the last complete ones
 WINDOW = 6  # lines whose wall clock gives the rate: five log intervals

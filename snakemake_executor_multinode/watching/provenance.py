@@ -31,8 +31,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from snakemake_executor_multinode import __version__, protocol
-from snakemake_executor_multinode.files import write_private
+from snakemake_executor_multinode import __version__
+from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.private_files import write_private
 
 PROVENANCE_DIR = protocol.STATE_ROOT / "provenance"
 SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH", re.I)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from snakemake_executor_multinode.protocol import EXIT_MARKER, RUNS_DIR, STATE_DIR, marker
+from snakemake_executor_multinode.contract.protocol import EXIT_MARKER, RUNS_DIR, STATE_DIR, marker
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import (
     ACTIVE_STATES,

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from snakemake_executor_multinode.protocol import (
+from snakemake_executor_multinode.contract.protocol import (
     CRASH_MARKER,
     EXIT_CODE_CHANGED,
     EXIT_CRASH_LOOP,

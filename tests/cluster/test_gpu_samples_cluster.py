@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 from tests.helpers import REPO, background, wait_for
 
 pytestmark = pytest.mark.cluster

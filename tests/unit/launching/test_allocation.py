@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.launching.allocation import allocation, count_devices, read_allocation
 
 ENV = {"SLURM_JOB_ID": "41", "NODELIST": "node1 node2", "MASTER_ADDR": "10.0.0.1", "SLURM_CPUS_PER_TASK": "4"}

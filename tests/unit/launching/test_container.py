@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import protocol
 from snakemake_executor_multinode.cli import main
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.launching import container, launcher
 from snakemake_executor_multinode.launching.container import ContainerError, parse, wrap
 from snakemake_executor_multinode.planning import environment

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.launching import launcher, stall
 from snakemake_executor_multinode.launching.launcher import (
     Allocation,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.launching import stall
 
 

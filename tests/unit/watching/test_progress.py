@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.watching import progress
 from snakemake_executor_multinode.watching.progress import Progress, ProgressLines
 

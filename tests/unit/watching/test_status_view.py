@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import protocol
 from snakemake_executor_multinode.cli import runs
-from snakemake_executor_multinode.protocol import STATE_DIR
+from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.protocol import STATE_DIR
 from snakemake_executor_multinode.slurm.client import QueryError, SlurmClient
 from snakemake_executor_multinode.watching import status_view
 from snakemake_executor_multinode.watching.registry import Registry, Submission

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode import protocol
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.planning import jobscript
 from snakemake_executor_multinode.planning.request import build_request
 from tests.helpers import REPO
