@@ -2,17 +2,27 @@
 # Set up a fresh machine (scripts/bootstrap.sh), run ruff and mypy, then the test suite on SLURM 22.05 (this machine's
 # packages) and the cluster tests again on SLURM 24.11 (a Debian 13 root file system: docs/slurm-versions.md). Each
 # brings its own local cluster up once and down at the end.
-#   scripts/test.sh [--slurm 22.05|24.11|both] [PYTEST ARGS]
-# Arguments go to pytest. With --slurm both (the default) the 24.11 tier runs when no test is named (the arguments
-# are options only, like --cpu-load); --slurm 24.11 runs the named tests (by default tests/cluster) on 24.11 alone.
+#   scripts/test.sh [--slurm RELEASE|both] [PYTEST ARGS]
+# The releases are snakemake_executor_multinode/contract/releases.py's (22.05, the default, and 24.11 today).
+# Arguments go to pytest. With --slurm both (the default) the other releases' tiers run when no test is named (the
+# arguments are options only, like --cpu-load); --slurm 24.11 runs the named tests (by default tests/cluster) on
+# 24.11 alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# One name a line, the default first: the default runs the whole suite, each other release the cluster tests.
+mapfile -t releases < <(python3 -m snakemake_executor_multinode.contract.releases)
+[ ${#releases[@]} -gt 0 ] || { echo "python3 -m snakemake_executor_multinode.contract.releases named no release"; exit 2; }
+default=${releases[0]}
+choices="$(printf '%s, ' "${releases[@]}")"
+choices="${choices%, } or both"
 slurm=both
 if [ "${1:-}" = --slurm ]; then
     slurm=${2:-}
-    shift 2 || { echo "--slurm needs 22.05, 24.11 or both"; exit 2; }
+    shift 2 || { echo "--slurm needs $choices"; exit 2; }
 fi
-case "$slurm" in 22.05 | 24.11 | both) ;; *) echo "--slurm must be 22.05, 24.11 or both, got '$slurm'"; exit 2 ;; esac
+known=0
+for choice in "${releases[@]}" both; do [ "$slurm" = "$choice" ] && known=1; done
+[ $known = 1 ] || { echo "--slurm must be $choices, got '$slurm'"; exit 2; }
 bash scripts/bootstrap.sh || exit 1
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 # Lint, format and type checks first (seconds): a finding stops here, before the cluster comes up.
@@ -20,7 +30,7 @@ python3 -m ruff check . || { echo "ruff check failed (ruff check --fix . fixes m
 python3 -m ruff format --check . || { echo "ruff format --check failed: run ruff format on the files named above"; exit 1; }
 python3 -m mypy || { echo "mypy failed: fix the type errors above (mypy checks what pyproject.toml's [tool.mypy] names)"; exit 1; }
 
-named=0  # a test named (a path, a node id): the 24.11 tier is then asked for with --slurm 24.11
+named=0  # a test named (a path, a node id): another release's tier is then asked for with --slurm RELEASE
 for arg in "$@"; do case "$arg" in -*) ;; *) named=1 ;; esac; done
 rc=0
 run() {  # one pytest run; "no tests" is a failure
@@ -29,15 +39,17 @@ run() {  # one pytest run; "no tests" is a failure
     [ $code -eq 5 ] && { echo "no tests were collected"; code=1; }
     [ $code -ne 0 ] && rc=$code
 }
-if [ "$slurm" != 24.11 ]; then
+if [ "$slurm" = both ] || [ "$slurm" = "$default" ]; then
     run "$@"
 fi
-if [ "$slurm" = 24.11 ] || { [ "$slurm" = both ] && [ $named = 0 ]; }; then
-    echo "[test] the cluster tests on SLURM 24.11"
-    if [ $named = 1 ]; then
-        MULTINODE_TEST_SLURM=24.11 run "$@"
-    else
-        MULTINODE_TEST_SLURM=24.11 run "$@" tests/cluster
+for release in "${releases[@]:1}"; do
+    if [ "$slurm" = "$release" ] || { [ "$slurm" = both ] && [ $named = 0 ]; }; then
+        echo "[test] the cluster tests on SLURM $release"
+        if [ $named = 1 ]; then
+            MULTINODE_TEST_SLURM=$release run "$@"
+        else
+            MULTINODE_TEST_SLURM=$release run "$@" tests/cluster
+        fi
     fi
-fi
+done
 exit $rc

@@ -12,7 +12,7 @@ import pytest
 
 from snakemake_executor_multinode.sandbox import cluster
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
-from tests.helpers import TEST_CLUSTER_DIR, TEST_SLURM, Cluster, cpu_saturated
+from tests.helpers import DEFAULT_SLURM, TEST_CLUSTER_DIR, TEST_SLURM, Cluster, cpu_saturated
 
 # A suite started in the background (`cmd &`, nohup, some CI runners) inherits SIGINT ignored, and so would every
 # Snakemake it starts: the Ctrl-C tests could not interrupt it. A handled SIGINT here resets to the default in the
@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if CLUSTER_TESTS in item.path.parents:
             item.add_marker(pytest.mark.cluster)
-    if TEST_SLURM != "22.05":
+    if TEST_SLURM != DEFAULT_SLURM:
         left_out = [item for item in items if item.get_closest_marker("one_release")]
         if left_out:
             config.hook.pytest_deselected(items=left_out)

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 import yaml
 
+from snakemake_executor_multinode.contract.releases import DEFAULT as DEFAULT_SLURM
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.planning.settings import Settings
 from snakemake_executor_multinode.sandbox.cluster import slurm_env
@@ -180,11 +181,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 # The SLURM release the cluster tests run on (scripts/test.sh runs them on each); each has its own cluster folder, so
 # both can be up at once.
-TEST_SLURM = os.environ.get("MULTINODE_TEST_SLURM", "22.05")
+TEST_SLURM = os.environ.get("MULTINODE_TEST_SLURM", DEFAULT_SLURM)
 TEST_CLUSTER_DIR = Path(
     os.environ.get(
         "MULTINODE_TEST_CLUSTER_DIR",
-        "/var/tmp/multinode-test-cluster" + ("" if TEST_SLURM == "22.05" else f"-{TEST_SLURM}"),
+        "/var/tmp/multinode-test-cluster" + ("" if TEST_SLURM == DEFAULT_SLURM else f"-{TEST_SLURM}"),
     )
 )
 

@@ -12,7 +12,9 @@ from snakemake_executor_multinode import __version__
 
 
 def _cluster_parser(sub: argparse._SubParsersAction) -> None:
-    from snakemake_executor_multinode.sandbox.releases import DEFAULT as DEFAULT_RELEASE
+    from snakemake_executor_multinode.contract.releases import DEFAULT as DEFAULT_RELEASE
+    from snakemake_executor_multinode.contract.releases import NAMES as RELEASES
+    from snakemake_executor_multinode.sandbox.releases import describe as describe_release
     from snakemake_executor_multinode.sandbox.spec import DEFAULT_DIR
 
     cluster = sub.add_parser("cluster", help="a real local SLURM cluster of namespaced nodes (needs root)")
@@ -28,8 +30,7 @@ def _cluster_parser(sub: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--slurm",
         default=DEFAULT_RELEASE,
-        help="SLURM release: 22.05 (this machine's Debian 12 packages, the default) or 24.11 (a Debian 13 root file "
-        "system, built once and cached under /var/cache/multinode)",
+        help="SLURM release: " + " or ".join(map(describe_release, RELEASES)),
     )
     for name, text in (
         ("down", "stop everything `up` started"),

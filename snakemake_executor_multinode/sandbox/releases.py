@@ -1,5 +1,5 @@
-"""Which SLURM the sandbox runs: 22.05 from this machine's Debian 12 packages, or 24.11 from a Debian 13 root file
-system, built once from Debian's archive with mmdebstrap and cached.
+"""How the sandbox runs each SLURM release (contract/releases.py names them): 22.05 from this machine's Debian 12
+packages, 24.11 from a Debian 13 root file system, built once from Debian's archive with mmdebstrap and cached.
 
 With 24.11, every SLURM command, daemon or client, runs from the root file system. The cluster folder's bin/ holds
 one link per command to one wrapper (`multinode cluster env` puts bin/ first on PATH). The wrapper enters a private
@@ -26,11 +26,12 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from snakemake_executor_multinode.contract import releases as registry
+
 from .errors import ClusterError
 
 CACHE = Path(os.environ.get("MULTINODE_ROOTFS_CACHE", "/var/cache/multinode"))
 STAMP = "etc/multinode-rootfs"  # inside the root file system: what was built, and how the wrapper knows it is inside
-DEFAULT = "22.05"
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,16 @@ PYTHON_LIBS = (
     "libssl3t64", "libffi8", "libsqlite3-0", "libgdbm6t64", "libreadline8t64", "libncursesw6", "libbz2-1.0",
     "liblzma5", "zlib1g", "libexpat1", "libtirpc3t64", "libuuid1", "libgomp1", "libstdc++6",
 )  # fmt: skip
-RELEASES = {
-    "22.05": Release("22.05", None),
-    "24.11": Release(
-        "24.11",
+# Each release's Debian suite and packages (None: this machine's own); a release of the registry without an entry
+# fails here, at import.
+SOURCES: dict[str, tuple[str | None, tuple[str, ...]]] = {
+    "22.05": (None, ()),
+    "24.11": (
         "trixie",
         ("slurmctld", "slurmd", "slurmdbd", "slurm-client", "munge", *JOB_TOOLS, *CONTAINER_TOOLS, *PYTHON_LIBS),
     ),
 }
+RELEASES = {name: Release(name, *SOURCES[name]) for name in registry.NAMES}
 # The commands the wrapper serves (each a link in <cluster>/bin): every client the plugin, the tests and a user
 # call, and the daemons the sandbox starts.
 CLIENTS = (
@@ -82,6 +85,16 @@ def release(name: str) -> Release:
         return RELEASES[name]
     except KeyError:
         raise ClusterError(f"--slurm must be one of {', '.join(RELEASES)}, got {name!r}") from None
+
+
+def describe(name: str) -> str:
+    """One release for `--slurm`'s help: the registry's description, and how this sandbox keeps it."""
+    notes = [registry.RELEASES[name].description]
+    if name == registry.DEFAULT:
+        notes.append("the default")
+    if release(name).rootfs:
+        notes.append(f"built once and cached under {CACHE}")
+    return f"{name} ({', '.join(notes)})"
 
 
 def say(msg: str) -> None:

@@ -11,8 +11,9 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from snakemake_executor_multinode.contract.releases import DEFAULT as DEFAULT_RELEASE
+
 from .errors import ClusterError
-from .releases import DEFAULT as DEFAULT_RELEASE
 from .releases import release
 
 DEFAULT_DIR = Path(os.environ.get("MULTINODE_CLUSTER_DIR", "/var/tmp/multinode-cluster"))
@@ -48,8 +49,7 @@ class ClusterSpec:
     # folder (see `slot_for`), so that clusters in different folders (a user's sandbox and the test suite's) run
     # side by side and `down` of one never touches the other's network. Saved in cluster.json with the rest.
     slot: int = -1
-    # Which SLURM runs it, daemons and clients: "22.05" (this machine's Debian 12 packages) or "24.11" (a Debian 13
-    # root file system, see releases.py).
+    # Which SLURM runs it, daemons and clients: a release of contract/releases.py (how each runs: releases.py).
     slurm: str = DEFAULT_RELEASE
 
     def __post_init__(self) -> None:

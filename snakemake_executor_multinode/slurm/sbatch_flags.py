@@ -1,5 +1,6 @@
-"""sbatch's command-line options, per SLURM release (22.05, 24.11), and a reader that takes flags the way sbatch's
-getopt_long does: unique prefixes of long options, bundled short options, values after '=' or in the next word.
+"""sbatch's command-line options, per SLURM release (contract/releases.py names them), and a reader that takes flags
+the way sbatch's getopt_long does: unique prefixes of long options, bundled short options, values after '=' or in
+the next word.
 The session reads with the table of the release it finds (`sbatch --version`); without one (no SLURM asked, or a
 release without a table here) with every option a known release has."""
 
@@ -9,6 +10,8 @@ import difflib
 import re
 import shlex
 from dataclasses import dataclass, replace
+
+from snakemake_executor_multinode.contract import releases
 
 # sbatch 22.05's getopt_long table: long name -> argument ("required", "optional" or "none"). Read off the binary
 # (`sbatch --a` .. `--z` list every option through getopt's "ambiguous" message; `--NAME` / `--NAME=x` tell the
@@ -88,10 +91,9 @@ class OptionTable:
     short: dict[str, str]
 
 
-TABLES = {
-    "22.05": OptionTable("sbatch 22.05", SBATCH_LONG_OPTIONS, SBATCH_SHORT_OPTIONS),
-    "24.11": OptionTable("sbatch 24.11", SBATCH_24_11_LONG_OPTIONS, SBATCH_SHORT_OPTIONS),
-}
+# Each release's long options; a release of the registry without them fails here, at import.
+LONG_OPTIONS = {"22.05": SBATCH_LONG_OPTIONS, "24.11": SBATCH_24_11_LONG_OPTIONS}
+TABLES = {name: OptionTable(f"sbatch {name}", LONG_OPTIONS[name], SBATCH_SHORT_OPTIONS) for name in releases.NAMES}
 ANY_RELEASE = OptionTable(
     f"sbatch {' or '.join(TABLES)}",
     {name: kind for table in TABLES.values() for name, kind in table.long.items()},

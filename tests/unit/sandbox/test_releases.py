@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.contract.releases import DEFAULT
 from snakemake_executor_multinode.sandbox import releases
 from snakemake_executor_multinode.sandbox.cluster import env_lines, slurm_env
 from snakemake_executor_multinode.sandbox.spec import ClusterError, ClusterSpec
 
 
 def test_the_default_is_this_machines_slurm_and_an_unknown_release_is_refused_naming_the_known_ones():
-    assert ClusterSpec(dir=Path("/x")).slurm == "22.05" == releases.DEFAULT
+    assert ClusterSpec(dir=Path("/x")).slurm == "22.05" == DEFAULT
     with pytest.raises(ClusterError, match=r"--slurm must be one of 22\.05, 24\.11, got '23\.02'"):
         ClusterSpec(dir=Path("/x"), slurm="23.02")
 
