@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from snakemake_executor_multinode.contract.protocol import RUNS_DIR  # noqa: E402
+from snakemake_executor_multinode.contract.jobfiles import RUNS_DIR  # noqa: E402
 from snakemake_executor_multinode.watching.registry import Registry, Submission, runs  # noqa: E402
 
 FILE_CALLS = ("openat", "open", "stat", "newfstatat", "statx", "lstat", "fstat", "getdents64", "access", "close")

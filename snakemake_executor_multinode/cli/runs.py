@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from snakemake_executor_multinode.contract.protocol import REPORTS_DIR
+from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, RetryPolicy, SlurmClient, job_order
 from snakemake_executor_multinode.watching import clean, logs, report, status_view
 

@@ -7,23 +7,6 @@ placeholders; the launcher and the status tracker import them; the training read
 
 from __future__ import annotations
 
-from pathlib import Path, PurePath
-
-# Where the plugin keeps what outlives a run, relative to the workflow's working directory (the shared filesystem).
-STATE_ROOT = PurePath(".snakemake/multinode")
-STATE_DIR = STATE_ROOT / "state"  # the markers below, named <jobid><suffix>
-RUNS_DIR = STATE_ROOT / "runs"  # the run registry (registry.py)
-INDEX_DIR = STATE_ROOT / "index"  # the registry's newest submissions by outputs, for reattach (registry.py)
-REPORTS_DIR = STATE_ROOT / "reports"  # efficiency reports (report.py)
-LOGS_DIR = STATE_ROOT / "logs"  # job scripts and logs: the default of --multinode-logdir
-
-
-def log_stem(jobid: str, attempt: int) -> str:
-    """A job log's name without its suffix: <jobid>.attempt<n>. `jobid` may be sbatch's %j or the job script's
-    "$SLURM_JOB_ID"; the script (.sh), the log (.log), the metrics file and the node files share the stem."""
-    return f"{jobid}.attempt{attempt}"
-
-
 # Exit code of a job whose training checkpointed on the pre-time-limit signal and was not requeued: a rerun (or
 # Snakemake's --retries) resumes from the checkpoint. Chosen outside the shell's 126+ and signal ranges.
 EXIT_PREEMPTED = 85
@@ -37,34 +20,10 @@ EXIT_STALLED = 87
 # ends it so that nothing requeues it again: --multinode-crash-loop-runs).
 EXIT_CRASH_LOOP = 88
 
-# Markers the job script writes into the state folder (on the shared filesystem), named <jobid><suffix>.
-EXIT_MARKER = ".exit"  # "<exit code> <restart>" of the run that wrote it, written last (atomically, by rename)
-FAILED_NODE_MARKER = ".failed-node"  # the node whose launch failed first (written by the launcher)
-PREEMPT_MARKER = ".preempted"  # the training checkpointed on the signal (its step, written by rank 0)
-REQUEUE_MARKER = ".requeued"  # "<next restart> <why>": the job requeued itself after a checkpoint
-STALL_MARKER = ".stalled"  # the watchdog's verdict, one line (written by the launcher, read by the tracker)
-SELF_REQUEUE_MARKER = ".self-requeues"  # how often the job requeued itself after a checkpoint (its budget)
-CRASH_MARKER = ".crashes"  # "<runs> <exit>": failed runs in a row soon after their start, the last one's exit code
-MARKERS = (
-    EXIT_MARKER, FAILED_NODE_MARKER, PREEMPT_MARKER, REQUEUE_MARKER, STALL_MARKER, SELF_REQUEUE_MARKER, CRASH_MARKER,
-)  # fmt: skip
-# The metrics file is named after the job's log, not its id alone: the log folder keeps it for `multinode status`
-# after the run (the state folder's markers are removed once Snakemake has seen the job end).
-METRICS_SUFFIX = ".metrics.jsonl"
-# Each run of a job (the first, each restart) appends a start and an end line here, beside the metrics file: its
-# job id, restart count, nodes, GPUs, versions, start, end and exit, for the output's provenance record.
-RUNS_SUFFIX = ".runs.jsonl"
-
 # GPU samples of a job with GPUs, one file per node beside the job's first log (every run of a requeued job appends
 # to it): nvidia-smi's CSV lines of GPU_QUERY (no header, no units: MiB and %), one line per GPU every
 # --multinode-gpu-sample-seconds. `multinode status` and `multinode report` read them (watching/gpu_use.py).
-GPU_SAMPLES_SUFFIX = ".gpu.csv"
 GPU_QUERY = ("timestamp", "index", "utilization.gpu", "memory.used", "memory.total")
-
-
-def gpu_samples(stem: str, node: str) -> str:
-    """A node's GPU samples: <stem>.<node>.gpu.csv (`stem` and `node` may be shell words of the job script)."""
-    return f"{stem}.{node}{GPU_SAMPLES_SUFFIX}"
 
 
 def gpu_sampler(seconds: int) -> list[str]:
@@ -76,13 +35,6 @@ def gpu_sampler(seconds: int) -> list[str]:
         "-l",
         str(seconds),
     ]
-
-
-def gpu_samples_of(log: Path) -> dict[str, Path]:
-    """Every node's GPU samples of the job whose first log is `log`, by node name."""
-    stem = log.name.removesuffix(".log")
-    found = log.parent.glob(gpu_samples(stem, "*"))
-    return {p.name[len(stem) + 1 : -len(GPU_SAMPLES_SUFFIX)]: p for p in sorted(found)}
 
 
 # Variables the job script exports for the launcher and the training.
@@ -217,27 +169,3 @@ def record_failed_node(path: str, node: str) -> None:
                 fh.write(f"{node}\n")
         except OSError:
             pass
-
-
-def marker(state_dir: Path, job_id: str, suffix: str) -> Path:
-    return state_dir / f"{job_id}{suffix}"
-
-
-def marker_shell(suffix: str) -> str:
-    """A marker's path in the job script, where the state folder is $MULTINODE_STATE_DIR."""
-    return f'"${STATE_DIR_VAR}/${JOB_KEY_VAR}{suffix}"'
-
-
-def metrics_file(log: Path) -> Path:
-    """The metrics file of the job whose first log is `log`: <jobid>.attempt<n>.log -> ....metrics.jsonl beside it."""
-    return log.with_name(log.name.removesuffix(".log") + METRICS_SUFFIX)
-
-
-def runs_file(log: Path) -> Path:
-    """The runs file of the job whose first log is `log`, beside it."""
-    return log.with_name(log.name.removesuffix(".log") + RUNS_SUFFIX)
-
-
-def node_log(stem: str, node: str) -> str:
-    """Where a node's labelled output is kept: beside the job log."""
-    return f"{stem}.{node}.out"

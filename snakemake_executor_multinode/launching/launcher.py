@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 
 from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
 from snakemake_executor_multinode.launching import container, liveness, netcheck, nodelog, stall
 from snakemake_executor_multinode.launching.allocation import (
@@ -413,7 +414,7 @@ class StallCheck:
         self.timeout_s = int(value) if value.isdigit() else 0
         self.on_stall = env.get(protocol.ON_STALL_VAR, "fail")
         self.env, self.nodes, self.stem = env, list(nodes), nodelog.log_stem(env)
-        paths = [Path(protocol.node_log(self.stem, n)) for n in nodes] if self.stem else []
+        paths = [JobFiles(Path(self.stem)).node_out(n) for n in nodes] if self.stem else []
         if metrics := env.get(protocol.METRICS_FILE_VAR):
             paths.append(Path(metrics))
         self.watchdog = stall.Watchdog(self.timeout_s if paths else 0, paths)

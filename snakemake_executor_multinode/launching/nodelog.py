@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import proctree, stall
 from snakemake_executor_multinode.launching.torchrun_flags import option_value
 
@@ -259,7 +260,7 @@ def _node_file(env: Mapping[str, str], node: str) -> Path | None:
     stem = log_stem(env)
     if not stem:
         return None
-    path = Path(protocol.node_log(stem, node))
+    path = JobFiles(Path(stem)).node_out(node)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -372,7 +373,7 @@ class Merger:
 
     def __init__(self, stem: str, nodes: Sequence[str], out_fd: int = 1) -> None:
         self.out_fd = out_fd
-        self.paths = [Path(protocol.node_log(stem, node)) for node in nodes]
+        self.paths = [JobFiles(Path(stem)).node_out(node) for node in nodes]
         self.offsets = {p: (p.stat().st_size if p.exists() else 0) for p in self.paths}
         self.partial = {p: b"" for p in self.paths}
         self._stop = threading.Event()

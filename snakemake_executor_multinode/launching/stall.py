@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import proctree
 
 STACK_LABEL = "stack| "
@@ -147,7 +148,7 @@ def verdict(stem: str, nodes: Sequence[str], timeout_s: float, log: str) -> str:
     tops: dict[str, str] = {}
     for node in nodes:
         try:
-            text = Path(protocol.node_log(stem, node)).read_text(errors="replace")
+            text = JobFiles(Path(stem)).node_out(node).read_text(errors="replace")
         except OSError:
             continue
         for line in text.splitlines():

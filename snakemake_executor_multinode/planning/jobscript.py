@@ -16,6 +16,18 @@ from importlib import resources
 from pathlib import Path, PurePath
 
 from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import (
+    CRASH_MARKER,
+    EXIT_MARKER,
+    FAILED_NODE_MARKER,
+    PREEMPT_MARKER,
+    REQUEUE_MARKER,
+    SELF_REQUEUE_MARKER,
+    STALL_MARKER,
+    JobFiles,
+    ShellJobFiles,
+    marker_shell,
+)
 from snakemake_executor_multinode.planning.quoting import shell_quote
 from snakemake_executor_multinode.planning.request import JobRequest
 from snakemake_executor_multinode.planning.settings import Settings
@@ -69,7 +81,7 @@ def sbatch_options(req: JobRequest, ctx: ScriptContext) -> list[str]:
     return [
         f"--job-name={safe_component(ctx.job_name, 120)}",
         f"--comment=rule_{safe_component(req.rule)}_wildcards_{safe_component(req.wildcards_str or '_')}",
-        f"--output={ctx.log_dir}/{protocol.log_stem('%j', req.attempt)}.log",
+        f"--output={JobFiles.of(Path(ctx.log_dir), '%j', req.attempt).log}",
         *resource_options(req),
     ]
 
@@ -149,32 +161,37 @@ def checkpointed(signal: str | None) -> str:
 
 def gpu_sampler(seconds: int) -> str:
     """What each node's task of the sampler step runs: nvidia-smi into the node's file, where the node has it."""
-    node_file = protocol.gpu_samples(f'"${protocol.GPU_SAMPLES_VAR}"', '"$SLURMD_NODENAME"')
+    node_file = ShellJobFiles(f'"${protocol.GPU_SAMPLES_VAR}"').gpu_samples('"$SLURMD_NODENAME"')
     return f"command -v nvidia-smi >/dev/null || exit 0; exec {shlex.join(protocol.gpu_sampler(seconds))} >>{node_file}"
 
 
 def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
     q = shlex.quote
-    stem = protocol.log_stem(f'"${protocol.JOB_KEY_VAR}"', req.attempt)
+    first_run = ShellJobFiles.of(q(str(ctx.log_dir)), req.attempt)
+    # absolute: the training may change folders before it writes there
+    kept = ShellJobFiles.of(shell_quote(str(ctx.workdir / ctx.log_dir)), req.attempt)
+    this_run = ShellJobFiles.this_run()
     values = {
         "title": inert(ctx.title or f"Snakemake rule {req.rule} {req.wildcards_str}".strip()),
         "sbatch": _sbatch_lines(sbatch_options(req, ctx)),
-        "log_stem": f"{q(str(ctx.log_dir))}/{stem}",
-        # absolute: the training may change folders before it writes there
-        "metrics_file": f"{shell_quote(str(ctx.workdir / ctx.log_dir))}/{stem}{protocol.METRICS_SUFFIX}",
+        "log_stem": first_run.prefix,
+        "restart_suffix": ShellJobFiles.restart_suffix("$SLURM_RESTART_COUNT"),
+        "this_log": this_run.log,
+        "node_out": this_run.node_out("<node>"),
+        "metrics_file": kept.metrics,
         "rule_q": q(req.rule),
         "job_name": q(ctx.job_name),
         "attempt": str(req.attempt),
         "state_dir": shell_quote(str(ctx.state_dir)),
         "environment": "\n".join(environment) if environment else "# (no environment profile)",
         "master_port": str(req.master_port) if req.master_port else protocol.master_port_shell(),
-        "exit_marker": protocol.marker_shell(protocol.EXIT_MARKER),
-        "preempt_marker": protocol.marker_shell(protocol.PREEMPT_MARKER),
-        "failed_node_marker": protocol.marker_shell(protocol.FAILED_NODE_MARKER),
-        "requeue_marker": protocol.marker_shell(protocol.REQUEUE_MARKER),
-        "stall_marker": protocol.marker_shell(protocol.STALL_MARKER),
-        "self_requeue_marker": protocol.marker_shell(protocol.SELF_REQUEUE_MARKER),
-        "crash_marker": protocol.marker_shell(protocol.CRASH_MARKER),
+        "exit_marker": marker_shell(EXIT_MARKER),
+        "preempt_marker": marker_shell(PREEMPT_MARKER),
+        "failed_node_marker": marker_shell(FAILED_NODE_MARKER),
+        "requeue_marker": marker_shell(REQUEUE_MARKER),
+        "stall_marker": marker_shell(STALL_MARKER),
+        "self_requeue_marker": marker_shell(SELF_REQUEUE_MARKER),
+        "crash_marker": marker_shell(CRASH_MARKER),
         "crash_loop_runs": str(req.crash_loop_runs),
         "crash_loop_seconds": str(req.crash_loop_s),
         "exit_crash_loop": str(protocol.EXIT_CRASH_LOOP),
@@ -194,9 +211,10 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "code_manifest": shell_quote(str(ctx.code_manifest or "/dev/null/none")),
         "exit_code_changed": str(protocol.EXIT_CODE_CHANGED),
         "versions_in_job": "1" if ctx.versions_in_job else "0",
-        "runs_file": f"{shell_quote(str(ctx.workdir / ctx.log_dir))}/{stem}{protocol.RUNS_SUFFIX}",
+        "runs_file": kept.runs,
         "gpu_sample_seconds": str(ctx.gpu_sample_s if req.gpus else 0),  # >= 0: the planner refuses less
-        "gpu_samples": f"{shell_quote(str(ctx.workdir / ctx.log_dir))}/{stem}",
+        "gpu_samples": kept.prefix,
+        "gpu_samples_file": ShellJobFiles(f'"${protocol.GPU_SAMPLES_VAR}"').gpu_samples("<node>"),  # a comment: no path
         "gpu_sampler": q(gpu_sampler(max(1, ctx.gpu_sample_s))),  # rendered even when off (0): never runs
     }
     template = resources.files(__package__).joinpath("templates", "job.sh").read_text()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import JobFiles, PendingFiles, StateFolders
 from snakemake_executor_multinode.planning import environment, jobscript, launch_check, snapshot
 from snakemake_executor_multinode.planning.request import JobRequest, RequestError, build_request
 from snakemake_executor_multinode.planning.settings import Settings, SettingsError
@@ -68,14 +68,18 @@ class JobPlan:
     @property
     def code_manifest(self) -> Path:
         """sha256sum's check file of `code_files`, beside the job's script (written at submission)."""
-        return self.workdir / self.log_dir / f"{self.job_name}.code.sha256"
+        return PendingFiles(self.workdir / self.log_dir, self.job_name).code_manifest
+
+    def files(self, jobid: str) -> JobFiles:
+        """The job's files once sbatch has named it (its key: the job id, or <array id>_<i>)."""
+        return JobFiles.of(self.workdir / self.log_dir, jobid, self.request.attempt)
 
     def log_path(self, jobid: str) -> Path:
-        return self.workdir / self.log_dir / f"{protocol.log_stem(jobid, self.request.attempt)}.log"
+        return self.files(jobid).log
 
     def script_path(self, jobid: str) -> Path:
         """Where the submitted script is kept, beside its log."""
-        return self.workdir / self.log_dir / f"{protocol.log_stem(jobid, self.request.attempt)}.sh"
+        return self.files(jobid).script
 
 
 class Planner:
@@ -145,7 +149,7 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
     lines = environment.render_lines(resolved)
     versions_in_job = req.gpus > 0 or environment.own_software(resolved)
     log_dir = jobscript.log_dir_for(PurePath(planner.settings.logdir), req)
-    state_dir = planner.workdir / protocol.STATE_DIR
+    state_dir = StateFolders(planner.workdir).state
     name = jobscript.safe_component(f"mn-{planner.run_id}-{req.rule}" + (f"-{job.key}" if job.key else ""), 120)
     frozen = planner.snapshots.freeze()
     code_files: tuple[Path, ...] = ()
@@ -164,7 +168,7 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
         state_dir=state_dir,
         job_name=name,
         code=frozen.describe() if frozen else "not frozen: a restart checks the files the command names",
-        code_manifest=planner.workdir / log_dir / f"{name}.code.sha256",
+        code_manifest=PendingFiles(planner.workdir / log_dir, name).code_manifest,
         versions_in_job=versions_in_job,
         gpu_sample_s=planner.settings.gpu_sample_seconds,
     )

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from snakemake_executor_multinode.planning.settings import SettingsError
 
 # A path in a shell command: after the start, blank, quote, '=' or '(' (--script=x.py, $(cat x)); made of the
@@ -73,9 +73,8 @@ class SnapshotStore:
     def __init__(self, workdir: Path, setting: str) -> None:
         self.workdir = workdir
         self.setting = setting.strip()
-        self.base = workdir / protocol.STATE_ROOT
-        self.objects = self.base / "objects"
-        self.snapshots = self.base / "snapshots"
+        folders = StateFolders(workdir)
+        self.objects, self.snapshots = folders.objects, folders.snapshots
         self._cache_path = self.objects / "stat-cache.json"
         self._cache: dict[str, list] | None = None
         self._last: tuple[tuple, Snapshot] | None = None

@@ -23,14 +23,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from snakemake_executor_multinode.contract.protocol import INDEX_DIR, MARKERS, RUNS_DIR, STATE_DIR, STATE_ROOT, marker
+from snakemake_executor_multinode.contract.jobfiles import MARKERS, JobFiles, PendingFiles, StateFolders, array_script
 from snakemake_executor_multinode.contract.units import timespan_seconds
 from snakemake_executor_multinode.slurm.client import job_order
 from snakemake_executor_multinode.watching import registry
 from snakemake_executor_multinode.watching.registry import Submission
 
-SNAPSHOTS_DIR = STATE_ROOT / "snapshots"
-OBJECTS_DIR = STATE_ROOT / "objects"
 FRESH_S = 600.0  # snapshots and objects younger than this may belong to a submission in flight: never removed
 
 
@@ -71,7 +69,7 @@ def plan(
     """What a clean would remove. `active(ids)`: the ids SLURM holds as queued or running, None if it did not answer."""
     now = time.time() if now is None else now
     result = CleanPlan()
-    records = [(path, sub) for path, sub in _records(workdir / RUNS_DIR)]
+    records = [(path, sub) for path, sub in _records(StateFolders(workdir).runs)]
     unsure = sorted({s.jobid for _, s in records if s.jobid and s.ended is None}, key=job_order)
     running = active(unsure) if unsure else set()
     if running is None:
@@ -112,8 +110,9 @@ def apply(workdir: Path, cleaning: CleanPlan) -> None:
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-    registry.Index(workdir / INDEX_DIR).drop(cleaning.removed_records)
-    for folder in (workdir / RUNS_DIR, workdir / STATE_ROOT / "logs"):
+    folders = StateFolders(workdir)
+    registry.Index(folders.index).drop(cleaning.removed_records)
+    for folder in (folders.runs, folders.logs):
         _remove_empty_dirs(folder)
 
 
@@ -132,23 +131,23 @@ def _job_files(workdir: Path, sub: Submission) -> list[Path]:
     files: list[Path] = []
     if sub.log:
         log = Path(sub.log) if Path(sub.log).is_absolute() else workdir / sub.log
-        stem = log.name.removesuffix(".log") + "."
+        files += JobFiles.from_log(log).all_files()
         if log.parent.is_dir():
-            files += [p for p in log.parent.iterdir() if p.name.startswith(stem)]
             # the code manifest, and a job array element's script under its job name (the array's script runs it)
-            files += [log.parent / f"{sub.job_name}.code.sha256", log.parent / f"{sub.job_name}.sh"]
+            pending = PendingFiles(log.parent, sub.job_name)
+            files += [pending.code_manifest, pending.script]
         if sub.array:
-            files.append(log.parent.parent / f"{sub.array}.sh")  # the array's script: goes with its last element
+            files.append(array_script(log.parent, sub.array))  # the array's script: goes with its last element
     if sub.script:
         files.append(Path(sub.script) if Path(sub.script).is_absolute() else workdir / sub.script)
     if sub.jobid:
-        files += [marker(workdir / STATE_DIR, sub.jobid, suffix) for suffix in MARKERS]
+        files += [StateFolders(workdir).marker(sub.jobid, suffix) for suffix in MARKERS]
     return files
 
 
 def _snapshots(workdir: Path, kept: list[Submission], now: float, result: CleanPlan) -> None:
     """Snapshot folders no kept job's script names, then objects only the store still holds (one link)."""
-    snapshots = workdir / SNAPSHOTS_DIR
+    snapshots = StateFolders(workdir).snapshots
     if not snapshots.is_dir():
         return
     named = ""
@@ -171,7 +170,7 @@ def _snapshots(workdir: Path, kept: list[Submission], now: float, result: CleanP
         for p in folder.rglob("*"):
             if p.is_file():
                 held[p.stat().st_ino] = held.get(p.stat().st_ino, 0) + 1
-    objects = workdir / OBJECTS_DIR
+    objects = StateFolders(workdir).objects
     for obj in objects.glob("*/*") if objects.is_dir() else []:
         st = obj.stat()
         if obj.is_file() and st.st_nlink - held.get(st.st_ino, 0) <= 1 and now - st.st_mtime >= FRESH_S:

@@ -7,9 +7,9 @@ job log's end alone when no node is named or no node file holds its lines.
 
 from __future__ import annotations
 
-import glob
 from pathlib import Path
 
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching.nodelog import failing_rank_lines
 from snakemake_executor_multinode.watching.progress import read_tail
 from snakemake_executor_multinode.watching.tracker import Outcome
@@ -30,7 +30,7 @@ def _last_lines(log: Path, count: int = 12) -> str:
 def _failure_lines(log: Path, node: str | None) -> str:
     """The failing rank's last lines from the newest node file of the failing node, then the job log's end."""
     ours = sorted(
-        log.parent.glob(f"{glob.escape(log.name.removesuffix('.log'))}*.{glob.escape(node)}.out") if node else (),
+        JobFiles.from_log(log).node_outs(node) if node else (),
         key=lambda p: p.stat().st_mtime,
     )
     if not ours or node is None:

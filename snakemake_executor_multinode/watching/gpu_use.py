@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from snakemake_executor_multinode.contract.protocol import GPU_QUERY, gpu_samples_of
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
+from snakemake_executor_multinode.contract.protocol import GPU_QUERY
 
 _UTIL, _USED, _TOTAL = (GPU_QUERY.index(k) for k in ("utilization.gpu", "memory.used", "memory.total"))
 
@@ -70,7 +71,7 @@ def for_log(log: str | Path | None) -> dict[str, NodeGpus]:
     """Every sampled node of the job whose first log is `log`, by node name."""
     if not log:
         return {}
-    found = {node: read(path) for node, path in gpu_samples_of(Path(log)).items()}
+    found = {node: read(path) for node, path in JobFiles.from_log(log).gpu_samples_by_node().items()}
     return {node: use for node, use in found.items() if use is not None}
 
 

@@ -1,7 +1,7 @@
 """`multinode logs`: a job's log as the launcher labels it (`[<node> rank<R>] ...`), whole or one rank's or one
 node's lines; with -f followed like `tail -f` until the job ends, across a requeue's new log.
 
-A requeued job writes each run's log beside the first (<stem>.restart<k>.log, status_view.restart_logs): every one
+A requeued job writes each run's log beside the first (JobFiles.restart_logs): every one
 is read, oldest first, so a run's last lines come out before the next run's first. Only whole lines are printed
 (a line being written waits for its newline, or for the job's end). Whether the job still runs is slurmctld's word
 (one squeue every STATE_S seconds); a job it no longer knows has ended.

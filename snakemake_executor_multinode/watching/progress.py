@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from snakemake_executor_multinode.contract.protocol import metrics_file
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
 
 TAIL_BYTES = 16384  # a metrics line is a few hundred bytes; the tail holds the last complete ones
 WINDOW = 6  # lines whose wall clock gives the rate: five log intervals
@@ -143,7 +143,7 @@ def read(path: Path) -> Progress | None:
 
 def for_log(log: str | Path | None) -> Progress | None:
     """The progress of the job whose first log is `log` (its metrics file lies beside it)."""
-    return read(metrics_file(Path(log))) if log else None
+    return read(JobFiles.from_log(log).metrics) if log else None
 
 
 def human(value: float) -> str:

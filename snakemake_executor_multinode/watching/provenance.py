@@ -33,9 +33,9 @@ from typing import Any
 
 from snakemake_executor_multinode import __version__
 from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import PROVENANCE_DIR
 from snakemake_executor_multinode.contract.private_files import write_private
 
-PROVENANCE_DIR = protocol.STATE_ROOT / "provenance"
 SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH", re.I)
 REDACTED = "<redacted>"
 PACKAGES = ("torch", "colossalai", "snakemake", "snakemake-executor-plugin-multinode", "numpy", "transformers")

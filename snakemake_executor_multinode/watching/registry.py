@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from snakemake_executor_multinode.contract.jobfiles import INDEX_DIR, RUNS_DIR
 from snakemake_executor_multinode.contract.private_files import write_private
-from snakemake_executor_multinode.contract.protocol import INDEX_DIR, RUNS_DIR
 
 INDEX_KEEP = 2  # runs per outputs in the index: this run's own record never hides the one before it
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from snakemake_executor_multinode.contract.protocol import REPORTS_DIR
+from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient, is_job_key, is_transient
 from snakemake_executor_multinode.watching import gpu_use
 from snakemake_executor_multinode.watching.registry import Submission

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from snakemake_executor_multinode.contract.protocol import EXIT_MARKER, RUNS_DIR, STATE_DIR, marker
+from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, RUNS_DIR, JobFiles, StateFolders
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import (
     ACTIVE_STATES,
@@ -260,17 +260,13 @@ def clock_to_seconds(text: str) -> int | None:
 
 # --- rows -------------------------------------------------------------------------------------------------------
 def restart_logs(log: str) -> list[Path]:
-    """The logs of a requeued job's later runs (<jobid>.attempt<n>.restart<k>.log), oldest first."""
-    if not log:
-        return []
-    first = Path(log)
-    found = first.parent.glob(first.name.removesuffix(".log") + ".restart*.log")
-    return sorted(found, key=lambda p: int(p.name.rsplit(".restart", 1)[1].removesuffix(".log") or 0))
+    """The logs of a requeued job's later runs, oldest first ("": a job without a log yet)."""
+    return JobFiles.from_log(log).restart_logs() if log else []
 
 
 def _exit_marker(workdir: Path, jobid: str) -> str | None:
     try:
-        return marker(workdir / STATE_DIR, jobid, EXIT_MARKER).read_text().split()[0]
+        return StateFolders(workdir).marker(jobid, EXIT_MARKER).read_text().split()[0]
     except (OSError, IndexError):
         return None
 

@@ -13,18 +13,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from snakemake_executor_multinode.contract.protocol import (
+from snakemake_executor_multinode.contract.jobfiles import (
     CRASH_MARKER,
-    EXIT_CODE_CHANGED,
-    EXIT_CRASH_LOOP,
     EXIT_MARKER,
-    EXIT_PREEMPTED,
     FAILED_NODE_MARKER,
     MARKERS,
     REQUEUE_MARKER,
     STALL_MARKER,
     marker,
 )
+from snakemake_executor_multinode.contract.protocol import EXIT_CODE_CHANGED, EXIT_CRASH_LOOP, EXIT_PREEMPTED
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import JobState, QueryError, SlurmClient
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import LOGS_DIR, JobFiles
 from tests.helpers import REPO, background, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -49,8 +49,8 @@ def sacct_steps(cl, jobid: str) -> str:
 
 
 def sample_files(wd: Path) -> dict[str, Path]:
-    logs = list((wd / protocol.LOGS_DIR).glob("rule_ranks/_/*.attempt1.log"))
-    return protocol.gpu_samples_of(logs[0]) if logs else {}
+    logs = list((wd / LOGS_DIR).glob("rule_ranks/_/*.attempt1.log"))
+    return JobFiles.from_log(logs[0]).gpu_samples_by_node() if logs else {}
 
 
 def alive(pid: int) -> bool:

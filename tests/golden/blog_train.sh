@@ -26,8 +26,9 @@ unset MULTINODE_ARRAY_KEY
 MULTINODE_JOB_NAME=mn-0123abcd-train
 # A requeued job (USR2 checkpoint, node failure) writes each restart to its own log beside the first; an array
 # element writes its own log (the array's output is one for all of them).
-export MULTINODE_LOG_STEM=.snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1  # each node's labelled output: <stem>.<node>.out
-[ "${SLURM_RESTART_COUNT:-0}" -eq 0 ] || MULTINODE_LOG_STEM="$MULTINODE_LOG_STEM.restart$SLURM_RESTART_COUNT"
+# Each node's labelled output: "$MULTINODE_LOG_STEM".<node>.out.
+export MULTINODE_LOG_STEM=.snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1
+[ "${SLURM_RESTART_COUNT:-0}" -eq 0 ] || MULTINODE_LOG_STEM="$MULTINODE_LOG_STEM".restart$SLURM_RESTART_COUNT
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || [ "$MULTINODE_JOB_KEY" != "$SLURM_JOB_ID" ]; then
     exec >>"$MULTINODE_LOG_STEM".log 2>&1
 fi
@@ -143,8 +144,8 @@ else
     multinode_start_line
 fi
 
-# GPU samples: every node's GPU utilisation and memory into <stem>.<node>.gpu.csv beside the log, for `multinode
-# status` and `multinode report`. A step of its own (--overlap: it takes nothing from the rule's steps), one task per
+# GPU samples: every node's GPU utilisation and memory beside the log, for `multinode status` and `multinode report`
+# ("$MULTINODE_GPU_SAMPLES".<node>.gpu.csv). A step of its own (--overlap: it takes nothing from the rule's steps), one task per
 # node, so that any GPU job is sampled whatever starts its processes; none where the head node has no nvidia-smi.
 MULTINODE_GPU_SAMPLER=
 if [ 30 -gt 0 ] && command -v nvidia-smi >/dev/null; then

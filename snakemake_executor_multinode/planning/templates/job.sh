@@ -11,10 +11,11 @@ unset MULTINODE_ARRAY_KEY
 MULTINODE_JOB_NAME={{job_name}}
 # A requeued job (USR2 checkpoint, node failure) writes each restart to its own log beside the first; an array
 # element writes its own log (the array's output is one for all of them).
-export MULTINODE_LOG_STEM={{log_stem}}  # each node's labelled output: <stem>.<node>.out
-[ "${SLURM_RESTART_COUNT:-0}" -eq 0 ] || MULTINODE_LOG_STEM="$MULTINODE_LOG_STEM.restart$SLURM_RESTART_COUNT"
+# Each node's labelled output: {{node_out}}.
+export MULTINODE_LOG_STEM={{log_stem}}
+[ "${SLURM_RESTART_COUNT:-0}" -eq 0 ] || MULTINODE_LOG_STEM="$MULTINODE_LOG_STEM"{{restart_suffix}}
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || [ "$MULTINODE_JOB_KEY" != "$SLURM_JOB_ID" ]; then
-    exec >>"$MULTINODE_LOG_STEM".log 2>&1
+    exec >>{{this_log}} 2>&1
 fi
 # Times from bash's printf, not date: a fan-out runs this script hundreds of times, and every process counts.
 multinode_now() {  # MULTINODE_NOW: the time as `date -Is` writes it
@@ -103,8 +104,8 @@ else
     multinode_start_line
 fi
 
-# GPU samples: every node's GPU utilisation and memory into <stem>.<node>.gpu.csv beside the log, for `multinode
-# status` and `multinode report`. A step of its own (--overlap: it takes nothing from the rule's steps), one task per
+# GPU samples: every node's GPU utilisation and memory beside the log, for `multinode status` and `multinode report`
+# ({{gpu_samples_file}}). A step of its own (--overlap: it takes nothing from the rule's steps), one task per
 # node, so that any GPU job is sampled whatever starts its processes; none where the head node has no nvidia-smi.
 MULTINODE_GPU_SAMPLER=
 if [ {{gpu_sample_seconds}} -gt 0 ] && command -v nvidia-smi >/dev/null; then

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract import jobfiles, protocol
 from snakemake_executor_multinode.planning import jobscript
 from snakemake_executor_multinode.planning.request import build_request
 from tests.helpers import REPO
@@ -49,23 +49,23 @@ def test_python_modules_take_markers_exit_codes_and_ports_from_the_protocol():
     assert not re.search(r"\b85\b|\.exit\b|failed-node|\.preempted|40000|20000", template)
 
 
-@pytest.mark.parametrize("suffix", protocol.MARKERS)
+@pytest.mark.parametrize("suffix", jobfiles.MARKERS)
 @pytest.mark.parametrize(
     ("env", "key"), [("SLURM_JOB_ID=42", "42"), ("SLURM_JOB_ID=57 MULTINODE_ARRAY_KEY=40_2", "40_2")]
 )
 def test_the_job_script_writes_markers_where_the_tracker_reads_them(tmp_path, suffix, env, key):
     """A job's markers are named by its id; an array element's by <array job id>_<task id>, as the plugin knows it."""
     script = rendered(tmp_path)
-    assert protocol.marker_shell(suffix) in script
+    assert jobfiles.marker_shell(suffix) in script
     head = script.split("MULTINODE_JOB_NAME=", 1)[0].split("\n# The job's key", 1)[1]  # the template's key lines
     state = tmp_path / "state"
     shell_path = subprocess.run(
-        ["bash", "-c", f"{env}\n{head}\nMULTINODE_STATE_DIR={state}; echo {protocol.marker_shell(suffix)}"],
+        ["bash", "-c", f"{env}\n{head}\nMULTINODE_STATE_DIR={state}; echo {jobfiles.marker_shell(suffix)}"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    assert Path(shell_path) == protocol.marker(state, key, suffix)
+    assert Path(shell_path) == jobfiles.marker(state, key, suffix)
 
 
 def test_the_job_script_exits_with_the_protocols_preempted_code(tmp_path):
@@ -121,9 +121,9 @@ def run_job_script(
     (bin_dir / "scontrol").chmod(0o755)
     state.mkdir()
     if own_requeues is not None:
-        protocol.marker(state, "42", protocol.SELF_REQUEUE_MARKER).write_text(f"{own_requeues}\n")
+        jobfiles.marker(state, "42", jobfiles.SELF_REQUEUE_MARKER).write_text(f"{own_requeues}\n")
     if crashes is not None:
-        protocol.marker(state, "42", protocol.CRASH_MARKER).write_text(f"{crashes}\n")
+        jobfiles.marker(state, "42", jobfiles.CRASH_MARKER).write_text(f"{crashes}\n")
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": str(restart),
         "SLURM_JOB_NODELIST": "node1", "HOME": str(tmp_path),
@@ -138,7 +138,7 @@ def test_preemptions_and_admin_requeues_do_not_use_up_the_jobs_own_requeue_budge
     does now, and counts it."""
     code, calls, state, _ = run_job_script(tmp_path, restart=3, own_requeues=None)
     assert "requeue 42" in calls, calls
-    assert protocol.marker(state, "42", protocol.SELF_REQUEUE_MARKER).read_text().strip() == "1"
+    assert jobfiles.marker(state, "42", jobfiles.SELF_REQUEUE_MARKER).read_text().strip() == "1"
     assert code == 143  # ended by slurmctld's SIGTERM, as a requeued run is
 
 
@@ -187,7 +187,7 @@ def test_a_requeue_after_a_checkpoint_names_the_signal_the_rule_asked_for(tmp_pa
 
 
 def crash_marker(state: Path) -> str:
-    return protocol.marker(state, "42", protocol.CRASH_MARKER).read_text().strip()
+    return jobfiles.marker(state, "42", jobfiles.CRASH_MARKER).read_text().strip()
 
 
 def test_the_third_quick_failure_in_a_row_ends_the_job_with_the_crash_loop_code_and_its_last_error(tmp_path):

@@ -5,8 +5,10 @@ test_stall_cluster.py)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import stall
 
 
@@ -38,7 +40,7 @@ def test_any_new_line_or_metrics_line_is_progress_and_silence_is_a_stall(tmp_pat
 
 def write_stacks(stem: str, tops: dict[str, tuple[str, str]]) -> None:
     for rank, (node, top) in tops.items():
-        with open(protocol.node_log(stem, node), "a") as fh:
+        with open(JobFiles(Path(stem)).node_out(node), "a") as fh:
             fh.write(f'[{node} rank{rank}] stack| Thread 1 (idle): "MainThread"\n')
             fh.write(f"[{node} rank{rank}] stack|     {top}\n")
             fh.write(f"[{node} rank{rank}] stack|     <module> (train.py:9)\n")

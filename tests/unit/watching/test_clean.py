@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract.protocol import INDEX_DIR, STATE_DIR
+from snakemake_executor_multinode.contract.jobfiles import INDEX_DIR, STATE_DIR
 from snakemake_executor_multinode.watching import clean
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 

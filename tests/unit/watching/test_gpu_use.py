@@ -9,7 +9,7 @@ from pathlib import Path, PurePath
 
 import pytest
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.planning import jobscript
 from snakemake_executor_multinode.planning.plan import Planner, RuleJob
 from snakemake_executor_multinode.planning.request import build_request
@@ -28,7 +28,7 @@ SAMPLES = """\
 
 
 def write_samples(log: Path, node: str, text: str) -> Path:
-    path = log.parent / protocol.gpu_samples(log.name.removesuffix(".log"), node)
+    path = JobFiles.from_log(log).gpu_samples(node)
     path.write_text(text)
     return path
 

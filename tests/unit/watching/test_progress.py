@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.watching import progress
 from snakemake_executor_multinode.watching.progress import Progress, ProgressLines
 
@@ -98,9 +98,9 @@ def test_no_file_or_a_dangling_link_is_no_progress(tmp_path):
 
 def test_the_metrics_file_lies_beside_the_jobs_first_log(tmp_path):
     log = tmp_path / "rule_train" / "_" / "57.attempt2.log"
-    assert protocol.metrics_file(log) == tmp_path / "rule_train" / "_" / "57.attempt2.metrics.jsonl"
+    assert JobFiles.from_log(log).metrics == tmp_path / "rule_train" / "_" / "57.attempt2.metrics.jsonl"
     log.parent.mkdir(parents=True)
-    write_lines(protocol.metrics_file(log), {"step": 3, "steps": 9})
+    write_lines(JobFiles.from_log(log).metrics, {"step": 3, "steps": 9})
     assert progress.for_log(str(log)).describe() == "step 3/9"
 
 
@@ -121,7 +121,7 @@ def test_at_most_one_line_per_job_per_interval_and_only_when_the_step_moved(tmp_
     clock = Clock()
     lines = ProgressLines(interval=60, clock=clock)
     log = tmp_path / "5.attempt1.log"
-    metrics = protocol.metrics_file(log)
+    metrics = JobFiles.from_log(log).metrics
     assert lines.line("5", "train", log) is None  # no metrics yet: read again only after the interval
     write_lines(metrics, {"step": 1, "steps": 10})
     clock.now = 30
@@ -140,7 +140,7 @@ def test_at_most_one_line_per_job_per_interval_and_only_when_the_step_moved(tmp_
 
 def test_an_interval_of_0_turns_progress_lines_off(tmp_path):
     log = tmp_path / "5.attempt1.log"
-    write_lines(protocol.metrics_file(log), {"step": 1})
+    write_lines(JobFiles.from_log(log).metrics, {"step": 1})
     assert ProgressLines(interval=0).line("5", "train", log) is None
     assert ProgressLines(interval=60).line("5", "train", None) is None
 
@@ -157,6 +157,6 @@ def test_the_line_carries_mfu_when_the_training_says_it():
 
 def test_the_progress_line_snakemake_prints_carries_mfu(tmp_path):
     log = tmp_path / "7.attempt1.log"
-    write_lines(protocol.metrics_file(log), {"step": 10, "steps": 20, "tokens_per_s": 2048.0, "mfu": 0.5})
+    write_lines(JobFiles.from_log(log).metrics, {"step": 10, "steps": 20, "tokens_per_s": 2048.0, "mfu": 0.5})
     line = ProgressLines(interval=60, clock=Clock()).line("7", "train", log)
     assert line == "train (SLURM job 7): step 10/20 2.0k tok/s mfu 50.0%"

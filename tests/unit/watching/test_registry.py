@@ -8,7 +8,7 @@ import random
 import shutil
 from dataclasses import replace
 
-from snakemake_executor_multinode.contract.protocol import INDEX_DIR, RUNS_DIR
+from snakemake_executor_multinode.contract.jobfiles import INDEX_DIR, RUNS_DIR
 from snakemake_executor_multinode.watching.registry import Registry, Submission, runs
 
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.cli import runs
-from snakemake_executor_multinode.contract import protocol
-from snakemake_executor_multinode.contract.protocol import STATE_DIR
+from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, STATE_DIR, JobFiles, marker
 from snakemake_executor_multinode.slurm.client import QueryError, SlurmClient
 from snakemake_executor_multinode.watching import status_view
 from snakemake_executor_multinode.watching.registry import Registry, Submission
@@ -145,10 +144,10 @@ def test_rows_say_what_slurm_and_the_files_say(tmp_path):
     (log.parent / "440.attempt1.restart2.log").touch()
     Path(old.log).parent.mkdir(parents=True)
     (Path(old.log).parent / "12.attempt1.restart1.log").touch()
-    metrics = protocol.metrics_file(log)
+    metrics = JobFiles.from_log(log).metrics
     metrics.write_text(json.dumps({"step": 3, "steps": 10, "loss": 4.7, "step_ms": 2000}) + "\n")
     (tmp_path / STATE_DIR).mkdir(parents=True)
-    protocol.marker(tmp_path / STATE_DIR, "12", protocol.EXIT_MARKER).write_text("0 0\n")
+    marker(tmp_path / STATE_DIR, "12", EXIT_MARKER).write_text("0 0\n")
     fake = FakeSlurm(sacct=(1, "", NO_ACCOUNTING), squeue=(0, SQUEUE, ""))
     rows = {
         r.rule: r for r in status_view.collect(tmp_path, status_view.run_table(tmp_path)[run], SlurmClient(runner=fake))
@@ -177,7 +176,7 @@ def test_rows_say_what_slurm_and_the_files_say(tmp_path):
 def test_a_finished_training_shows_its_last_step_without_an_eta(tmp_path):
     sub = record(tmp_path, "r1", "train", "239", at=1.0)
     Path(sub.log).parent.mkdir(parents=True)
-    protocol.metrics_file(Path(sub.log)).write_text(json.dumps({"step": 10, "steps": 10, "step_ms": 5}) + "\n")
+    JobFiles.from_log(sub.log).metrics.write_text(json.dumps({"step": 10, "steps": 10, "step_ms": 5}) + "\n")
     rows = status_view.collect(tmp_path, [sub], SlurmClient(runner=FakeSlurm(sacct=(0, SACCT, ""))))  # squeue: gone
     assert (rows[0].state, rows[0].restarts, rows[0].progress) == ("COMPLETED", 1, "step 10/10")
 
