@@ -1,9 +1,11 @@
-"""One run of a workflow, as the plugin lives it: plan, submit, watch, end. The Snakemake adapter's only partner.
+"""One run of a workflow, as the plugin lives it: plan, submit, watch, end. The Snakemake adapter's one door.
 
 The adapter reads each Snakemake job once (its facts) and hands over plain values; everything the plugin decides
-(reattach, the submission sequence, what a status cycle reports, the failure message, cancellation) is here, so
-that the adapter only translates. Submission is a short fixed sequence of small steps (as submitit's core): plan ->
-reattach or [write the script, record, sbatch, record the job id] -> track.
+(the launch check, reattach, the submission sequence, what a status cycle reports, the failure message,
+cancellation) is here, so that the adapter only translates. The adapter imports nothing else of the core: the
+values it passes and gets back are named in `__all__` (tests/unit/test_architecture.py holds it to that).
+Submission is a short fixed sequence of small steps (as submitit's core): plan -> reattach or [write the script,
+record, sbatch, record the job id] -> track.
 """
 
 from __future__ import annotations
@@ -16,22 +18,32 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import JobFiles, PendingFiles, StateFolders, array_script
 from snakemake_executor_multinode.contract.private_files import write_private
-from snakemake_executor_multinode.planning import environment, jobscript, snapshot, submit_check
+from snakemake_executor_multinode.planning import environment, jobscript, launch_check, preview, snapshot, submit_check
+from snakemake_executor_multinode.planning.environment import EnvProfileError
 from snakemake_executor_multinode.planning.launch_check import watchdog
-from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
-from snakemake_executor_multinode.planning.request import refuse_container_directive
-from snakemake_executor_multinode.planning.settings import Settings, SettingsError
+from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, direct_command
+from snakemake_executor_multinode.planning.request import JobRequest, RequestError, refuse_container_directive
+from snakemake_executor_multinode.planning.settings import Settings, SettingsError, help_text
+from snakemake_executor_multinode.planning.submit_check import Planned, Report
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError, job_order
 from snakemake_executor_multinode.slurm.pacing import Pace
 from snakemake_executor_multinode.slurm.sbatch_flags import table_for
 from snakemake_executor_multinode.watching import provenance, reattach, report
 from snakemake_executor_multinode.watching.failure import failure_message
-from snakemake_executor_multinode.watching.progress import ProgressLines
+from snakemake_executor_multinode.watching.progress import ProgressLines, duration
+from snakemake_executor_multinode.watching.reattach import RunReason
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 from snakemake_executor_multinode.watching.tracker import Outcome, Tracker
+
+# What the adapter hands over and gets back, besides the Session itself.
+__all__ = [
+    "EnvProfileError", "Ended", "JobPlan", "JobRequest", "Outcome", "Planned", "Report", "RequestError", "RuleJob",
+    "RunReason", "Session", "Settings", "SettingsError", "SubmitRefused", "Submission", "direct_command", "duration",
+    "help_text",
+]  # fmt: skip
 
 Say = Callable[[str], None]
 
@@ -62,6 +74,7 @@ class Session:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def __post_init__(self) -> None:
+        self.folders = StateFolders(self.workdir)
         rate, burst = self.settings.submit_rate, self.settings.submit_burst
         if not rate > 0:
             raise SettingsError(f"--multinode-submit-rate={rate}: more than 0 sbatch calls per second")
@@ -69,16 +82,16 @@ class Session:
             raise SettingsError(f"--multinode-submit-burst={burst}: 1 or more sbatch calls")
         self.planner = Planner(self.settings, self.workdir, self.run_id)  # EnvProfileError, SettingsError
         # Owner-only: job scripts carry profile values (tokens), logs carry what the training prints.
-        for private in (self.workdir / protocol.STATE_ROOT, self.workdir / self.settings.logdir):
+        for private in (self.folders.root, self.workdir / self.settings.logdir):
             private.mkdir(parents=True, exist_ok=True)
             private.chmod(0o700)
-        (self.workdir / protocol.STATE_DIR).mkdir(exist_ok=True, mode=0o700)
+        self.folders.state.mkdir(exist_ok=True, mode=0o700)
         self.registry = Registry(self.workdir, self.run_id)
         self.client = SlurmClient(
             retry=RetryPolicy(total_seconds=self.settings.slurm_retry_seconds), notify=self.warning,
             pace=Pace(rate, burst),
         )  # fmt: skip
-        self.tracker = Tracker(self.workdir / protocol.STATE_DIR, self.client, self.settings.sweep_seconds)
+        self.tracker = Tracker(self.folders.state, self.client, self.settings.sweep_seconds)
         self.progress = ProgressLines(self.settings.progress_seconds)  # training progress: a file read, no SLURM
         self.job_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)
         self.failed_nodes: dict[tuple[str, ...], tuple[str, ...]] = {}  # job outputs -> nodes its attempts failed on
@@ -89,17 +102,30 @@ class Session:
 
     # --- planning -------------------------------------------------------------------------------------------
     def plan(
-        self, job: RuleJob, outputs: Sequence[str], container_image: str | None = None, shellcmd: str | None = None
+        self,
+        job: RuleJob,
+        outputs: Sequence[str],
+        container_image: str | None = None,
+        shellcmd: str | None = None,
+        kind: str | None = None,
     ) -> JobPlan:
-        """The job's plan, exactly as `multinode preview`/`check` make it; RequestError on bad input. A retry
-        (attempt > 1) avoids the nodes the earlier attempts of the same outputs failed on."""
+        """The job's plan, exactly as `multinode preview`/`check` make it; RequestError on bad input, also for
+        nodes or GPUs its command would leave idle (launch_check.py). `shellcmd`: the rule's shell command, None for
+        a rule without one (`kind` says what it is: script rule, run: block, ...). A retry (attempt > 1) avoids the
+        nodes the earlier attempts of the same outputs failed on."""
         if container_image is not None:  # Snakemake's container: directive (request.py decides)
             refuse_container_directive(job.rule, container_image, job.resources.get("nodes"), shellcmd)
         avoid = self.failed_nodes.get(tuple(outputs), ()) if job.attempt > 1 else ()
         if self.slurm_version is None:  # once: slurm_extra is read with the options of the release found
             self.slurm_version = self.client.version() or ""
             self.planner.sbatch_options = table_for(self.slurm_version)
-        return self.planner.plan(replace(job, avoid_nodes=avoid))
+        plan = self.planner.plan(replace(job, avoid_nodes=avoid))
+        launch_check.check(plan.request, shellcmd, kind, self.planner.launchers)
+        return plan
+
+    def launch_preview(self, plan: JobPlan, shellcmd: str | None) -> str:
+        """The srun step `multinode torchrun` would start for this plan ("" when its command does not run it)."""
+        return preview.launch_preview(plan, self.planner.profiles, shellcmd)
 
     def warn_once(self, warnings: Iterable[str]) -> None:
         for warning in warnings:
@@ -107,21 +133,23 @@ class Session:
                 self._said.add(warning)
                 self.warning(warning)
 
-    def check_planned(self, planned: Sequence[submit_check.Planned]) -> list[str]:
-        """Ask SLURM about every planned job before the first submission (one `sbatch --test-only` per resource
-        shape, the account); its warnings are said, its errors returned."""
-        for p in planned:
-            self.warn_once(p.plan.request.warnings)
-        if not planned:
-            return []
-        found = submit_check.check(planned, self.client, version=self.slurm_version)
+    def check_planned(self, planned: Sequence[Planned]) -> Report:
+        """Ask SLURM about every planned job (one `sbatch --test-only` per resource shape, the account), submitting
+        nothing; the report's warnings begin with the plans' own, each once. `multinode check` prints it."""
+        found = submit_check.check(planned, self.client, version=self.slurm_version) if planned else Report()
+        own = dict.fromkeys(w for p in planned for w in p.plan.request.warnings)
+        return replace(found, warnings=[*own, *found.warnings])
+
+    def validate(self, planned: Sequence[Planned]) -> list[str]:
+        """check_planned before the first submission of a run: its warnings are said, its errors returned."""
+        found = self.check_planned(planned)
         self.warn_once(found.warnings)
         if found.unreachable:
             self.warning(f"SLURM could not be asked about the jobs before submitting: {found.unreachable}")
         return found.errors
 
     # --- submission -----------------------------------------------------------------------------------------
-    def submit(self, plan: JobPlan, outputs: Sequence[str], reason: reattach.RunReason, upstream: Iterable[str] = ()) \
+    def submit(self, plan: JobPlan, outputs: Sequence[str], reason: RunReason, upstream: Iterable[str] = ()) \
             -> Submission:  # fmt: skip
         """Adopt an earlier run's job (reattach.py) or submit the plan; `upstream`: the outputs of the jobs this one
         waits for (--immediate-submit: afterok on their SLURM jobs). SubmitRefused when sbatch refuses."""
@@ -129,7 +157,7 @@ class Session:
         sub = self._adopted(plan, outputs, reason) or self._sbatch(plan, outputs, self._dependencies(upstream))
         return self._tracked(sub)
 
-    def submit_many(self, jobs: Sequence[tuple[JobPlan, Sequence[str], reattach.RunReason]]) -> list[Submission]:
+    def submit_many(self, jobs: Sequence[tuple[JobPlan, Sequence[str], RunReason]]) -> list[Submission]:
         """Jobs Snakemake hands over together, in their order: each adopts an earlier run's job where it may; of the
         rest, single-node jobs of one rule that ask SLURM for the same go as one job array (at least two, at most
         MAX_ARRAY; --multinode-no-arrays: never), every other one as a job of its own."""
@@ -152,7 +180,7 @@ class Session:
                 subs.update(zip(chunk, made, strict=True))
         return [self._tracked(subs[i]) for i in range(len(jobs))]
 
-    def _adopted(self, plan: JobPlan, outputs: tuple[str, ...], reason: reattach.RunReason) -> Submission | None:
+    def _adopted(self, plan: JobPlan, outputs: tuple[str, ...], reason: RunReason) -> Submission | None:
         self.warn_once(plan.request.warnings)
         verdict = reattach.decide(
             plan.request.rule, outputs, plan.fingerprint, reason, self.registry, self.tracker, self.workdir,
@@ -175,7 +203,7 @@ class Session:
         req = plan.request
         folder = plan.workdir / plan.log_dir
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        pending = folder / f"{plan.job_name}.sh"
+        pending = PendingFiles(folder, plan.job_name).script
         write_private(pending, plan.script)
         hashed = snapshot.hashes(plan.code_files)  # read once: the manifest and the provenance record
         if hashed:  # nothing frozen: what a restart checks
@@ -211,7 +239,7 @@ class Session:
         first = group[0][0]
         prepared = [self._prepare(plan, outputs) for plan, outputs in group]
         name = f"{first.job_name}-array{len(group)}"
-        driver = (first.workdir / first.log_dir).parent / f"{name}.sh"
+        driver = array_script(first.workdir / first.log_dir, name)
         write_private(driver, jobscript.render_array(first.request, name, [pending for pending, _ in prepared]))
         try:
             jobid = self.client.submit(driver, cwd=self.workdir, name=name)
@@ -296,7 +324,7 @@ class Session:
         if outcome.success:
             try:
                 provenance.finish(
-                    self.workdir, sub.job_name, protocol.runs_file(Path(sub.log)) if sub.log else None,
+                    self.workdir, sub.job_name, JobFiles.from_log(sub.log).runs if sub.log else None,
                     {"state": "success", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
                 )  # fmt: skip
             except provenance.ProvenanceError as err:  # the bookkeeping fails, loudly; the training did not

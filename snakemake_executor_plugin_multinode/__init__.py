@@ -16,12 +16,20 @@ from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 from snakemake_interface_executor_plugins.settings import CommonSettings, ExecutorSettingsBase
 
-from snakemake_executor_multinode.planning import environment, launch_check, submit_check
-from snakemake_executor_multinode.planning.plan import JobPlan, RuleJob, direct_command
-from snakemake_executor_multinode.planning.request import RequestError
-from snakemake_executor_multinode.planning.settings import Settings, SettingsError, help_text
-from snakemake_executor_multinode.session import Session, SubmitRefused
-from snakemake_executor_multinode.watching.registry import Submission
+from snakemake_executor_multinode.session import (
+    EnvProfileError,
+    JobPlan,
+    Planned,
+    RequestError,
+    RuleJob,
+    Session,
+    Settings,
+    SettingsError,
+    Submission,
+    SubmitRefused,
+    direct_command,
+    help_text,
+)
 from snakemake_executor_plugin_multinode.facts import JobFacts, job_facts, rerun_reason
 
 
@@ -72,7 +80,7 @@ class InputError(WorkflowError):
 class KnownJobs:
     """The jobs of a run that go to SLURM, as far as they can be planned before the first submission."""
 
-    planned: list[tuple[JobExecutorInterface, submit_check.Planned]] = field(default_factory=list)
+    planned: list[tuple[JobExecutorInterface, Planned]] = field(default_factory=list)
     later: list[tuple[str, str]] = field(default_factory=list)  # (rule, why it is planned only at submission)
     errors: list[str] = field(default_factory=list)  # plan errors, when collected rather than raised
 
@@ -84,7 +92,7 @@ class Executor(RemoteExecutor):
         self.workdir = Path.cwd()
         try:
             self.session = Session(self.settings, self.workdir, self.logger.info, self.logger.warning)
-        except (environment.EnvProfileError, SettingsError) as err:
+        except (EnvProfileError, SettingsError) as err:
             raise WorkflowError(f"multinode settings: {err}") from err
         self._validate_planned_jobs()
 
@@ -109,18 +117,17 @@ class Executor(RemoteExecutor):
             keep=(*facts.outputs, *facts.logs),
         )
         try:
-            plan = self.session.plan(rule_job, facts.outputs, facts.container_image, facts.shellcmd)
-            kind = facts.inner_snakemake_reason if facts.shellcmd is None else None
-            launch_check.check(plan.request, facts.shellcmd, kind, self.session.planner.launchers)
+            return self.session.plan(
+                rule_job, facts.outputs, facts.container_image, facts.shellcmd, facts.inner_snakemake_reason
+            )
         except RequestError as err:
             raise WorkflowError(str(err)) from err
-        return plan
 
     def _validate_planned_jobs(self) -> None:
         """Plan every job whose resources are known now and ask SLURM about all of them at once, so that bad input
         stops the run before the first sbatch."""
         known = self.plan_known_jobs()
-        if errors := self.session.check_planned([planned for _, planned in known.planned]):
+        if errors := self.session.validate([planned for _, planned in known.planned]):
             raise InputError("\n".join(errors))
 
     def slurm_jobs(self) -> Iterator[JobExecutorInterface]:
@@ -148,8 +155,7 @@ class Executor(RemoteExecutor):
                 # Snakemake evaluates the job again at submission and reports it there.
                 known.later.append((f"group_{job.name}" if job.is_group() else job.name, str(err).strip()))
                 continue
-            # tmpdir is always <TBD> in the main process; others are when they depend on missing input
-            if any(str(v) == "<TBD>" for k, v in facts.resources.items() if k != "tmpdir"):
+            if not facts.resources_known:
                 known.later.append((facts.name, "its resources depend on input that the run makes"))
                 continue
             # The inner Snakemake command is formatted at submission: formatting it now would already deploy
@@ -162,7 +168,7 @@ class Executor(RemoteExecutor):
                     raise InputError(str(err)) from None
                 known.errors.append(str(err))
                 continue
-            known.planned.append((job, submit_check.Planned(plan, frozenset(facts.resources))))
+            known.planned.append((job, Planned(plan, frozenset(facts.resources))))
         return known
 
     # --- command -------------------------------------------------------------------------------

@@ -15,13 +15,10 @@ import argparse
 import shutil
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from snakemake_executor_multinode.planning import submit_check
-from snakemake_executor_multinode.planning.preview import launch_preview
-from snakemake_executor_multinode.planning.request import JobRequest
-from snakemake_executor_multinode.watching.progress import duration
+from snakemake_executor_multinode.session import JobRequest, Report, duration
 from snakemake_executor_plugin_multinode import Executor, KnownJobs
 from snakemake_executor_plugin_multinode.facts import job_facts
 
@@ -100,19 +97,12 @@ def inspect(argv: Sequence[str], task: Callable[[Executor], Any]) -> Inspection:
 @dataclass
 class Checked:
     known: KnownJobs
-    report: submit_check.Report
-    warnings: list[str] = field(default_factory=list)
+    report: Report  # its warnings begin with the plans' own
 
 
 def _check(executor: Executor) -> Checked:
     known = executor.plan_known_jobs(stop_at_error=False)
-    planned = [p for _, p in known.planned]
-    session = executor.session
-    report = (
-        submit_check.check(planned, session.client, version=session.slurm_version) if planned else submit_check.Report()
-    )
-    warnings = list(dict.fromkeys(w for p in planned for w in p.plan.request.warnings))
-    return Checked(known, report, warnings + report.warnings)
+    return Checked(known, executor.session.check_planned([p for _, p in known.planned]))
 
 
 def _count(n: int, what: str) -> str:
@@ -161,7 +151,7 @@ def run_check(argv: Sequence[str]) -> int:
         return 0
     for line in check_lines(checked):
         print(line)
-    for warning in checked.warnings:
+    for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     errors = known.errors + report.errors
     if report.unreachable:
@@ -222,13 +212,13 @@ def _preview(rule: str, wildcards: dict[str, str]) -> Callable[[Executor], Previ
         if unit is not job:
             notes.append(f"rule {rule!r} runs in group job {unit.name}: this is the group's script")
         facts = job_facts(unit)
-        if any(str(v) == "<TBD>" for k, v in facts.resources.items() if k != "tmpdir"):
+        if not facts.resources_known:
             return Preview(None, [f"rule {rule!r}: its resources depend on input that the run makes: no script yet"])
         try:
             plan = executor.plan_for(unit, facts)  # the real command: inner Snakemake formatted as at submission
         except WorkflowError as err:
             return Preview(None, [str(err)])
-        launch = launch_preview(plan, executor.session.planner.profiles, facts.shellcmd)  # `multinode torchrun`'s step
+        launch = executor.session.launch_preview(plan, facts.shellcmd)  # `multinode torchrun`'s step
         return Preview(plan.script, notes + [f"warning: {w}" for w in plan.request.warnings], launch)
 
     return task

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from snakemake_executor_multinode.watching.reattach import RunReason
+from snakemake_executor_multinode.session import RunReason
 
 # Output/input flags (snakemake.io: pipe(), service()) whose files only exist while a Snakemake process inside the
 # job manages them.
@@ -42,6 +42,12 @@ class JobFacts:
     @property
     def needs_inner_snakemake(self) -> bool:
         return self.inner_snakemake_reason is not None
+
+    @property
+    def resources_known(self) -> bool:
+        """False while a resource depends on input that the run makes: Snakemake's main process shows it as
+        <TBD> (tmpdir always, which the plan does not read)."""
+        return not any(str(v) == "<TBD>" for k, v in self.resources.items() if k != "tmpdir")
 
 
 def job_facts(job: Any) -> JobFacts:

@@ -94,9 +94,10 @@ def check(req: JobRequest, shellcmd: str | None, kind: str | None, launchers: Se
     else:
         said = f"its command never starts {named}"
         fix = "Write `multinode torchrun train.py ...`, name your launcher in --multinode-launchers"
-    err = RequestError(req.rule, "own_launcher", False, "")
-    err.args = (
-        f"rule {req.rule}: {shape} but {said}: {idle}. {fix}, or set resources own_launcher=True if the script "
-        "starts its ranks itself (srun, mpirun).",
+    raise RequestError(
+        req.rule,
+        "own_launcher",
+        False,
+        message=f"rule {req.rule}: {shape} but {said}: {idle}. {fix}, or set resources own_launcher=True if the "
+        "script starts its ranks itself (srun, mpirun).",
     )
-    raise err

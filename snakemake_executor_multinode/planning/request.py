@@ -33,11 +33,13 @@ from snakemake_executor_multinode.slurm.sbatch_flags import ANY_RELEASE, OptionT
 
 
 class RequestError(ValueError):
-    """Bad input in a rule's resources or the plugin settings; names rule, field, value and what is allowed."""
+    """Bad input in a rule's resources or the plugin settings; names rule, field, value and what is allowed.
+    `message` replaces the usual sentence for a refusal of the job as a whole (what its command would leave idle,
+    a directive that cannot work), which says its own why and fix."""
 
-    def __init__(self, rule: str, fieldname: str, value: Any, allowed: str) -> None:
+    def __init__(self, rule: str, fieldname: str, value: Any, allowed: str = "", *, message: str = "") -> None:
         self.rule, self.field, self.value, self.allowed = rule, fieldname, value, allowed
-        super().__init__(f"rule {rule!r}: resource {fieldname}={value!r} is invalid: {allowed}")
+        super().__init__(message or f"rule {rule!r}: resource {fieldname}={value!r} is invalid: {allowed}")
 
 
 # --- resource keys ---------------------------------------------------------------------------------------------
@@ -137,14 +139,15 @@ def refuse_container_directive(rule: str, image: str, nodes: Any, command: str |
     except (TypeError, ValueError):
         many = False
     if many or "multinode torchrun" in (command or ""):
-        err = RequestError(rule, "container", image, "")
-        err.args = (
-            f"rule {rule!r}: the container: directive ({image!r}) cannot run a multi-node job or `multinode "
+        raise RequestError(
+            rule,
+            "container",
+            image,
+            message=f"rule {rule!r}: the container: directive ({image!r}) cannot run a multi-node job or `multinode "
             "torchrun`: Snakemake would run the whole rule inside the image on the head node, where srun does not "
             "exist. Drop the directive and put the image in an environment profile, selected with env_profile: "
             f"`container: {{runtime: apptainer, image: {image}}}` (or pyxis, podman); see docs/containers.md",
         )
-        raise err
 
 
 def _one_task(per_node: Any = "N") -> str:

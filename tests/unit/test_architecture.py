@@ -92,6 +92,29 @@ def test_the_core_never_imports_the_adapter():
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+def core_modules_imported_by_the_adapter() -> set[str]:
+    files = {
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for p in (REPO / CORE).rglob("*.py")
+    }
+    found = set()
+    for path in (REPO / ADAPTER).rglob("*.py"):
+        for imported in imports(path, ADAPTER):
+            while imported and imported not in files:
+                imported = imported.rpartition(".")[0]
+            if imported and imported.startswith(f"{CORE}."):
+                found.add(imported)
+    return found
+
+
+def test_the_adapter_enters_the_core_through_the_session():
+    """session.py is the adapter's one door: besides it the adapter may read the contract, three core modules at most;
+    what else it needs, session.py names in its __all__."""
+    used = core_modules_imported_by_the_adapter()
+    assert f"{CORE}.session" in used and len(used) <= 3, sorted(used)
+    assert [m for m in used if m != f"{CORE}.session" and not m.startswith(f"{CORE}.contract.")] == []
+
+
 BENCHMARK_MODULES = [
     "benchmarks/chain_overhead.py",
     "benchmarks/fanout.py",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, StateFolders, marker
 from snakemake_executor_multinode.planning.plan import RuleJob
 from snakemake_executor_multinode.planning.request import RequestError
 from snakemake_executor_multinode.planning.settings import Settings
@@ -47,7 +47,9 @@ def session(tmp_path: Path, slurm: Slurm) -> tuple[Session, list[str]]:
 def test_a_job_is_planned_submitted_watched_and_ended_with_its_records(tmp_path):
     (tmp_path / "train.py").write_text("print(1)\n")
     s, said = session(tmp_path, Slurm())
-    job = RuleJob("train", {"nodes": 2}, "python train.py > out.txt", key="0.1", keep=("out.txt",))
+    job = RuleJob(
+        "train", {"nodes": 2, "own_launcher": True}, "python train.py > out.txt", key="0.1", keep=("out.txt",)
+    )
     plan = s.plan(job, ["out.txt"])
     sub = s.submit(plan, ["out.txt"], RunReason())
     assert sub.jobid == "41" and Path(sub.script).read_text() == plan.script
@@ -56,7 +58,7 @@ def test_a_job_is_planned_submitted_watched_and_ended_with_its_records(tmp_path)
     [record] = s.registry.mine()
     assert (record.jobid, record.ended) == ("41", None)
     assert s.poll([(sub, "train")])["41"].finished is False  # no marker, SLURM silent: still running
-    protocol.marker(tmp_path / protocol.STATE_DIR, "41", protocol.EXIT_MARKER).write_text(f"0 0 {sub.job_name}\n")
+    StateFolders(tmp_path).marker("41", EXIT_MARKER).write_text(f"0 0 {sub.job_name}\n")
     outcome = s.poll([(sub, "train")])["41"]
     ended = s.end(sub, outcome)
     assert ended.success and s.registry.mine()[0].ended == "success"
@@ -65,9 +67,22 @@ def test_a_job_is_planned_submitted_watched_and_ended_with_its_records(tmp_path)
     assert json.dumps(rec).count(str(tmp_path / "train.py")) == 1  # its hash is recorded
 
 
+def test_the_session_refuses_a_multi_node_job_whose_command_leaves_nodes_idle(tmp_path):
+    """The launch check runs in the session's plan, beside the container check: the adapter only passes the facts."""
+    s, _ = session(tmp_path, Slurm())
+    with pytest.raises(RequestError, match=r"^rule train: nodes=2, gpus=0 but its command never starts"):
+        s.plan(RuleJob("train", {"nodes": 2}, "python train.py", key="0.1"), ["out.txt"], shellcmd="python train.py")
+    with pytest.raises(RequestError, match=r"it is a script rule, so nothing starts `multinode torchrun`"):
+        s.plan(RuleJob("train", {"nodes": 2}, "snakemake ...", key="0.2"), ["out.txt"], kind="script rule")
+    torchrun = "multinode torchrun train.py"
+    assert (
+        s.plan(RuleJob("train", {"nodes": 2}, torchrun, key="0.3"), ["out.txt"], shellcmd=torchrun).request.nodes == 2
+    )
+
+
 def test_a_refused_submission_names_the_rule_and_keeps_the_script(tmp_path):
     s, _ = session(tmp_path, Slurm(refuse="Invalid account or account/partition combination specified"))
-    plan = s.plan(RuleJob("train", {"nodes": 2}, "true", key="0.1"), ["out.txt"])
+    plan = s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="0.1"), ["out.txt"])
     try:
         s.submit(plan, ["out.txt"], RunReason())
     except SubmitRefused as err:
@@ -102,7 +117,13 @@ def test_single_node_jobs_of_one_rule_with_the_same_resources_go_as_one_job_arra
     slurm = Slurm()
     s, said = session(tmp_path, slurm)
     jobs = shards(s, 3) + shards(s, 1, rule="other") + shards(s, 2, resources={"mem_mb": 2000}, start=10)
-    jobs += [(s.plan(RuleJob("train", {"nodes": 2}, "true", key="t.1"), ["m.txt"]), ["m.txt"], RunReason())]
+    jobs += [
+        (
+            s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="t.1"), ["m.txt"]),
+            ["m.txt"],
+            RunReason(),
+        )
+    ]
     subs = s.submit_many(jobs)
     # the 2-node job goes first (on its own); then the groups, in the order their first job came
     assert [sub.jobid for sub in subs] == ["42_0", "42_1", "42_2", "43", "44_0", "44_1", "41"]
@@ -137,8 +158,8 @@ def test_a_group_larger_than_slurms_array_limit_goes_as_several_arrays(tmp_path,
 def test_an_array_elements_end_is_read_from_its_own_marker(tmp_path):
     s, _ = session(tmp_path, Slurm())
     subs = s.submit_many(shards(s, 2))
-    state = tmp_path / protocol.STATE_DIR
-    protocol.marker(state, "41_1", protocol.EXIT_MARKER).write_text(f"0 0 {subs[1].job_name}\n")
+    state = StateFolders(tmp_path).state
+    marker(state, "41_1", EXIT_MARKER).write_text(f"0 0 {subs[1].job_name}\n")
     outcomes = s.poll([(sub, "shard") for sub in subs])
     assert outcomes["41_1"].success and not outcomes["41_0"].finished
 
