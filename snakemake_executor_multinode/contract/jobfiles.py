@@ -109,6 +109,11 @@ NODE_OUT = ".out"  # <stem>.<node>.out: a node's labelled output (.out: the job'
 GPU_SAMPLES = ".gpu.csv"  # <stem>.<node>.gpu.csv: a node's nvidia-smi samples
 RESTART = ".restart"  # <stem>.restart<k>: the k-th requeued run's own log and node files
 CODE_MANIFEST = ".code.sha256"  # <job name>.code.sha256: what a restart checks when nothing is frozen
+# The progress watchdog's exchange between the launcher (head node) and every node's labeller (launching/stall.py).
+STALL_REQUEST = ".stall-request"  # the launcher asks every node for its ranks' stacks
+STACKS_DONE = ".stacks-done"  # <stem>.<node>.stacks-done: a node has written its ranks' stacks
+STOP_REQUEST = ".stop-request"  # the launcher asks every node to end its torchrun gently (SIGTERM)
+NCCL_TRACES = ".nccl-trace-rank"  # <stem>.nccl-trace-rank<R>: NCCL's flight recorder dumps, rank by rank
 
 
 def log_stem(job_key: str, attempt: int) -> str:
@@ -159,6 +164,17 @@ class JobFiles:
 
     def gpu_samples(self, node: str) -> Path:
         return self._file(f".{node}{GPU_SAMPLES}")
+
+    @property
+    def stall_request(self) -> Path:
+        return self._file(STALL_REQUEST)
+
+    def stacks_done(self, node: str) -> Path:
+        return self._file(f".{node}{STACKS_DONE}")
+
+    @property
+    def stop_request(self) -> Path:
+        return self._file(STOP_REQUEST)
 
     def restart(self, k: int) -> JobFiles:
         """The files of the job's k-th requeued run (k = 0: the first run's)."""
@@ -229,6 +245,11 @@ class ShellJobFiles:
 
     def gpu_samples(self, node_word: str) -> str:
         return f"{self.prefix}.{node_word}{GPU_SAMPLES}"
+
+    @property
+    def nccl_traces(self) -> str:
+        """The prefix NCCL's flight recorder completes with each rank's number."""
+        return self.prefix + NCCL_TRACES
 
     @staticmethod
     def restart_suffix(count_word: str) -> str:

@@ -84,6 +84,39 @@ def test_a_circle_would_be_found():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
 
 
+# The core's stages, lowest first: a module imports its own stage or lower ones, never a higher one. What two stages
+# share lives in the contract. docs/design.md draws the same order.
+STAGES = ("contract", "slurm", "sandbox", "launching", "planning", "watching", "session", "cli")
+
+
+def stage(module: str) -> str:
+    """snakemake_executor_multinode.<stage>[.<module>] -> <stage>; the root package holds only the version."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "contract"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{a} ({stage(a)}) imports {b} ({stage(b)})"
+        for a, targets in graph.items()
+        for b in targets
+        if STAGES.index(stage(b)) > STAGES.index(stage(a))
+    )
+
+
+def test_every_module_of_the_core_belongs_to_a_stage():
+    assert {stage(m) for m in module_graph(CORE)} <= set(STAGES)
+
+
+def test_stages_import_downward_only():
+    assert upward_imports(module_graph(CORE)) == []
+
+
+def test_an_upward_import_would_be_found():
+    graph = {f"{CORE}.launching.launcher": {f"{CORE}.planning.plan", f"{CORE}.contract.protocol"}}
+    assert upward_imports(graph) == [f"{CORE}.launching.launcher (launching) imports {CORE}.planning.plan (planning)"]
+
+
 def test_the_core_never_imports_the_adapter():
     offenders = {
         str(p.relative_to(REPO)): sorted(n for n in imports(p, CORE) if n.startswith(ADAPTER))

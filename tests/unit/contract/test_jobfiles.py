@@ -1,0 +1,119 @@
+"""A job's files are named in one place (contract/jobfiles.py): the job script's shell words name the same files as
+the Python paths the watchers read, and no other module of the core spells a file name of its own."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+
+import pytest
+
+from snakemake_executor_multinode.contract.jobfiles import (
+    LOGS_DIR,
+    STATE_DIR,
+    JobFiles,
+    PendingFiles,
+    ShellJobFiles,
+    StateFolders,
+    array_script,
+    marker,
+    marker_shell,
+)
+from tests.helpers import REPO
+
+CORE = REPO / "snakemake_executor_multinode"
+
+
+def shell(*words: str, **env: str) -> list[str]:
+    """What bash makes of each shell word, with `env` set."""
+    assigns = "".join(f"{k}={v!r}; " for k, v in env.items())
+    script = assigns + "; ".join(f"printf '%s\\n' {w}" for w in words)
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+def test_the_job_scripts_words_name_the_files_the_watchers_read(tmp_path):
+    log_dir = tmp_path / "logs dir" / "rule_train" / "_"
+    first = ShellJobFiles.of("'" + str(log_dir) + "'", attempt=2)
+    files = JobFiles.of(log_dir, "57", attempt=2)
+    got = shell(first.prefix, first.log, first.metrics, first.runs, first.gpu_samples("node1"), MULTINODE_JOB_KEY="57")
+    assert got == [str(p) for p in (files.prefix, files.log, files.metrics, files.runs, files.gpu_samples("node1"))]
+
+
+def test_a_restarted_run_writes_under_the_restart_prefix_the_watchers_look_for(tmp_path):
+    files = JobFiles.of(tmp_path, "57", 1)
+    word = '"$MULTINODE_LOG_STEM"' + ShellJobFiles.restart_suffix("$SLURM_RESTART_COUNT")
+    run = ShellJobFiles(word)
+    got = shell(run.log, run.node_out("node2"), MULTINODE_LOG_STEM=str(files.prefix), SLURM_RESTART_COUNT="3")
+    assert got == [str(files.restart(3).log), str(files.restart(3).node_out("node2"))]
+    assert shell(ShellJobFiles.this_run().log, MULTINODE_LOG_STEM=str(files.prefix)) == [str(files.log)]
+
+
+def test_markers_in_the_script_are_the_markers_the_tracker_reads(tmp_path):
+    state = StateFolders(tmp_path)
+    got = shell(marker_shell(".exit"), MULTINODE_STATE_DIR=str(state.state), MULTINODE_JOB_KEY="41_3")
+    assert got == [str(marker(state.state, "41_3", ".exit"))] == [str(state.marker("41_3", ".exit"))]
+
+
+def test_restart_logs_come_oldest_first_and_only_the_jobs_own(tmp_path):
+    files = JobFiles.of(tmp_path, "7", 1)
+    for name in ["7.attempt1.restart10.log", "7.attempt1.restart2.log", "7.attempt1.restart1.log",
+                 "7.attempt11.restart1.log", "7.attempt1.restartx.log", "7.attempt1.restart3.node1.out"]:  # fmt: skip
+        (tmp_path / name).write_text("")
+    assert [p.name for p in files.restart_logs()] == [f"7.attempt1.restart{k}.log" for k in (1, 2, 10)]
+    assert JobFiles.from_log(tmp_path / "7.attempt1.log") == files
+
+
+def test_a_nodes_outputs_are_its_own_across_restarts_and_not_a_longer_names(tmp_path):
+    files = JobFiles.of(tmp_path, "7", 1)
+    for name in ["7.attempt1.node1.out", "7.attempt1.restart2.node1.out", "7.attempt1.node11.out",
+                 "7.attempt1.xnode1.out", "7.attempt12.node1.out"]:  # fmt: skip
+        (tmp_path / name).write_text("")
+    assert sorted(p.name for p in files.node_outs("node1")) == ["7.attempt1.node1.out", "7.attempt1.restart2.node1.out"]
+
+
+def test_gpu_samples_are_found_by_node_and_every_file_of_a_stem_goes_with_it(tmp_path):
+    files = JobFiles.of(tmp_path, "7", 1)
+    for path in (files.log, files.gpu_samples("gpu-a.1"), files.gpu_samples("b"), tmp_path / "70.attempt1.log"):
+        path.write_text("")
+    assert files.gpu_samples_by_node() == {"b": files.gpu_samples("b"), "gpu-a.1": files.gpu_samples("gpu-a.1")}
+    assert sorted(files.all_files()) == sorted([files.log, files.gpu_samples("gpu-a.1"), files.gpu_samples("b")])
+
+
+def test_the_pending_names_and_the_arrays_script_lie_where_the_job_runs_them(tmp_path):
+    log_dir = tmp_path / "rule_r" / "_"
+    assert PendingFiles(log_dir, "mn-1-r").script == log_dir / "mn-1-r.sh"
+    assert PendingFiles(log_dir, "mn-1-r").code_manifest == log_dir / "mn-1-r.code.sha256"
+    assert array_script(log_dir, "mn-1-r-array3") == tmp_path / "rule_r" / "mn-1-r-array3.sh"
+    assert StateFolders(tmp_path).logs == tmp_path / LOGS_DIR and StateFolders(tmp_path).state == tmp_path / STATE_DIR
+
+
+# A file name or state folder spelt as a literal outside the contract (docstrings aside): the layout said twice.
+SPELT = re.compile(
+    r"\.snakemake/multinode|\.attempt|\.restart|\.metrics\.jsonl|\.runs\.jsonl|\.gpu\.csv|\.code\.sha256|\.out$"
+    r"|stall-request|stacks-done|stop-request|nccl-trace"
+)
+OWN_FILES = ("contract", "sandbox")  # the sandbox names its cluster's files, not a job's
+
+
+def literals(tree: ast.AST) -> list[ast.Constant]:
+    """The string constants of a module (the parts of f-strings too), docstrings aside."""
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }  # fmt: skip
+    return [
+        node for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "path", sorted(str(p.relative_to(REPO)) for p in CORE.rglob("*.py") if p.parent.name not in OWN_FILES)
+)
+def test_no_module_outside_the_contract_spells_a_job_file_or_state_folder(path):
+    tree = ast.parse((REPO / path).read_text())
+    offenders = [f"{path}:{c.lineno}: {c.value!r}" for c in literals(tree) if SPELT.search(c.value)]
+    assert offenders == []
