@@ -75,7 +75,7 @@ LOG_STEM_VAR = "MULTINODE_LOG_STEM"
 # reads it on every node.
 GPU_SAMPLES_VAR = "MULTINODE_GPU_SAMPLES"
 GPU_SAMPLER_VAR = "MULTINODE_GPU_SAMPLER"  # internal to the job script: the sampler step's srun (its pid)
-# The container each node's torchrun runs in (container.py; the job script exports them from the profile's
+# The container each node's torchrun runs in (container_spec.py; the job script exports them from the profile's
 # `container:` key, a hand-written sbatch script may set them). Lists are space-separated words.
 CONTAINER_RUNTIME_VAR = "MULTINODE_CONTAINER_RUNTIME"  # pyxis | apptainer | singularity | podman; unset: none
 CONTAINER_IMAGE_VAR = "MULTINODE_CONTAINER_IMAGE"

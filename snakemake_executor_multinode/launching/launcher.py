@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract import container_spec, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
 from snakemake_executor_multinode.launching import container, liveness, netcheck, nodelog, stall
@@ -239,7 +239,7 @@ def srun_command(
     opts: Sequence[str],
     script: Sequence[str],
     python: str = sys.executable,
-    box: container.ContainerSpec | None = None,
+    box: container_spec.ContainerSpec | None = None,
 ) -> list[str]:
     """The one srun step that starts torchrun on every node: what `run_step` runs, and what tests check.
     Explicit CPUs (srun 22.05 does not inherit --cpus-per-task) and --mem=0: all of the job's memory on each node,
@@ -525,7 +525,7 @@ def main(argv: Sequence[str]) -> int:
         # the container wraps the step this launcher starts; here it starts none
         where = "outside SLURM" if outside else "inside your own srun step"
         raise SystemExit(
-            f"multinode torchrun: {where} the profile's container ({container.describe(box)}) cannot be applied: "
+            f"multinode torchrun: {where} the profile's container ({container_spec.describe(box)}) cannot be applied: "
             "start the container yourself, or run `multinode torchrun` from the batch script so that it starts "
             "the step (the container comes from the environment profile)"
         )
@@ -547,7 +547,7 @@ def main(argv: Sequence[str]) -> int:
     alloc = read_allocation(env)
     box = container.from_env(env)  # the profile's container, from the job script's variables (container.py)
     if box is not None:
-        log(f"each node's torchrun runs in {container.describe(box)}")
+        log(f"each node's torchrun runs in {container_spec.describe(box)}")
     argv_srun = srun_command(alloc, opts, script, box=box)
     nproc = nproc_for(alloc, opts)
     log(

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
+from snakemake_executor_multinode.contract import container_spec
 from snakemake_executor_multinode.contract.protocol import NETWORK_CHECK_DEFAULT_S, NETWORK_CHECK_VAR
-from snakemake_executor_multinode.launching import container
 from snakemake_executor_multinode.planning.quoting import shell_quote
 
 DEFAULT_VARS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
@@ -156,10 +156,10 @@ def _check_profile(body: dict[str, Any], where: str) -> None:
         conda = body["conda"]
         if not (isinstance(conda, dict) and isinstance(conda.get("env"), str) and set(conda) <= {"base", "env"}):
             raise EnvProfileError(f"{where}.conda: must be {{env: NAME_OR_PATH, base: /path/to/anaconda3}}")
-    if "container" in body:  # container.py owns its keys and their errors
+    if "container" in body:  # container_spec.py owns its keys and their errors
         try:
-            container.parse(body["container"], f"{where}.container")
-        except container.ContainerError as err:
+            container_spec.parse(body["container"], f"{where}.container")
+        except container_spec.ContainerError as err:
             raise EnvProfileError(str(err)) from err
     if "network_check" in body:
         network_check_seconds(body["network_check"], f"{where}.network_check")
@@ -299,6 +299,6 @@ def render_lines(profile: dict[str, Any]) -> list[str]:
     variables = {**DEFAULT_VARS, **{str(k): _value(v) for k, v in (profile.get("env") or {}).items()}}
     lines.append("# variables")
     lines += [f"export {k}={q(v)}" for k, v in variables.items()]
-    if box := container.parse(profile.get("container"), "container"):  # validated when the file was read
-        lines += container.env_lines(box, list(variables), q)
+    if box := container_spec.parse(profile.get("container"), "container"):  # validated when the file was read
+        lines += container_spec.env_lines(box, list(variables), q)
     return lines

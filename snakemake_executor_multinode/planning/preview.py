@@ -23,7 +23,8 @@ import typing
 from dataclasses import fields
 from pathlib import Path
 
-from snakemake_executor_multinode.launching import container, launcher
+from snakemake_executor_multinode.contract import container_spec
+from snakemake_executor_multinode.launching import launcher
 from snakemake_executor_multinode.planning import environment, launch_check
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.planning.request import RequestError
@@ -141,14 +142,14 @@ def launch_preview(plan: JobPlan, profiles: environment.ProfileSet, command: str
     req = plan.request
     nodes = tuple(f"<node{i + 1}>" for i in range(req.nodes))
     alloc = launcher.Allocation("<jobid>", nodes, req.gpus, req.cpus_per_task, "$MASTER_ADDR", PLACEHOLDER_PORT)
-    box = container.parse(environment.resolve(profiles, req.env_profile).get("container"), "container")
+    box = container_spec.parse(environment.resolve(profiles, req.env_profile).get("container"), "container")
     try:
         argv = launcher.srun_command(alloc, opts, script, box=box)
     except SystemExit as refused:  # what the launcher would refuse in the job
         return f"# multinode torchrun would refuse this command: {refused}"
     at = argv.index("bash")
     task = argv[at + 2].replace(f"--master_port={PLACEHOLDER_PORT}", "--master_port=$MASTER_PORT")
-    where = f"in {container.describe(box)}" if box else "without a container"
+    where = f"in {container_spec.describe(box)}" if box else "without a container"
     return "\n".join(
         [
             f"# ==== `multinode torchrun`'s step, as the launcher starts it in the job ({where}); not part of the",
