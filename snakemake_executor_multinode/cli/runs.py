@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR
+from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR, STATE_ROOT
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, RetryPolicy, SlurmClient, job_order
 from snakemake_executor_multinode.watching import clean, logs, report, status_view
 
@@ -61,7 +61,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     rep.set_defaults(func=report_command)
     cl = sub.add_parser(
         "clean",
-        help="remove what finished jobs left under .snakemake/multinode/ (never a queued or running job's state)",
+        help=f"remove what finished jobs left under {STATE_ROOT}/ (never a queued or running job's state)",
         description=clean.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -116,9 +116,12 @@ STOP_REQUEST = ".stop-request"  # the launcher asks every node to end its torchr
 NCCL_TRACES = ".nccl-trace-rank"  # <stem>.nccl-trace-rank<R>: NCCL's flight recorder dumps, rank by rank
 
 
-def log_stem(job_key: str, attempt: int) -> str:
+def log_stem(job_key: str, attempt: int | str) -> str:
     """A job's stem: <job key>.attempt<n>. `job_key` may be sbatch's %j or a shell word of the job script."""
     return f"{job_key}.attempt{attempt}"
+
+
+STEM_SHOWN = log_stem("<jobid>", "<n>")  # a stem as help texts show it
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import Field, dataclass, field
 from typing import Any, Optional
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import GPU_SAMPLES, LOG, LOGS_DIR, REPORTS_DIR, SCRIPT, STEM_SHOWN
 
 
 class SettingsError(ValueError):
@@ -67,10 +67,10 @@ class Settings:
         },
     )
     logdir: str = field(
-        default=str(protocol.LOGS_DIR),
+        default=str(LOGS_DIR),
         metadata={
             "help": "Folder (relative to the working directory) for job scripts and logs: "
-            "rule_<rule>/<wildcards>/<jobid>.attempt<n>.log and .sh."
+            f"rule_<rule>/<wildcards>/{STEM_SHOWN}{LOG} and {SCRIPT}."
         },
     )
     max_requeues: int = field(
@@ -157,7 +157,7 @@ class Settings:
         metadata={
             "help": "At the end of the run, write an efficiency report from sacct (time, CPU, memory used against "
             "requested, GPU-hours; suggestions for rules that waste more than half) to "
-            f"{protocol.REPORTS_DIR}/<run>.{{csv,md}} and print its summary."
+            f"{REPORTS_DIR}/<run>.{{csv,md}} and print its summary."
         },
     )
     pending_notice_seconds: float = field(
@@ -186,9 +186,9 @@ class Settings:
         default=30,
         metadata={
             "help": "A job with GPUs samples every node's GPU utilisation and memory with nvidia-smi every this many "
-            "seconds, where the nodes have nvidia-smi, beside the job's log (<jobid>.attempt<n>.<node>.gpu.csv); "
-            "`multinode status` and "
-            "`multinode report` show each node's mean utilisation and peak memory. 0: no sampling."
+            f"seconds, where the nodes have nvidia-smi, beside the job's log ({STEM_SHOWN}.<node>{GPU_SAMPLES}); "
+            "`multinode status` and `multinode report` show each node's mean utilisation and peak memory. "
+            "0: no sampling."
         },
     )
 
