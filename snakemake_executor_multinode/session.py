@@ -119,8 +119,11 @@ class Session:
         if self.slurm_version is None:  # once: slurm_extra is read with the options of the release found
             self.slurm_version = self.client.version() or ""
             self.planner.sbatch_options = table_for(self.slurm_version)
-        plan = self.planner.plan(replace(job, avoid_nodes=avoid))
-        launch_check.check(plan.request, shellcmd, kind, self.planner.launchers)
+        launchers = self.planner.launchers
+        plan = self.planner.plan(
+            replace(job, avoid_nodes=avoid, site_launcher=launch_check.site_launcher(shellcmd, launchers))
+        )
+        launch_check.check(plan.request, shellcmd, kind, launchers)
         return plan
 
     def launch_preview(self, plan: JobPlan, shellcmd: str | None) -> str:

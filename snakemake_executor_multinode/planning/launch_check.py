@@ -63,6 +63,12 @@ def starts(command: str, launchers: Sequence[str]) -> bool:
     return False
 
 
+def site_launcher(shellcmd: str | None, launchers: Sequence[str]) -> bool:
+    """Whether `shellcmd` starts its ranks with one of `launchers` (--multinode-launchers) and never with `multinode
+    torchrun`: then no stall watchdog runs, so the request gets none by default."""
+    return shellcmd is not None and starts(shellcmd, launchers) and not starts(shellcmd, ())
+
+
 def watchdog(req: JobRequest, command: str) -> str:
     """The stall watchdog as the submission line states it (it ends a job, so the user hears of it up front). It
     lives in `multinode torchrun`: a job whose command does not run it has none, whatever the request says."""

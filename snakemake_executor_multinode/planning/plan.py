@@ -40,6 +40,7 @@ class RuleJob:
     key: str = ""  # tells this submission apart from every other of the run (in the job name)
     avoid_nodes: tuple[str, ...] = ()  # nodes an earlier attempt of this job failed on: excluded for this one
     keep: tuple[str, ...] = ()  # the job's outputs and logs: paths the code snapshot never takes over
+    site_launcher: bool = False  # its command starts a --multinode-launchers command, not `multinode torchrun`
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
         env_profile=selection,
         declared_nodes=job.declared_nodes,
         profile=resolved,
+        site_launcher=job.site_launcher,
     )
     if avoid := [n for n in job.avoid_nodes if _NODE.match(n)]:
         req = replace(req, exclude=",".join(filter(None, [req.exclude, *avoid])))

@@ -524,11 +524,13 @@ def build_request(
     declared_nodes: int | None = None,
     profile: Mapping[str, Any] | None = None,
     sbatch_options: OptionTable = ANY_RELEASE,
+    site_launcher: bool = False,
 ) -> JobRequest:
     """Validate one job's resources. `env_profile` is the job's environment profile selection, already validated
     by environment.select (environment.py owns profiles). `declared_nodes` is what the rule itself asked for, when
     known: Snakemake's --resources nodes=N silently caps a job's nodes, and the user should hear of it. slurm_extra is
-    read with `sbatch_options`, the table of the SLURM release the session found."""
+    read with `sbatch_options`, the table of the SLURM release the session found. `site_launcher`: the command
+    starts its ranks with a site's own launcher (--multinode-launchers), where no stall watchdog runs."""
     r = dict(resources)
     warnings: list[str] = []
     _check_keys(rule, r, defaults, warnings)
@@ -582,7 +584,9 @@ def build_request(
         max_requeues=max(0, defaults.max_requeues),
         crash_loop_runs=defaults.crash_loop_runs,
         crash_loop_s=math.ceil(defaults.crash_loop_seconds),
-        stall_timeout_s=_stall_timeout(rule, r, profile or {}, watched=nodes > 1 and not own_launcher),
+        stall_timeout_s=_stall_timeout(
+            rule, r, profile or {}, watched=nodes > 1 and not own_launcher and not site_launcher
+        ),
         on_stall=_on_stall(rule, r, profile or {}),
         own_launcher=own_launcher,
         attempt=attempt,

@@ -73,6 +73,15 @@ def test_own_launcher_opts_out_and_takes_the_stall_watchdog_with_it():
     assert build_request("train", {"nodes": 2}).stall_timeout_s == 30 * 60
 
 
+def test_a_sites_own_launcher_takes_the_stall_watchdog_with_it():
+    """The watchdog lives in `multinode torchrun`: a command of --multinode-launchers runs without one."""
+    assert launch_check.site_launcher("accelerate launch train.py", ("accelerate",))
+    assert not launch_check.site_launcher("multinode torchrun train.py", ("accelerate",))
+    assert not launch_check.site_launcher("accelerate launch x.py && multinode torchrun y.py", ("accelerate",))
+    assert not launch_check.site_launcher(None, ("accelerate",)) and not launch_check.site_launcher("python x.py", ())
+    assert build_request("train", {"nodes": 2}, site_launcher=True).stall_timeout_s == 0
+
+
 @pytest.mark.parametrize("value", [1, "yes", 2.0, None])
 def test_own_launcher_is_a_bool(value):
     with pytest.raises(RequestError) as err:
