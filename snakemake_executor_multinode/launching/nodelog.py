@@ -1,8 +1,9 @@
 """Labelled output of `multinode torchrun`: every line says which node and rank wrote it, and none is cut.
 
 On every node, `run` starts torchrun with each rank's output in a file of its own and appends each complete line,
-labelled `[<node> rank<R>]`, to the node's file beside the job log (<stem>.<node>.out); torchrun's own messages
-carry `[<node>]`. On the head node, `Merger` copies the nodes' files, line by line, into the job log.
+labelled with its node and rank (contract/logline.py), to the node's file beside the job log (<stem>.<node>.out);
+torchrun's own messages carry the node alone. On the head node, `Merger` copies the nodes' files, line by line,
+into the job log.
 
 Why not torchrun's `--tee`: its tailer writes whatever one read returns, so a line that a rank writes in two pieces
 (print() writes the text and the newline separately; a block-buffered stdout flushes mid-line) comes out cut, and
@@ -34,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract import logline, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import proctree, stall
 from snakemake_executor_multinode.launching.torchrun_flags import option_value
@@ -182,8 +183,9 @@ class RankFiles:
             if rank is None and not final and src.waited < RANK_WAIT_POLLS:
                 return  # the worker is not found yet: its lines wait for their label
             data, src.held = src.held, b""
-            who = f"rank{rank}" if rank is not None else f"local_rank{src.local}"  # the worker was gone too soon
-            src.label = f"[{self.node} {who}] ".encode()
+            # without its rank, the worker was gone too soon: its local rank says which it was
+            who = logline.label(self.node, rank) if rank is not None else logline.label(self.node, local_rank=src.local)
+            src.label = who.encode()
         if data:
             out.feed(src, data)
 
@@ -232,7 +234,7 @@ def run(torchrun: Sequence[str], nproc: int, dynamic: bool, env: dict[str, str],
     shown = option_value(torchrun, "--local-ranks-filter", "--local_ranks_filter")
     shown_ranks = {int(r) for r in shown.split(",") if r.strip().isdigit()} if shown else None
     out = Labeller(_node_file(env, node), echo)
-    agent = (Source(f"[{node}] ".encode(), 1), Source(f"[{node}] ".encode(), 2))
+    agent = (Source(logline.label(node).encode(), 1), Source(logline.label(node).encode(), 2))
     out.write(agent[1], f"[multinode torchrun] launching on {node}, node_rank={node_rank}\n".encode())
     cmd = torchrun if user_dir else with_rank_logs(torchrun, str(root))
     # Unbuffered workers: a rank's lines reach its file (and the job log) as it prints them, not 8 KiB later.
@@ -315,10 +317,10 @@ class StackRequests:
         self.answered = True
         workers = stall.worker_ranks(self.agent_pid, step=os.environ)
         if not workers:
-            src = Source(f"[{self.node}] {stall.STACK_LABEL}".encode(), 2)
+            src = Source((logline.label(self.node) + logline.STACK).encode(), 2)
             self.out.write(src, f"no stack: no worker process found on {self.node}".encode() + b"\n")
         for pid, rank in workers:
-            src = Source(f"[{self.node} rank{rank}] {stall.STACK_LABEL}".encode(), 2)
+            src = Source((logline.label(self.node, rank) + logline.STACK).encode(), 2)
             for line in [f"pid {pid} on {self.node}:", *stall.dump(pid)]:
                 self.out.write(src, line.encode(errors="replace") + b"\n")
         stall.done_file(self.stem, self.node).write_text("done\n")
@@ -416,29 +418,6 @@ def log_stem(env: Mapping[str, str]) -> str:
     if job := env.get("SLURM_JOB_ID"):
         return os.path.join(env.get("SLURM_SUBMIT_DIR", "."), f"slurm-{job}")
     return ""
-
-
-# torchrun's summary of a failed node names the rank that failed first: "Root Cause ...", then "  rank : 3 (...)".
-ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
-
-
-def failing_rank_lines(text: str, node: str, count: int = 12) -> tuple[str, list[str]]:
-    """The last lines of the rank that failed first on `node` (read from the node's labelled lines in a job log:
-    torchrun's own root-cause summary names the rank), as (label, lines); the node's last lines where no rank is
-    named; ("", []) where the node wrote nothing."""
-    node_prefix, rank = f"[{node}] ", None
-    in_root_cause = False
-    for line in text.splitlines():
-        if not line.startswith(node_prefix):
-            continue
-        body = line[len(node_prefix) :]
-        if body.startswith("Root Cause"):
-            in_root_cause = True
-        elif in_root_cause and (m := ROOT_CAUSE_RANK.match(body)):
-            rank, in_root_cause = m[1], False
-    label = f"[{node} rank{rank}] " if rank is not None else f"[{node} rank"
-    lines = [line for line in text.splitlines() if line.startswith(label)]
-    return (label.strip("[] ") if rank is not None else node, lines[-count:])
 
 
 if __name__ == "__main__":

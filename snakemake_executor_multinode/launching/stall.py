@@ -7,7 +7,8 @@ loader waiting forever or every rank blocked on I/O show as files that stop grow
 
 After `stall_timeout` seconds without progress the launcher (head node):
 1. asks every node for its ranks' Python stacks: it writes `<stem>.stall-request`; each node's labeller sees it, runs
-   `py-spy dump` on each of its workers and appends the stack, labelled `[<node> rank<R>] stack| ...`, to its file
+   `py-spy dump` on each of its workers and appends the stack, each line labelled with its rank and marked as a stack
+   line (contract/logline.py), to its file
    (so to the job log), then writes `<stem>.<node>.stacks-done`; it waits for every node, at most STACKS_WAIT_S;
 2. ends the step: first gently (it writes `<stem>.stop-request` and sends srun SIGUSR1, which srun passes to every
    node's task; the labeller, seeing the request, sends its torchrun SIGTERM: torchrun ends its workers, and a
@@ -31,16 +32,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract import logline, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import proctree
 
-STACK_LABEL = "stack| "
 STACKS_WAIT_S = 30.0  # every node's stacks, at most this long after the request (py-spy takes ~0.1 s per process)
 PY_SPY_TIMEOUT_S = 15.0
 STOP_GRACE_S = 20.0  # a stalled step's gentle end (SIGTERM to each node's torchrun), before srun's SIGKILL
 _FRAME = re.compile(r"^\s+(\S.*?) \((\S+?):(\d+)\)")  # py-spy: "    sleep (worker.py:12)"
-_LABELLED = re.compile(r"^\[(?P<node>[^ \]]+) rank(?P<rank>\d+)\] " + re.escape(STACK_LABEL) + r"(?P<text>.*)$")
 
 
 def request_file(stem: str) -> Path:
@@ -145,27 +144,29 @@ def dump(pid: int) -> list[str]:
 def verdict(stem: str, nodes: Sequence[str], timeout_s: float, log: str) -> str:
     """One line for Snakemake: how long, where the stacks are, and the rank whose innermost frame differs from the
     others' (the one that did not join), where one does."""
-    tops: dict[str, str] = {}
+    tops: dict[int, str] = {}
     for node in nodes:
         try:
             text = JobFiles(Path(stem)).node_out(node).read_text(errors="replace")
         except OSError:
             continue
         for line in text.splitlines():
-            m = _LABELLED.match(line)
-            if m and m["rank"] not in tops and (frame := _FRAME.match(m["text"])):
-                tops[m["rank"]] = f"{frame[1]} ({os.path.basename(frame[2])}:{frame[3]})"
+            m = logline.parse(line)
+            if m is None or m.rank is None or m.rank in tops or not m.rest.startswith(logline.STACK):
+                continue
+            if frame := _FRAME.match(m.rest.removeprefix(logline.STACK)):
+                tops[m.rank] = f"{frame[1]} ({os.path.basename(frame[2])}:{frame[3]})"
     said = f"stalled: no progress for {_seconds(timeout_s)} on any rank; stacks in {log}"
     if len(set(tops.values())) < 2:
         return said
     common, count = Counter(tops.values()).most_common(1)[0]
-    odd = sorted((r for r, top in tops.items() if top != common), key=int)
+    odd = sorted(r for r, top in tops.items() if top != common)
     if count > len(odd):  # most ranks wait in the same place: the others are the ones to look at
         return said + "; " + "; ".join(f"rank {r} differs: {tops[r]}" for r in odd)
-    by_top: dict[str, list[str]] = {}
-    for rank, top in sorted(tops.items(), key=lambda kv: int(kv[0])):
+    by_top: dict[str, list[int]] = {}
+    for rank, top in sorted(tops.items()):
         by_top.setdefault(top, []).append(rank)
-    return said + "; " + "; ".join(f"rank {','.join(ranks)}: {top}" for top, ranks in by_top.items())
+    return said + "; " + "; ".join(f"rank {','.join(map(str, ranks))}: {top}" for top, ranks in by_top.items())
 
 
 @dataclass(frozen=True)

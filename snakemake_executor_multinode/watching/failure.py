@@ -1,8 +1,8 @@
 """What Snakemake is told when a job fails: SLURM's verdict, the log, and the failing rank's last lines.
 
-torchrun's root-cause summary names the rank that failed first; its labelled lines are in the failing node's file
-beside the job log (nodelog.py). The message quotes them, then the end of the job log (the launcher's verdict); the
-job log's end alone when no node is named or no node file holds its lines.
+torchrun's root-cause summary names the rank that failed first; its labelled lines (contract/logline.py) are in the
+failing node's file beside the job log (launching/nodelog.py). The message quotes them, then the end of the job log
+(the launcher's verdict); the job log's end alone when no node is named or no node file holds its lines.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from snakemake_executor_multinode.launching.nodelog import failing_rank_lines
+from snakemake_executor_multinode.contract.logline import failing_rank_lines
 from snakemake_executor_multinode.watching.progress import read_tail
 from snakemake_executor_multinode.watching.tracker import Outcome
 

@@ -1,5 +1,5 @@
-"""`multinode logs`: a job's log as the launcher labels it (`[<node> rank<R>] ...`), whole or one rank's or one
-node's lines; with -f followed like `tail -f` until the job ends, across a requeue's new log.
+"""`multinode logs`: a job's log as the launcher labels it (node and rank: contract/logline.py), whole or one rank's
+or one node's lines; with -f followed like `tail -f` until the job ends, across a requeue's new log.
 
 A requeued job writes each run's log beside the first (JobFiles.restart_logs): every one
 is read, oldest first, so a run's last lines come out before the next run's first. Only whole lines are printed
@@ -9,21 +9,18 @@ is read, oldest first, so a run's last lines come out before the next run's firs
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from snakemake_executor_multinode.contract import logline
 from snakemake_executor_multinode.slurm.client import QueryError, SlurmClient
 from snakemake_executor_multinode.watching.registry import Submission
 from snakemake_executor_multinode.watching.status_view import restart_logs
 
 POLL_S = 0.2  # how often the logs are read while following: the delay a line may see
 STATE_S = 2.0  # how often slurmctld is asked whether the job still runs
-# nodelog.py's labels: [<node> rank<R>] for a worker's line, [<node> local_rank<L>] for a worker gone before its rank
-# was seen, [<node>] for torchrun's own lines
-LABEL = re.compile(rb"\[(?P<node>[^\s\]]+)(?: (?:rank(?P<rank>\d+)|local_rank\d+))?\] ")
 
 
 class NoLog(LookupError):
@@ -36,12 +33,12 @@ def line_filter(rank: int | None = None, node: str | None = None) -> Callable[[b
         return lambda _line: True
 
     def keep(line: bytes) -> bool:
-        m = LABEL.match(line)
+        m = logline.parse(line.decode(errors="replace"))
         if m is None:
             return False
         if rank is not None:
-            return m["rank"] is not None and int(m["rank"]) == rank
-        return m["node"].decode(errors="replace") == node
+            return m.rank == rank
+        return m.node == node
 
     return keep
 

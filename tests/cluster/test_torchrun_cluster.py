@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.launching.nodelog import failing_rank_lines
+from snakemake_executor_multinode.contract.logline import failing_rank_lines
 from tests.helpers import REPO, cpu_saturated
 
 pytestmark = pytest.mark.cluster

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from snakemake_executor_multinode.launching import nodelog
-from snakemake_executor_multinode.launching.nodelog import Labeller, Merger, Source, failing_rank_lines, with_rank_logs
+from snakemake_executor_multinode.launching.nodelog import Labeller, Merger, Source, with_rank_logs
 
 
 def test_a_line_written_in_pieces_comes_out_whole_and_labelled(tmp_path):
@@ -50,28 +50,6 @@ def test_the_merger_copies_whole_lines_written_after_the_launch_began(tmp_path):
     os.close(write)
     with os.fdopen(read) as fh:
         assert sorted(fh.read().splitlines()) == ["[a rank0] new line, in two pieces", "[b rank1] from node b"]
-
-
-LOG = """\
-[node2 rank3] loading shard 7
-[node2 rank2] loading shard 6
-[node2 rank3] RuntimeError: corrupt shard
-[node2] Root Cause (first observed failure):
-[node2] [0]:
-[node2]   host      : node2
-[node2]   rank      : 3 (local_rank: 1)
-[node1 rank0] RuntimeError: Connection closed by peer
-"""
-
-
-def test_the_failing_rank_is_the_one_torchrun_names_as_root_cause():
-    assert failing_rank_lines(LOG, "node2") == (
-        "node2 rank3",
-        ["[node2 rank3] loading shard 7", "[node2 rank3] RuntimeError: corrupt shard"],
-    )
-    label, lines = failing_rank_lines("[node1 rank0] killed mid-line\n", "node1")
-    assert (label, lines) == ("node1", ["[node1 rank0] killed mid-line"])  # no summary: the node's ranks' lines
-    assert failing_rank_lines("unlabelled\n", "node9") == ("node9", [])
 
 
 def test_rank_files_are_asked_of_torchrun_right_after_its_module():
