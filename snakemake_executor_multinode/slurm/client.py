@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from snakemake_executor_multinode.slurm.formats import array_tasks
 from snakemake_executor_multinode.slurm.pacing import Pace
 from snakemake_executor_multinode.slurm.reasons import NO_REASON
 
@@ -412,16 +413,6 @@ class SlurmClient:
             proc = self._patiently("scancel", lambda: self._run(["scancel", *ids]))
             if proc is not None and proc.returncode != 0 and "Invalid job id" not in proc.stderr:
                 raise QueryError(f"scancel: {proc.stderr.strip()}")
-
-
-def array_tasks(spec: str) -> list[int]:
-    """The tasks of an array record's id: "[0-3,7]" -> 0, 1, 2, 3, 7 (a "%N" limit is dropped)."""
-    tasks: list[int] = []
-    for part in spec.strip("[]").split("%")[0].split(","):
-        low, _, high = part.partition("-")
-        if low.isdigit() and (high.isdigit() or not high):
-            tasks += range(int(low), int(high or low) + 1)
-    return tasks
 
 
 def queue_key(row: dict[str, str]) -> str:

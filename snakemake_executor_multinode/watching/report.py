@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -24,9 +23,10 @@ from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient, is_job_key, is_transient
+from snakemake_executor_multinode.slurm.formats import clock, cpu_seconds, minutes_to_seconds, size_mb, tres_map
 from snakemake_executor_multinode.watching import gpu_use
 from snakemake_executor_multinode.watching.registry import Submission
-from snakemake_executor_multinode.watching.status_view import clock, minutes_to_seconds, run_table, tres_map
+from snakemake_executor_multinode.watching.status_view import run_table
 
 FIELDS = (
     "JobIDRaw",
@@ -44,34 +44,6 @@ FIELDS = (
 WASTE = 0.5  # a rule that used less than this share of a request gets a suggestion
 HEADROOM = 1.5  # suggested = what the longest / largest job used x this
 SETTLE_SECONDS = 30.0  # at the end of a run: how long to wait for slurmdbd to record the last jobs' end
-_SIZE = re.compile(r"^([0-9.]+)([KMGTP]?)$")
-
-
-# --- sacct's text -----------------------------------------------------------------------------------------------
-def size_mb(text: str) -> float | None:
-    """sacct sizes (MaxRSS 221392K, TRES mem=4G, 500M; binary units) in MiB; None when empty or 0."""
-    match = _SIZE.match(text.strip())
-    if not match:
-        return None
-    number, unit = float(match[1]), match[2]
-    if number <= 0:
-        return None  # nothing sampled: no figure, not a job that used no memory
-    return number * 1024 ** ("KMGTP".index(unit) - 1) if unit else number / 1024 / 1024  # no unit: bytes
-
-
-def cpu_seconds(text: str) -> float:
-    """TotalCPU: [D-][HH:]MM:SS[.mmm] -> seconds (0 when empty)."""
-    text = text.strip()
-    if not text:
-        return 0.0
-    days = 0
-    if "-" in text:
-        day, _, text = text.partition("-")
-        days = int(day)
-    seconds = 0.0
-    for part in text.split(":"):
-        seconds = seconds * 60 + float(part)
-    return days * 86400 + seconds
 
 
 def _int(text: str) -> int:

@@ -31,6 +31,7 @@ from snakemake_executor_multinode.slurm.client import (
     job_order,
     queue_key,
 )
+from snakemake_executor_multinode.slurm.formats import clock, clock_to_seconds, gres_gpus, minutes_to_seconds, tres_map
 from snakemake_executor_multinode.watching import gpu_use, progress
 from snakemake_executor_multinode.watching.registry import Submission, runs
 
@@ -217,47 +218,6 @@ def _per_node(total: str | None, nodes: int | None) -> int | None:
     return int(total) // nodes if nodes else int(total)
 
 
-def tres_map(text: str) -> dict[str, str]:
-    """`billing=4,cpu=4,gres/gpu=4,mem=4G,node=2` -> {"cpu": "4", "gres/gpu": "4", ...}; typed GPUs
-    (gres/gpu:a100=4) are counted in the plain gres/gpu entry too."""
-    pairs = (item.partition("=") for item in text.split(",") if "=" in item)
-    return {key: value for key, _, value in pairs}
-
-
-def gres_gpus(text: str) -> int | None:
-    """GPUs per node from squeue's tres-per-node: `gres:gpu:8`, `gres:gpu:a100:4`, `gpu:8`; N/A: none."""
-    if not text or text in ("N/A", "(null)"):
-        return 0
-    for item in text.split(","):
-        parts = item.replace("/", ":").split(":")
-        if "gpu" in parts and parts[-1].isdigit():
-            return int(parts[-1])
-    return 0
-
-
-def minutes_to_seconds(text: str) -> int | None:
-    """sacct's TimelimitRaw: minutes, or UNLIMITED / Partition_Limit (None: no figure to compare with)."""
-    return int(text) * 60 if text.strip().isdigit() else None
-
-
-def clock_to_seconds(text: str) -> int | None:
-    """SLURM's [D-]HH:MM:SS, MM:SS or M:SS (squeue's TimeUsed, TimeLimit); None for UNLIMITED, NOT_SET."""
-    text = text.strip()
-    days = 0
-    if "-" in text:
-        day, _, text = text.partition("-")
-        if not day.isdigit():
-            return None
-        days = int(day)
-    parts = text.split(":")
-    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
-        return None
-    seconds = 0
-    for p in parts:
-        seconds = seconds * 60 + int(p)
-    return days * 86400 + seconds
-
-
 # --- rows -------------------------------------------------------------------------------------------------------
 def restart_logs(log: str) -> list[Path]:
     """The logs of a requeued job's later runs, oldest first ("": a job without a log yet)."""
@@ -313,14 +273,6 @@ def collect(workdir: Path, subs: Sequence[Submission], client: SlurmClient) -> l
 
 
 # --- the table --------------------------------------------------------------------------------------------------
-def clock(seconds: int | None) -> str:
-    if seconds is None:
-        return "-"
-    days, rest = divmod(seconds, 86400)
-    text = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{text}" if days else text
-
-
 def _short(path: str, workdir: Path) -> str:
     try:
         return str(Path(path).relative_to(workdir))

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.slurm import formats
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES
-from snakemake_executor_multinode.watching import report, status_view
+from snakemake_executor_multinode.watching import status_view
 from tests.helpers import REPO, background, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -158,11 +159,11 @@ def test_efficiency_report_of_a_cpu_spin_an_idle_job_and_a_gpu_job_against_sacct
         )
         assert line["state"] == rec["State"] == "COMPLETED", rule
         assert int(line["elapsed_s"]) == int(rec["ElapsedRaw"]) and line["limit_s"] == "600"
-        total_cpu = report.cpu_seconds(rec["TotalCPU"])
+        total_cpu = formats.cpu_seconds(rec["TotalCPU"])
         assert float(line["cpu_s"]) == pytest.approx(total_cpu, abs=0.05)
         efficiency = total_cpu / (int(rec["ElapsedRaw"]) * int(rec["AllocCPUS"]))
         assert float(line["cpu_efficiency"]) == pytest.approx(efficiency, abs=1e-3)
-        gpus = int(status_view.tres_map(rec["AllocTRES"]).get("gres/gpu", "0"))
+        gpus = int(formats.tres_map(rec["AllocTRES"]).get("gres/gpu", "0"))
         assert float(line["gpu_hours"]) == pytest.approx(gpus * int(rec["ElapsedRaw"]) / 3600, abs=1e-4)
     # A job of known size: the spin used >= 4 CPU-seconds (it measured them itself), all of them in the job.
     cpu, wall = map(float, (wd / "results" / "spin.txt").read_text().split())

@@ -15,7 +15,6 @@ from snakemake_executor_multinode.slurm.client import (
     RetryPolicy,
     SlurmClient,
     SubmitError,
-    array_tasks,
     job_order,
     parse_sacct,
     queue_key,
@@ -198,4 +197,3 @@ def test_the_elements_of_an_array_cancelled_before_its_tasks_started_take_the_ar
     assert {j: s.state for j, s in SlurmClient(runner=bare).query(["8_0", "8_1"]).items()} == {
         "8_0": "CANCELLED", "8_1": "CANCELLED"
     }  # fmt: skip
-    assert array_tasks("[0-3,7%2]") == [0, 1, 2, 3, 7]

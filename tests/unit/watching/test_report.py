@@ -80,20 +80,6 @@ class FakeAccounting:
         return rows(answer)
 
 
-@pytest.mark.parametrize(
-    ("text", "seconds"), [("00:04.532", 4.532), ("01:02:03", 3723.0), ("1-00:00:01", 86401.0), ("", 0.0)]
-)
-def test_totalcpu(text, seconds):
-    assert report.cpu_seconds(text) == pytest.approx(seconds)
-
-
-@pytest.mark.parametrize(
-    ("text", "mb"), [("221392K", 216.203125), ("500M", 500.0), ("4G", 4096.0), ("1.5T", 1572864.0), ("", None)]
-)
-def test_sizes_in_mib(text, mb):
-    assert report.size_mb(text) == mb
-
-
 def test_an_array_element_is_known_by_its_array_and_task_with_its_own_steps():
     element = (
         "2126|COMPLETED|12|5|00:10.000|1|1||billing=1,cpu=1,mem=1G,node=1||2122_3\n"

@@ -104,19 +104,6 @@ def test_with_slurmctld_down_accounting_answers_and_with_both_down_the_query_fai
         status_view.slurm_views(SlurmClient(runner=down), ["440"])
 
 
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [("0:13", 13), ("30:00", 1800), ("1:02:03", 3723), ("2-00:00:01", 172801), ("UNLIMITED", None), ("", None)],
-)
-def test_slurm_clock_times(text, seconds):
-    assert status_view.clock_to_seconds(text) == seconds
-
-
-@pytest.mark.parametrize(("text", "gpus"), [("gres:gpu:8", 8), ("gres/gpu:a100:4", 4), ("N/A", 0), ("gpu:2", 2)])
-def test_gpus_per_node_from_squeue(text, gpus):
-    assert status_view.gres_gpus(text) == gpus
-
-
 def test_latest_is_the_run_that_started_last_and_runs_without_submissions_do_not_count(tmp_path):
     record(tmp_path, "aaaa1111", "train", "10", at=100.0)
     record(tmp_path, "bbbb2222", "train", "20", at=200.0)
