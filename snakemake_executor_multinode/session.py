@@ -25,17 +25,19 @@ from snakemake_executor_multinode.planning.environment import EnvProfileError
 from snakemake_executor_multinode.planning.launch_check import watchdog
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, direct_command
 from snakemake_executor_multinode.planning.request import JobRequest, RequestError, refuse_container_directive
-from snakemake_executor_multinode.planning.settings import Settings, SettingsError, help_text
+from snakemake_executor_multinode.planning.settings import PlanningSettings, SettingsError, help_text
 from snakemake_executor_multinode.planning.submit_check import Planned, Report
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError, job_order
 from snakemake_executor_multinode.slurm.pacing import Pace
 from snakemake_executor_multinode.slurm.sbatch_flags import table_for
+from snakemake_executor_multinode.slurm.settings import SubmitSettings
 from snakemake_executor_multinode.watching import provenance, reattach, report
 from snakemake_executor_multinode.watching.failure import failure_message
 from snakemake_executor_multinode.watching.progress import ProgressLines, duration
 from snakemake_executor_multinode.watching.reattach import RunReason
 from snakemake_executor_multinode.watching.registry import Registry, Submission
+from snakemake_executor_multinode.watching.settings import WatchSettings
 from snakemake_executor_multinode.watching.tracker import Outcome, Tracker
 
 # What the adapter hands over and gets back, besides the Session itself.
@@ -46,6 +48,13 @@ __all__ = [
 ]  # fmt: skip
 
 Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Settings(WatchSettings, SubmitSettings, PlanningSettings):
+    """The plugin's settings: each stage's own declaration, composed (fields in planning's, submitting's, then
+    watching's order: the order of `snakemake --help` and docs/further.md's table). The Snakemake adapter builds its
+    `--multinode-*` options from these fields."""
 
 
 class SubmitRefused(RuntimeError):

@@ -25,9 +25,9 @@ import yaml
 
 from snakemake_executor_multinode.contract.releases import DEFAULT as DEFAULT_SLURM
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
-from snakemake_executor_multinode.planning.settings import Settings
 from snakemake_executor_multinode.sandbox.cluster import slurm_env
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
+from snakemake_executor_multinode.session import Settings
 
 T = TypeVar("T")
 

@@ -30,7 +30,7 @@ from snakemake_executor_multinode.contract.jobfiles import (
 )
 from snakemake_executor_multinode.planning.quoting import shell_quote
 from snakemake_executor_multinode.planning.request import JobRequest
-from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.planning.settings import PlanningSettings
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=+\-]")
@@ -54,7 +54,7 @@ class ScriptContext:
     # submission record holds, and writes its start line with the shell alone.
     versions_in_job: bool = True
     # Seconds between GPU samples on every node (--multinode-gpu-sample-seconds); used for a job with GPUs only.
-    gpu_sample_s: int = Settings.gpu_sample_seconds
+    gpu_sample_s: int = PlanningSettings.gpu_sample_seconds
 
 
 def safe_component(text: str, limit: int = 80) -> str:

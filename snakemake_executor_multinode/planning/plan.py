@@ -18,7 +18,7 @@ from typing import Any
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, PendingFiles, StateFolders
 from snakemake_executor_multinode.planning import environment, jobscript, launch_check, snapshot
 from snakemake_executor_multinode.planning.request import JobRequest, RequestError, build_request
-from snakemake_executor_multinode.planning.settings import Settings, SettingsError
+from snakemake_executor_multinode.planning.settings import PlanningSettings, SettingsError
 from snakemake_executor_multinode.planning.snapshot import Snapshot
 from snakemake_executor_multinode.slurm.sbatch_flags import ANY_RELEASE, OptionTable
 
@@ -86,7 +86,7 @@ class JobPlan:
 class Planner:
     """Plans every job of one run with the same settings; the profile file is read once, when it is created."""
 
-    def __init__(self, settings: Settings, workdir: Path, run_id: str) -> None:
+    def __init__(self, settings: PlanningSettings, workdir: Path, run_id: str) -> None:
         self.settings = settings
         self.workdir = workdir
         self.run_id = run_id

@@ -28,7 +28,7 @@ from snakemake_executor_multinode.launching import launcher
 from snakemake_executor_multinode.planning import environment, launch_check
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.planning.request import RequestError
-from snakemake_executor_multinode.planning.settings import Settings, SettingsError, help_text
+from snakemake_executor_multinode.planning.settings import PlanningSettings, SettingsError, help_text
 
 # Settings that shape the script (the others steer the executor's status loop).
 SCRIPT_SETTINGS = (
@@ -56,8 +56,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1, help="the rule's threads")
     p.add_argument("--attempt", type=int, default=1)
     p.add_argument("--workdir", default=".", help="working directory of the job (default: here)")
-    hints = typing.get_type_hints(Settings)
-    for f in fields(Settings):
+    hints = typing.get_type_hints(PlanningSettings)
+    for f in fields(PlanningSettings):
         if f.name in SCRIPT_SETTINGS:
             kind, flag = hints[f.name], f"--{f.name.replace('_', '-')}"
             text = f"{help_text(f)} (as --multinode-{flag[2:]})"
@@ -103,7 +103,7 @@ def parse_items(items: list[str]) -> tuple[dict[str, str], str]:
 def run(args: argparse.Namespace) -> int:
     resources, command = parse_items(args.items)
     wildcards = dict(w.split("=", 1) for w in args.wildcards.split(",") if "=" in w)
-    settings = Settings(**{name: getattr(args, name) for name in SCRIPT_SETTINGS})
+    settings = PlanningSettings(**{name: getattr(args, name) for name in SCRIPT_SETTINGS})
     try:
         planner = Planner(settings, Path(args.workdir).resolve(), run_id="preview")
         plan = planner.plan(

@@ -7,7 +7,7 @@ Every resource key is known, mapped or refused (docs/resources.md has the table)
 - Snakemake's own (mem, mem_mb, mem_mib, disk*, runtime, tmpdir, threads, and every key starting with "_");
 - the official SLURM plugin's that mean something else here are mapped (gpu = GPUs per JOB, gpu_model, gres,
   cpus_per_gpu, tasks == nodes, tasks_per_node == 1) or refused with what to use instead (mpi, tasks, clusters, ...);
-- anything else is an error naming close matches, unless Settings.allow_unknown_resources.
+- anything else is an error naming close matches, unless --multinode-allow-unknown-resources.
 
 Durations and sizes are read with Snakemake's own rules (units.py); slurm_extra as sbatch reads it (sbatch_flags.py).
 """
@@ -28,7 +28,7 @@ from snakemake_executor_multinode.contract.units import (
     runtime_hint,
     timespan_seconds,
 )
-from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.planning.settings import PlanningSettings
 from snakemake_executor_multinode.slurm.sbatch_flags import ANY_RELEASE, OptionTable, parse_sbatch_flags
 
 
@@ -275,7 +275,7 @@ _GRES_GPU = re.compile(r"^gpu(?::(?P<type>[A-Za-z0-9_.\-]+))?(?::(?P<count>\d+))
 _CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,&|\[\]()*:!\-]+$")
 
 
-DEFAULTS = Settings()  # what a rule leaves out, when no plugin setting is given
+DEFAULTS = PlanningSettings()  # what a rule leaves out, when no plugin setting is given
 
 
 @dataclass(frozen=True)
@@ -287,7 +287,7 @@ class JobRequest:
     nodes: int = 1
     gpus: int = 0  # per node
     gpu_type: str | None = None
-    gpu_flag: str = Settings.gpu_flag
+    gpu_flag: str = PlanningSettings.gpu_flag
     cpus_per_task: int = 1
     threads: int = 1
     mem_mb: int | None = None
@@ -300,13 +300,14 @@ class JobRequest:
     constraint: str | None = None
     nodelist: str | None = None
     exclude: str | None = None
-    signal: str | None = Settings.signal
+    signal: str | None = PlanningSettings.signal
     env_profile: str | None = None
     master_port: int | None = None
     slurm_extra: tuple[str, ...] = ()
-    max_requeues: int = Settings.max_requeues
-    crash_loop_runs: int = Settings.crash_loop_runs  # quick failures in a row that end a requeued job; 0: no bound
-    crash_loop_s: int = int(Settings.crash_loop_seconds)  # "quick": within this many seconds of the run's start
+    max_requeues: int = PlanningSettings.max_requeues
+    # quick failures in a row that end a requeued job (0: no bound); "quick": within crash_loop_s of the run's start
+    crash_loop_runs: int = PlanningSettings.crash_loop_runs
+    crash_loop_s: int = int(PlanningSettings.crash_loop_seconds)
     stall_timeout_s: int = 0  # the launcher's progress watchdog; 0: off
     on_stall: str = "fail"  # fail | requeue (resumes from the last checkpoint)
     own_launcher: bool = False  # the command starts its ranks itself (srun, mpirun): no launcher check (launch_check)
@@ -352,7 +353,7 @@ def _given(r: Mapping[str, Any], key: str) -> bool:
     return r.get(key) not in (None, "")
 
 
-def _check_keys(rule: str, r: Mapping[str, Any], defaults: Settings, warnings: list[str]) -> None:
+def _check_keys(rule: str, r: Mapping[str, Any], defaults: PlanningSettings, warnings: list[str]) -> None:
     """Every key is known, mapped or refused; an unknown one is an error naming close matches."""
     unknown = sorted(k for k in r if not str(k).startswith("_") and k not in KNOWN_RESOURCES)
     if unknown and defaults.allow_unknown_resources:
@@ -519,7 +520,7 @@ def build_request(
     threads: int = 1,
     wildcards: Mapping[str, Any] | None = None,
     attempt: int = 1,
-    defaults: Settings = DEFAULTS,
+    defaults: PlanningSettings = DEFAULTS,
     env_profile: str | None = None,
     declared_nodes: int | None = None,
     profile: Mapping[str, Any] | None = None,
@@ -661,7 +662,12 @@ def _runtime(rule: str, r: Mapping[str, Any], warnings: list[str]) -> int | None
 
 
 def _signal(
-    rule: str, r: Mapping[str, Any], defaults: Settings, training: bool, runtime_min: int | None, warnings: list[str]
+    rule: str,
+    r: Mapping[str, Any],
+    defaults: PlanningSettings,
+    training: bool,
+    runtime_min: int | None,
+    warnings: list[str],
 ) -> str | None:
     # The pre-time-limit signal is for training (GPU or multi-node) jobs; in a plain job USR2's default action
     # would only end the command two minutes early.
@@ -680,7 +686,7 @@ def _signal(
     return signal
 
 
-def _gpu_flag(rule: str, r: Mapping[str, Any], defaults: Settings) -> str:
+def _gpu_flag(rule: str, r: Mapping[str, Any], defaults: PlanningSettings) -> str:
     gpu_flag = r.get("gpu_flag", defaults.gpu_flag)
     if gpu_flag not in ("gres", "gpus-per-node"):
         raise RequestError(rule, "gpu_flag", gpu_flag, "'gres' or 'gpus-per-node'")

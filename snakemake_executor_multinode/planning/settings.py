@@ -1,6 +1,8 @@
-"""The plugin's settings, declared once: `--multinode-<name>`, `multinode-<name>:` in a profile,
-`SNAKEMAKE_MULTINODE_<NAME>`. The Snakemake adapter builds its options from these fields, `multinode preview` its
-flags, and the request fills what a rule leaves out from them: every default is read from here.
+"""Planning's settings, declared once: `--multinode-<name>`, `multinode-<name>:` in a profile,
+`SNAKEMAKE_MULTINODE_<NAME>`. Each stage declares the settings it reads (slurm/settings.py: submitting,
+watching/settings.py: watching); session.py composes them into the one `Settings` from which the Snakemake adapter
+builds its options. `multinode preview` takes its flags from these fields, and the request fills what a rule leaves
+out from them: every default is read from its declaration. help_text and SettingsError serve every stage's settings.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 from dataclasses import Field, dataclass, field
 from typing import Any, Optional
 
-from snakemake_executor_multinode.contract.jobfiles import GPU_SAMPLES, LOG, LOGS_DIR, REPORTS_DIR, SCRIPT, STEM_SHOWN
+from snakemake_executor_multinode.contract.jobfiles import GPU_SAMPLES, LOG, LOGS_DIR, SCRIPT, STEM_SHOWN
 
 
 class SettingsError(ValueError):
@@ -16,8 +18,9 @@ class SettingsError(ValueError):
 
 
 @dataclass(frozen=True)
-class Settings:
-    """The plugin settings (`--multinode-<name>`, `multinode-<name>:` in a profile, `SNAKEMAKE_MULTINODE_<NAME>`).
+class PlanningSettings:
+    """The settings that shape a job's request and script (`--multinode-<name>`, `multinode-<name>:` in a profile,
+    `SNAKEMAKE_MULTINODE_<NAME>`).
 
     Types are spelled `Optional[...]` because Snakemake reads them at run time to build its command line."""
 
@@ -100,50 +103,6 @@ class Settings:
             "choices": ["gres", "gpus-per-node"],
         },
     )
-    submit_rate: float = field(
-        default=10.0,
-        metadata={
-            "help": "At most this many sbatch calls per second, after a first burst of --multinode-submit-burst: a "
-            "fan-out reaches slurmctld as a stream (refusals for rate or load are retried with backoff, never "
-            "submitting a job twice)."
-        },
-    )
-    submit_burst: int = field(
-        default=30, metadata={"help": "sbatch calls allowed at once before --multinode-submit-rate paces them."}
-    )
-    status_seconds: float = field(
-        default=0.5,
-        metadata={"help": "Seconds between status cycles; a cycle reads completion markers only (no SLURM query)."},
-    )
-    sweep_seconds: float = field(
-        default=30.0,
-        metadata={
-            "help": "Seconds between sacct/squeue sweeps that catch jobs ending without a marker "
-            "(cancelled, timed out, node lost)."
-        },
-    )
-    no_reattach: bool = field(
-        default=False,
-        metadata={
-            "help": "Never adopt a job that an earlier (killed) run submitted for the same outputs; by default a "
-            "rerun reattaches to it while it runs, or takes its result when it succeeded."
-        },
-    )
-    no_arrays: bool = field(
-        default=False,
-        metadata={
-            "help": "Submit every job on its own. By default single-node jobs of one rule that Snakemake hands over "
-            "together and that ask SLURM for the same go as one job array (one submission; each element keeps its "
-            "own log, markers and record)."
-        },
-    )
-    slurm_retry_seconds: float = field(
-        default=600.0,
-        metadata={
-            "help": "How long sbatch/squeue/sacct/scancel failures that SLURM reports as transient (controller "
-            "restarting, timeouts) are retried, with backoff, before the run gives up."
-        },
-    )
     inner_snakemake: bool = field(
         default=False,
         metadata={
@@ -152,34 +111,12 @@ class Settings:
             "use Snakemake."
         },
     )
-    efficiency_report: bool = field(
-        default=False,
-        metadata={
-            "help": "At the end of the run, write an efficiency report from sacct (time, CPU, memory used against "
-            "requested, GPU-hours; suggestions for rules that waste more than half) to "
-            f"{REPORTS_DIR}/<run>.{{csv,md}} and print its summary."
-        },
-    )
-    pending_notice_seconds: float = field(
-        default=300.0,
-        metadata={
-            "help": "Once a job has waited this long in the queue, say once why, in plain words with what to do "
-            "(SLURM's pending reason, read by the status sweeps); `multinode status` always shows it."
-        },
-    )
     snapshot: str = field(
         default="git",
         metadata={
             "help": "The code every run of a job (first, requeue, restart) executes, frozen at submission: 'git' (the "
             "workflow repository's files git knows, with uncommitted changes), comma-separated files or folders "
             "(relative to the working directory; without git), or 'off' (a restart whose code changed stops)."
-        },
-    )
-    progress_seconds: float = field(
-        default=60.0,
-        metadata={
-            "help": "At most one progress line (step, loss, tokens/s, ETA) per running training job every this many "
-            "seconds, read from the job's metrics file ($MULTINODE_METRICS_FILE; no SLURM query). 0: none."
         },
     )
     gpu_sample_seconds: int = field(

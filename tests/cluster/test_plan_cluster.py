@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.planning.plan import Planner, RuleJob, direct_command
-from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.session import Settings
 
 pytestmark = [pytest.mark.cluster, pytest.mark.one_release]
 

@@ -12,8 +12,7 @@ import pytest
 from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, StateFolders, marker
 from snakemake_executor_multinode.planning.plan import RuleJob
 from snakemake_executor_multinode.planning.request import RequestError
-from snakemake_executor_multinode.planning.settings import Settings
-from snakemake_executor_multinode.session import Session, SubmitRefused
+from snakemake_executor_multinode.session import Session, Settings, SubmitRefused
 from snakemake_executor_multinode.slurm.client import SlurmClient
 from snakemake_executor_multinode.watching import provenance
 from snakemake_executor_multinode.watching.reattach import RunReason

@@ -13,7 +13,7 @@ import pytest
 from snakemake_executor_multinode.planning.environment import EnvProfileError
 from snakemake_executor_multinode.planning.plan import Planner
 from snakemake_executor_multinode.planning.quoting import shell_quote
-from snakemake_executor_multinode.planning.settings import Settings, SettingsError
+from snakemake_executor_multinode.session import Settings, SettingsError
 from tests.helpers import hostile_plan
 
 HOSTILE = [

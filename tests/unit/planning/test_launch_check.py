@@ -10,7 +10,7 @@ from snakemake_executor_multinode.planning import launch_check
 from snakemake_executor_multinode.planning.launch_check import watchdog
 from snakemake_executor_multinode.planning.plan import Planner
 from snakemake_executor_multinode.planning.request import RequestError, build_request
-from snakemake_executor_multinode.planning.settings import Settings, SettingsError
+from snakemake_executor_multinode.session import Settings, SettingsError
 
 
 def refusal(resources: dict, shellcmd: str | None, kind: str | None = None, launchers: tuple[str, ...] = ()) -> str:

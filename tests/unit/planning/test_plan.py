@@ -11,7 +11,7 @@ import pytest
 from snakemake_executor_multinode.planning import environment
 from snakemake_executor_multinode.planning.plan import Planner, RuleJob
 from snakemake_executor_multinode.planning.request import RequestError
-from snakemake_executor_multinode.planning.settings import Settings, help_text
+from snakemake_executor_multinode.session import Settings, help_text
 from snakemake_executor_plugin_multinode import ExecutorSettings
 
 

@@ -16,8 +16,8 @@ import yaml
 
 from snakemake_executor_multinode.contract.units import parse_mem_mb, parse_runtime
 from snakemake_executor_multinode.planning.request import KNOWN_RESOURCES, RequestError, build_request
-from snakemake_executor_multinode.planning.settings import Settings
 from snakemake_executor_multinode.sandbox import releases
+from snakemake_executor_multinode.session import Settings
 from snakemake_executor_multinode.slurm.sbatch_flags import (
     TABLES,
     parse_sbatch_flags,

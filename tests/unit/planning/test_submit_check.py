@@ -14,7 +14,7 @@ import pytest
 
 from snakemake_executor_multinode.planning import submit_check
 from snakemake_executor_multinode.planning.plan import Planner, RuleJob
-from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.session import Settings
 from snakemake_executor_multinode.slurm.client import SlurmClient, SubmitError
 
 PARTITION = (

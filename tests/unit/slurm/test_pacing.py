@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from snakemake_executor_multinode.planning.settings import Settings, SettingsError
-from snakemake_executor_multinode.session import Session
+from snakemake_executor_multinode.session import Session, Settings, SettingsError
 from snakemake_executor_multinode.slurm.pacing import Pace
 
 

@@ -13,7 +13,7 @@ from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.planning import jobscript
 from snakemake_executor_multinode.planning.plan import Planner, RuleJob
 from snakemake_executor_multinode.planning.request import build_request
-from snakemake_executor_multinode.planning.settings import Settings
+from snakemake_executor_multinode.session import Settings
 from snakemake_executor_multinode.watching import gpu_use, report, status_view
 from snakemake_executor_multinode.watching.status_view import JobRow
 

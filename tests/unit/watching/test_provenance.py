@@ -137,7 +137,7 @@ def test_the_job_scripts_start_line_command_appends_one_line_without_the_parsers
 
 def planned(tmp_path: Path, resources: dict, profile: str | None = None):
     from snakemake_executor_multinode.planning.plan import Planner, RuleJob
-    from snakemake_executor_multinode.planning.settings import Settings
+    from snakemake_executor_multinode.session import Settings
 
     settings = Settings()
     if profile is not None:

@@ -1,0 +1,55 @@
+"""How a run watches its jobs, as settings (`--multinode-<name>`): the status cycle, the sweeps, reattach, waiting
+notices, progress lines, the efficiency report. Declared by the stage that reads them; session.py composes them into
+the plugin's `Settings`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """The settings of watching a run's jobs."""
+
+    status_seconds: float = field(
+        default=0.5,
+        metadata={"help": "Seconds between status cycles; a cycle reads completion markers only (no SLURM query)."},
+    )
+    sweep_seconds: float = field(
+        default=30.0,
+        metadata={
+            "help": "Seconds between sacct/squeue sweeps that catch jobs ending without a marker "
+            "(cancelled, timed out, node lost)."
+        },
+    )
+    no_reattach: bool = field(
+        default=False,
+        metadata={
+            "help": "Never adopt a job that an earlier (killed) run submitted for the same outputs; by default a "
+            "rerun reattaches to it while it runs, or takes its result when it succeeded."
+        },
+    )
+    efficiency_report: bool = field(
+        default=False,
+        metadata={
+            "help": "At the end of the run, write an efficiency report from sacct (time, CPU, memory used against "
+            "requested, GPU-hours; suggestions for rules that waste more than half) to "
+            f"{REPORTS_DIR}/<run>.{{csv,md}} and print its summary."
+        },
+    )
+    pending_notice_seconds: float = field(
+        default=300.0,
+        metadata={
+            "help": "Once a job has waited this long in the queue, say once why, in plain words with what to do "
+            "(SLURM's pending reason, read by the status sweeps); `multinode status` always shows it."
+        },
+    )
+    progress_seconds: float = field(
+        default=60.0,
+        metadata={
+            "help": "At most one progress line (step, loss, tokens/s, ETA) per running training job every this many "
+            "seconds, read from the job's metrics file ($MULTINODE_METRICS_FILE; no SLURM query). 0: none."
+        },
+    )
