@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.launching import proctree
-from tests.helpers import REPO, TEST_SLURM, job_logs, slurm, snakemake, wait_for
+from tests.helpers import DEFAULT_SLURM, REPO, TEST_SLURM, job_logs, slurm, snakemake, wait_for
 
 pytestmark = pytest.mark.cluster
 IMAGE = "localhost/multinode-probe:1"
@@ -29,7 +29,7 @@ IMAGE = "localhost/multinode-probe:1"
 # database podman 4 (Debian 12's) reads.
 PODMAN_DIR = Path(
     os.environ.get(
-        "MULTINODE_PODMAN_DIR", "/var/tmp/multinode-podman" + ("" if TEST_SLURM == "22.05" else f"-{TEST_SLURM}")
+        "MULTINODE_PODMAN_DIR", "/var/tmp/multinode-podman" + ("" if TEST_SLURM == DEFAULT_SLURM else f"-{TEST_SLURM}")
     )
 )
 CONTAINERS_CONF = """\
