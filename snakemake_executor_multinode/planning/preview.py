@@ -106,9 +106,13 @@ def run(args: argparse.Namespace) -> int:
     settings = PlanningSettings(**{name: getattr(args, name) for name in SCRIPT_SETTINGS})
     try:
         planner = Planner(settings, Path(args.workdir).resolve(), run_id="preview")
+        site_launcher = launch_check.site_launcher(command, planner.launchers)  # as Session.plan decides it
         plan = planner.plan(
-            RuleJob(args.rule, resources, command, threads=args.threads, wildcards=wildcards, attempt=args.attempt)
-        )
+            RuleJob(
+                args.rule, resources, command, threads=args.threads, wildcards=wildcards, attempt=args.attempt,
+                site_launcher=site_launcher,
+            )
+        )  # fmt: skip
         launch_check.check(plan.request, command, None, planner.launchers)
     except (RequestError, SettingsError, environment.EnvProfileError) as err:
         print(f"multinode preview: {err}", file=sys.stderr)

@@ -149,3 +149,11 @@ def test_preview_refuses_what_the_executor_would(tmp_path, capsys):
 
     assert main(["preview", "--workdir", str(tmp_path), "nodes=2", "gpus=2", "--", "python", "train.py"]) == 2
     assert "rule rule: nodes=2, gpus=2 but its command never starts `multinode torchrun`" in capsys.readouterr().err
+
+
+def test_preview_gives_a_sites_launcher_no_watchdog_as_the_run_does(tmp_path, capsys):
+    from snakemake_executor_multinode.cli.main import main
+
+    argv = ["preview", "--workdir", str(tmp_path), "--launchers", "bash", "nodes=2", "--", "bash", "ranks.sh"]
+    assert main(argv) == 0
+    assert "MULTINODE_STALL_TIMEOUT=0 " in capsys.readouterr().out
