@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from snakemake_executor_multinode.contract import container_spec
-from snakemake_executor_multinode.contract.protocol import NETWORK_CHECK_DEFAULT_S, NETWORK_CHECK_VAR
+from snakemake_executor_multinode.contract.jobfiles import ShellJobFiles
+from snakemake_executor_multinode.contract.protocol import LOG_STEM_VAR, NETWORK_CHECK_DEFAULT_S, NETWORK_CHECK_VAR
 from snakemake_executor_multinode.planning.quoting import shell_quote
 
 DEFAULT_VARS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
@@ -50,7 +51,7 @@ NCCL_KEYS = {
 # Where the flight recorder writes each rank's dump (<prefix><rank>): beside the job's log, whose stem the job script
 # exported before the environment section (relative to the submit folder, the working directory).
 FLIGHT_RECORDER_FILE = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
-FLIGHT_RECORDER_PREFIX = '"$SLURM_SUBMIT_DIR/$MULTINODE_LOG_STEM".nccl-trace-rank'
+FLIGHT_RECORDER_PREFIX = ShellJobFiles(f'"$SLURM_SUBMIT_DIR/${LOG_STEM_VAR}"').nccl_traces
 TORCH_NCCL_VARIABLES = (*(v for v in NCCL_KEYS.values() if v.startswith("TORCH_")), FLIGHT_RECORDER_FILE)
 
 
