@@ -4,7 +4,7 @@ Both take what a user gives `snakemake` (Snakefile, targets, --workflow-profile,
 --multinode-* settings ...), read it with Snakemake's own argument parser and run Snakemake as
 `snakemake --executor multinode` would, up to the construction of our Executor: the DAG is built exactly as for the
 run. There, instead of the first submission, `check` plans every job that goes to SLURM with the executor's own
-`plan_known_jobs` and asks SLURM about them (submit_check.check: `sbatch --test-only`, which queues nothing), and
+`plan_known_jobs` and asks SLURM about them (Session.check_planned: `sbatch --test-only`, which queues nothing), and
 `preview` renders one job's script with the executor's `plan_for`, its inner Snakemake command formatted for real.
 This module imports Snakemake; cli.py loads it only for these two commands.
 """

@@ -30,7 +30,7 @@ from snakemake.settings.types import DAGSettings, ExecutionSettings, OutputSetti
 from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_storage_plugins.registry import StoragePluginRegistry
 
-from snakemake_executor_multinode.watching.reattach import RunReason
+from snakemake_executor_multinode.session import RunReason
 from snakemake_executor_plugin_multinode import ExecutorSettings
 from snakemake_executor_plugin_multinode.facts import JobFacts, declared_nodes, job_facts, rerun_reason
 
@@ -528,3 +528,13 @@ def test_rerun_reason_names_what_snakemake_found_changed(tmp_path: Path, change:
     finally:
         with planned.executor.lock:
             planned.executor.wait = False
+
+
+def test_resources_are_known_unless_one_waits_for_input_the_run_makes():
+    """Snakemake's main process shows such a resource as <TBD>; tmpdir always is, and the plan never reads it."""
+
+    def facts(resources: dict[str, Any]) -> JobFacts:
+        return JobFacts("r", False, {}, 1, 1, resources, None, "true", (), (), None)
+
+    assert facts({"nodes": 2, "tmpdir": "<TBD>"}).resources_known
+    assert not facts({"nodes": 2, "mem_mb": "<TBD>"}).resources_known
