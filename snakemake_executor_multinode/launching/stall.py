@@ -43,16 +43,16 @@ _FRAME = re.compile(r"^\s+(\S.*?) \((\S+?):(\d+)\)")  # py-spy: "    sleep (work
 
 
 def request_file(stem: str) -> Path:
-    return Path(f"{stem}.stall-request")
+    return JobFiles(Path(stem)).stall_request
 
 
 def done_file(stem: str, node: str) -> Path:
-    return Path(f"{stem}.{node}.stacks-done")
+    return JobFiles(Path(stem)).stacks_done(node)
 
 
 def stop_file(stem: str) -> Path:
     """The launcher's request to every node to end its torchrun gently (SIGTERM), sent with SIGUSR1 through srun."""
-    return Path(f"{stem}.stop-request")
+    return JobFiles(Path(stem)).stop_request
 
 
 class Watchdog:
