@@ -1,5 +1,6 @@
-"""The tests' one shared helper module: the cluster handle, waiting for events, Snakemake in the background, what
-SLURM and the registry say, and CPU load. Snakemake runs in the background with a reader thread that collects its
+"""The tests' one shared helper module: a clock and SLURM's fakes for the unit tests; the cluster handle, waiting for
+events, Snakemake and `multinode` run in a workflow folder (or in the background), what SLURM and the registry say,
+and CPU load. Snakemake runs in the background with a reader thread that collects its
 output line by line, so a test waits for a line as an event (never for a duration), and `stop()` (Ctrl-C: Snakemake
 cancels its jobs) leaves nothing running on the shared cluster."""
 
@@ -15,7 +16,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -28,8 +29,94 @@ from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.sandbox.cluster import slurm_env
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
 from snakemake_executor_multinode.session import Settings
+from snakemake_executor_multinode.slurm.client import JobState, QueryError
 
 T = TypeVar("T")
+
+# An answer of a SLURM command as (returncode, stdout, stderr)
+Answer = tuple[int, str, str]
+
+
+class Clock:
+    """A clock that moves only when told (`now`) or slept on (`sleep`, which notes each sleep)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+class FakeSlurm:
+    """SLURM's commands as a runner (`SlurmClient(runner=...)`): each command, by its name, answers a fixed answer,
+    the next of a list (the last repeats), or what a function of the command gives; a command not named answers
+    `default` (None: it fails the test). Every command is recorded."""
+
+    def __init__(
+        self,
+        default: Answer | None = (0, "", ""),
+        **answers: Answer | list[Answer] | Callable[[list[str]], Answer],
+    ) -> None:
+        self.default, self.answers = default, answers
+        self.calls: list[list[str]] = []
+
+    def __call__(self, cmd: list[str], **_kw: object) -> subprocess.CompletedProcess:
+        self.calls.append(cmd)
+        answer = self.answers.get(cmd[0], self.default)
+        if answer is None:
+            raise AssertionError(f"unexpected command {cmd}")
+        if callable(answer):
+            answer = answer(cmd)
+        elif isinstance(answer, list):
+            answer = answer.pop(0) if len(answer) > 1 else answer[0]
+        code, out, err = answer
+        return subprocess.CompletedProcess(cmd, code, out, err)
+
+    def called(self, *prefix: str) -> list[list[str]]:
+        """The commands that began with these words."""
+        return [c for c in self.calls if c[: len(prefix)] == list(prefix)]
+
+    def count(self, *prefix: str) -> int:
+        return len(self.called(*prefix))
+
+
+class FakeClient:
+    """A SlurmClient's answers: accounting's (`states`, from sacct), slurmctld's current view (`live_states`, with
+    restart counts) and the jobs' names (`names`, for `named`). `fail` fails every query, `fail_live` slurmctld's
+    only; `queries` records each accounting query."""
+
+    def __init__(
+        self,
+        states: dict[str, JobState] | None = None,
+        fail: bool = False,
+        live: dict[str, JobState] | None = None,
+        names: dict[str, str] | None = None,
+    ) -> None:
+        self.states = states or {}
+        self.live_states = live if live is not None else {}
+        self.names = names or {}
+        self.fail = fail
+        self.fail_live = False
+        self.queries: list[list[str]] = []
+
+    def live(self, ids: Iterable[str]) -> dict[str, JobState]:
+        if self.fail or self.fail_live:
+            raise QueryError("slurmctld down")
+        return {i: self.live_states[i] for i in ids if i in self.live_states}
+
+    def query(self, ids: Iterable[str]) -> dict[str, JobState]:
+        self.queries.append(sorted(ids))
+        if self.fail:
+            raise QueryError("slurmdbd down")
+        return {i: self.states[i] for i in ids if i in self.states}
+
+    def named(self, ids: Iterable[str]) -> dict[str, tuple[str, str]]:
+        return {i: (self.names[i], state.state) for i, state in self.live(ids).items() if i in self.names}
 
 
 def wait_for(

@@ -10,14 +10,7 @@ from pathlib import Path
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import stall
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import Clock
 
 
 def test_any_new_line_or_metrics_line_is_progress_and_silence_is_a_stall(tmp_path):

@@ -7,7 +7,7 @@ asked in test_check_cluster.py."""
 
 from __future__ import annotations
 
-import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from snakemake_executor_multinode.planning import submit_check
 from snakemake_executor_multinode.planning.plan import Planner, RuleJob
 from snakemake_executor_multinode.session import Settings
 from snakemake_executor_multinode.slurm.client import SlurmClient, SubmitError
+from tests.helpers import Answer, FakeSlurm
 
 PARTITION = (
     "PartitionName=gpu AllowGroups=ALL Default=YES DefaultTime=NONE MaxNodes=UNLIMITED MaxTime=1-00:00:00 "
@@ -33,33 +34,25 @@ def refused(reason: str, first: str = "") -> tuple[int, str, str]:
     return 1, "", (first + "\n" if first else "") + f"allocation failure: {reason}\n"
 
 
-class FakeSlurm:
+def slurm(
+    sbatch: Callable[[str], Answer] | None = None, assoc: Answer = (0, "root|\n", ""), nodes: str = NODES
+) -> FakeSlurm:
     """sbatch --test-only answers by what the script asks; scontrol and sacctmgr from fixed text."""
+    by_script = sbatch or (lambda script: OK)
 
-    def __init__(self, sbatch=None, assoc: tuple[int, str, str] = (0, "root|\n", ""), nodes: str = NODES) -> None:
-        self.sbatch = sbatch or (lambda script: OK)
-        self.assoc = assoc
-        self.nodes = nodes
-        self.calls: list[list[str]] = []
+    def sbatch_answer(cmd: list[str]) -> Answer:
+        return (
+            (0, "slurm-wlm 22.05.8\n", "") if cmd == ["sbatch", "--version"] else by_script(Path(cmd[-1]).read_text())
+        )
 
-    def __call__(self, cmd, **kw) -> subprocess.CompletedProcess:
-        self.calls.append(cmd)
-        if cmd == ["sbatch", "--version"]:
-            code, out, err = 0, "slurm-wlm 22.05.8\n", ""
-        elif cmd[0] == "sbatch":
-            code, out, err = self.sbatch(Path(cmd[-1]).read_text())
-        elif cmd[:4] == ["scontrol", "-o", "show", "partition"]:
-            code, out, err = 0, PARTITION + "\n", ""
-        elif cmd[:4] == ["scontrol", "-o", "show", "node"]:
-            code, out, err = 0, self.nodes + "\n", ""
-        elif cmd[0] == "sacctmgr":
-            code, out, err = self.assoc
-        else:
-            raise AssertionError(f"unexpected command {cmd}")
-        return subprocess.CompletedProcess(cmd, code, out, err)
+    def scontrol(cmd: list[str]) -> Answer:
+        if cmd[:4] == ["scontrol", "-o", "show", "partition"]:
+            return 0, PARTITION + "\n", ""
+        if cmd[:4] == ["scontrol", "-o", "show", "node"]:
+            return 0, nodes + "\n", ""
+        raise AssertionError(f"unexpected command {cmd}")
 
-    def count(self, *prefix: str) -> int:
-        return sum(1 for c in self.calls if c[: len(prefix)] == list(prefix))
+    return FakeSlurm(None, sbatch=sbatch_answer, scontrol=scontrol, sacctmgr=assoc)
 
 
 def planned(tmp_path: Path, rule: str = "train", settings: Settings | None = None, wildcards=None, **resources):
@@ -74,7 +67,7 @@ def check(fake: FakeSlurm, *jobs: submit_check.Planned) -> submit_check.Report:
 
 
 def test_one_test_only_per_resource_shape(tmp_path):
-    fake = FakeSlurm()
+    fake = slurm()
     jobs = [planned(tmp_path, "prep", wildcards={"shard": str(i)}, runtime=10, slurm_partition="gpu") for i in range(4)]
     jobs += [planned(tmp_path, "merge", runtime=10, slurm_partition="gpu")]  # same shape, another rule
     jobs += [planned(tmp_path, "train", nodes=2, gpus=2, cpus_per_task=2, slurm_partition="gpu")]
@@ -95,7 +88,7 @@ def test_the_shape_leaves_out_only_job_name_comment_and_log(tmp_path):
 
 
 def test_too_many_nodes_names_the_field_and_the_partition_size(tmp_path):
-    fake = FakeSlurm(sbatch=lambda s: refused("Node count specification invalid") if "--nodes=5" in s else OK)
+    fake = slurm(sbatch=lambda s: refused("Node count specification invalid") if "--nodes=5" in s else OK)
     report = check(fake, planned(tmp_path, "up"), planned(tmp_path, "big", nodes=5))
     assert report.errors == [
         "rule 'big': resource nodes=5 is invalid: partition 'gpu' has 3 nodes (SLURM: Node count specification invalid)"
@@ -108,7 +101,7 @@ def test_too_many_nodes_names_the_field_and_the_partition_size(tmp_path):
 
 
 def test_a_partition_that_does_not_exist_lists_those_that_do_and_says_where_it_came_from(tmp_path):
-    fake = FakeSlurm(
+    fake = slurm(
         sbatch=lambda s: refused("Invalid partition name specified", "sbatch: error: invalid partition specified: x")
     )
     setting = Settings(partition="x")
@@ -155,7 +148,7 @@ def test_a_partition_that_does_not_exist_lists_those_that_do_and_says_where_it_c
     ],
 )
 def test_refusals_map_to_the_field(tmp_path, resources, reason, expected):
-    fake = FakeSlurm(sbatch=lambda s: refused(reason))
+    fake = slurm(sbatch=lambda s: refused(reason))
     report = check(fake, planned(tmp_path, "t", slurm_partition="gpu", **resources))
     [error] = report.errors
     assert error.startswith(f"rule 't': {expected}") and error.endswith(f"(SLURM: {reason})")
@@ -163,7 +156,7 @@ def test_refusals_map_to_the_field(tmp_path, resources, reason, expected):
 
 def test_too_few_nodes_that_fit_is_a_nodes_error(tmp_path):
     nodes = "\n".join(NODE.format(i=i, gres="gpu:8" if i == 1 else "gpu:2") for i in (1, 2, 3))
-    fake = FakeSlurm(sbatch=lambda s: refused("Requested node configuration is not available"), nodes=nodes)
+    fake = slurm(sbatch=lambda s: refused("Requested node configuration is not available"), nodes=nodes)
     report = check(fake, planned(tmp_path, "t", slurm_partition="gpu", nodes=2, gpus=4, cpus_per_task=4))
     assert report.errors == [
         "rule 't': resource nodes=2 is invalid: only 1 node(s) of partition 'gpu' have 4 GPUs, 4 CPUs each "
@@ -172,13 +165,13 @@ def test_too_few_nodes_that_fit_is_a_nodes_error(tmp_path):
 
 
 def test_a_refusal_the_configured_nodes_explain_not_is_a_warning_and_an_unknown_one_is_quoted(tmp_path):
-    fake = FakeSlurm(sbatch=lambda s: refused("Requested node configuration is not available"))
+    fake = slurm(sbatch=lambda s: refused("Requested node configuration is not available"))
     report = check(fake, planned(tmp_path, "t", slurm_partition="gpu"))
     assert report.errors == [] and report.warnings == [
         "rule 't': SLURM cannot place the job now (nodes=1, gpus=0, cpus_per_task=1, partition gpu): "
         "Requested node configuration is not available"
     ]
-    fake = FakeSlurm(sbatch=lambda s: refused("Job violates accounting/QOS policy (job submit limit)"))
+    fake = slurm(sbatch=lambda s: refused("Job violates accounting/QOS policy (job submit limit)"))
     report = check(fake, planned(tmp_path, "t", slurm_partition="gpu"))
     assert report.errors == [
         "rule 't': SLURM refuses the job (nodes=1, gpus=0, cpus_per_task=1, partition gpu): "
@@ -187,7 +180,7 @@ def test_a_refusal_the_configured_nodes_explain_not_is_a_warning_and_an_unknown_
 
 
 def test_an_account_the_user_cannot_charge_is_an_error(tmp_path):
-    fake = FakeSlurm(assoc=(0, "root|\nproj|\n", ""))
+    fake = slurm(assoc=(0, "root|\nproj|\n", ""))
     report = check(fake, planned(tmp_path, "t", slurm_partition="gpu", slurm_account="nosuchacct"))
     assert report.errors == [
         "rule 't': resource slurm_account='nosuchacct' is invalid: user 'root' cannot charge it (SLURM accounting); "
@@ -202,7 +195,7 @@ def test_an_account_the_user_cannot_charge_is_an_error(tmp_path):
 
 
 def test_an_account_tied_to_other_partitions_is_an_error(tmp_path):
-    fake = FakeSlurm(assoc=(0, "proj|cpu\nproj|big\n", ""))
+    fake = slurm(assoc=(0, "proj|cpu\nproj|big\n", ""))
     report = check(fake, planned(tmp_path, "t", slurm_account="proj"))
     assert report.errors[0] == (
         "rule 't': resource slurm_account='proj' is invalid: user 'root' may charge it only in partition(s) big, cpu, "
@@ -216,13 +209,13 @@ def test_an_account_tied_to_other_partitions_is_an_error(tmp_path):
     ids=["accounting-does-not-know-the-user", "no-accounting"],
 )
 def test_no_account_verdict_without_associations(tmp_path, assoc):
-    fake = FakeSlurm(assoc=assoc)
+    fake = slurm(assoc=assoc)
     assert check(fake, planned(tmp_path, "t", slurm_partition="gpu", slurm_account="x")).errors == []
     assert fake.count("sacctmgr") == 1  # one attempt: a run never waits for slurmdbd
 
 
 def test_slurm_out_of_reach_is_reported_once_with_the_slurm_conf_hint_and_nothing_else_is_asked(tmp_path):
-    fake = FakeSlurm(
+    fake = slurm(
         sbatch=lambda s: (1, "", "sbatch: fatal: Could not establish a configuration source"), assoc=(1, "", "")
     )
     report = check(fake, planned(tmp_path, "a", runtime=1), planned(tmp_path, "b", runtime=2))
@@ -240,7 +233,7 @@ def test_the_test_script_is_private_and_gone_afterwards(tmp_path):
         seen.append(text)
         return OK
 
-    fake = FakeSlurm(sbatch=sbatch)
+    fake = slurm(sbatch=sbatch)
     job = planned(tmp_path, "t", slurm_partition="gpu")
     check(fake, job)
     assert seen == [job.plan.script]
@@ -251,9 +244,9 @@ def test_the_test_script_is_private_and_gone_afterwards(tmp_path):
 def test_test_only_returns_slurms_answer_and_raises_its_refusal(tmp_path):
     script = tmp_path / "x.sh"
     script.write_text("#!/bin/bash\n")
-    answer = SlurmClient(runner=FakeSlurm()).test_only(script, tmp_path)
+    answer = SlurmClient(runner=slurm()).test_only(script, tmp_path)
     assert answer.startswith("Job 42 to start at") and answer.endswith("in partition gpu")
-    fake = FakeSlurm(sbatch=lambda s: refused("Node count specification invalid"))
+    fake = slurm(sbatch=lambda s: refused("Node count specification invalid"))
     with pytest.raises(SubmitError, match="^allocation failure: Node count specification invalid$"):
         SlurmClient(runner=fake).test_only(script, tmp_path)
 
@@ -261,9 +254,7 @@ def test_test_only_returns_slurms_answer_and_raises_its_refusal(tmp_path):
 def test_an_option_this_slurm_release_lacks_names_the_rule_the_field_and_the_release_found(tmp_path):
     """A 24.11 option (--segment) on a 22.05 cluster: sbatch's own word is "unrecognized option"; the error names
     the rule, slurm_extra and the release (sbatch --version), before anything is submitted."""
-    fake = FakeSlurm(
-        sbatch=lambda script: (255, "", "sbatch: unrecognized option '--segment=1'\nTry \"sbatch --help\"")
-    )
+    fake = slurm(sbatch=lambda script: (255, "", "sbatch: unrecognized option '--segment=1'\nTry \"sbatch --help\""))
     report = check(fake, planned(tmp_path, slurm_extra="--segment=1"))
     assert report.slurm_version == "22.05.8"
     assert report.errors == [

@@ -20,38 +20,9 @@ from snakemake_executor_multinode.slurm.client import (
     queue_key,
 )
 from snakemake_executor_multinode.slurm.pacing import Pace
+from tests.helpers import Clock, FakeSlurm
 
 DOWN = "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)"
-
-
-class FakeSlurm:
-    """Answers each command from a script of (returncode, stdout, stderr) per command name."""
-
-    def __init__(self, **answers: list[tuple[int, str, str]]) -> None:
-        self.answers = answers
-        self.calls: list[list[str]] = []
-
-    def __call__(self, cmd, **kw) -> subprocess.CompletedProcess:
-        self.calls.append(cmd)
-        script = self.answers[cmd[0]]
-        code, out, err = script.pop(0) if len(script) > 1 else script[0]
-        return subprocess.CompletedProcess(cmd, code, out, err)
-
-    def count(self, name: str) -> int:
-        return sum(1 for c in self.calls if c[0] == name)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 def client(fake: FakeSlurm, clock: Clock, notes: list[str], total: float = 600) -> SlurmClient:

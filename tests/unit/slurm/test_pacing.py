@@ -6,17 +6,7 @@ import pytest
 
 from snakemake_executor_multinode.session import Session, Settings, SettingsError
 from snakemake_executor_multinode.slurm.pacing import Pace
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
+from tests.helpers import Clock
 
 
 def test_a_burst_goes_at_once_then_calls_come_at_the_rate():

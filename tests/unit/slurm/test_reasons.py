@@ -7,6 +7,7 @@ import pytest
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import JobState, parse_squeue
 from snakemake_executor_multinode.watching.tracker import Tracker
+from tests.helpers import FakeClient
 
 ISSUE_LIST = [
     "Resources", "Priority", "Dependency", "DependencyNeverSatisfied", "ReqNodeNotAvail", "PartitionTimeLimit",
@@ -29,17 +30,6 @@ def test_squeues_decorated_reasons_are_understood_and_unknown_ones_passed_on():
     assert "scontrol release 41" in reasons.say("JobHeldUser", "41")
 
 
-class Slurm:
-    def __init__(self, line: str) -> None:
-        self.states = parse_squeue(line)
-
-    def query(self, ids):
-        return {i: self.states[i] for i in ids if i in self.states}
-
-    def live(self, ids):
-        return {}
-
-
 @pytest.mark.parametrize(
     "line, hopeless",
     [
@@ -50,7 +40,7 @@ class Slurm:
     ],
 )
 def test_a_job_that_can_never_start_is_a_failure_not_a_wait(tmp_path, line, hopeless):
-    out = Tracker(tmp_path, Slurm(line)).poll(["41"], force_sweep=True)["41"]  # type: ignore[arg-type]
+    out = Tracker(tmp_path, FakeClient(parse_squeue(line))).poll(["41"], force_sweep=True)["41"]  # type: ignore[arg-type]
     assert out.finished is hopeless
     if hopeless:
         assert not out.success and "it can never start" in out.describe()

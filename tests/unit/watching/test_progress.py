@@ -11,14 +11,7 @@ import pytest
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.watching import progress
 from snakemake_executor_multinode.watching.progress import Progress, ProgressLines
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import Clock
 
 
 def write_lines(path: Path, *records: dict, tail: str = "") -> None:

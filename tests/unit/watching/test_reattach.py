@@ -11,25 +11,15 @@ from snakemake_executor_multinode.slurm.client import JobState
 from snakemake_executor_multinode.watching.reattach import RunReason, decide
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 from snakemake_executor_multinode.watching.tracker import Tracker
+from tests.helpers import FakeClient
 
 OUTPUTS = ("out.txt",)
 
 
-class Slurm:
-    """sacct's (`states`) and slurmctld's (`named`: job name and state) answers."""
-
-    def __init__(self, state: str | None = None, name: str = "mn-old-work") -> None:
-        self.states = {"41": JobState("41", state)} if state else {}
-        self.name = name
-
-    def query(self, ids):
-        return {i: self.states[i] for i in ids if i in self.states}
-
-    def live(self, ids):
-        return self.query(ids)
-
-    def named(self, ids):
-        return {i: (self.name, self.states[i].state) for i in ids if i in self.states}
+def slurm(state: str | None = None, name: str = "mn-old-work") -> FakeClient:
+    """Job 41 in `state`, as accounting and slurmctld say, under the job name `name`."""
+    states = {"41": JobState("41", state)} if state else {}
+    return FakeClient(states, live=states, names={"41": name})
 
 
 @pytest.fixture
@@ -45,8 +35,8 @@ def folder(tmp_path: Path) -> Path:
 NOTHING = RunReason()  # Snakemake runs the job for a missing output only
 
 
-def judge(folder: Path, slurm: Slurm, reason: RunReason = NOTHING, fingerprint: str = "f1", **kw):
-    tracker = Tracker(folder / ".snakemake/multinode/state", slurm)  # type: ignore[arg-type]
+def judge(folder: Path, client: FakeClient, reason: RunReason = NOTHING, fingerprint: str = "f1", **kw):
+    tracker = Tracker(folder / ".snakemake/multinode/state", client)  # type: ignore[arg-type]
     return decide("work", OUTPUTS, fingerprint, reason, Registry(folder, "new"), tracker, folder, **kw)
 
 
@@ -55,7 +45,7 @@ def finished(folder: Path, code: int = 0) -> None:
 
 
 def test_a_running_job_of_a_killed_run_is_adopted(folder):
-    verdict = judge(folder, Slurm("RUNNING"))
+    verdict = judge(folder, slurm("RUNNING"))
     assert verdict.adopt is not None and verdict.adopt.jobid == "41" and verdict.adopt.adopted_from == "old"
     assert verdict.message.startswith("rule work: reattached to SLURM job 41 (running, submitted")
 
@@ -63,7 +53,7 @@ def test_a_running_job_of_a_killed_run_is_adopted(folder):
 def test_a_job_whose_end_a_run_reported_is_never_adopted(folder):
     registry = Registry(folder, "old")
     registry.ended(registry.mine()[0], "success")
-    verdict = judge(folder, Slurm("COMPLETED"), RunReason(incomplete_jobids=("41",)))
+    verdict = judge(folder, slurm("COMPLETED"), RunReason(incomplete_jobids=("41",)))
     assert verdict.adopt is None and "its end (success) was reported" in verdict.message
 
 
@@ -75,42 +65,42 @@ def test_a_job_whose_end_a_run_reported_is_never_adopted(folder):
     ],
 )
 def test_a_forced_or_changed_job_runs_anew_and_a_still_running_old_one_is_named(folder, reason, said):
-    verdict = judge(folder, Slurm("RUNNING"), reason)
+    verdict = judge(folder, slurm("RUNNING"), reason)
     assert verdict.adopt is None and verdict.warning
     assert said in verdict.message and "still running" in verdict.message and "scancel 41" in verdict.message
 
 
 def test_another_job_script_runs_anew(folder):
-    verdict = judge(folder, Slurm("PENDING"), fingerprint="f2")
+    verdict = judge(folder, slurm("PENDING"), fingerprint="f2")
     assert verdict.adopt is None and "its job script differs" in verdict.message
 
 
 def test_a_job_id_that_slurm_gave_to_another_job_is_not_adopted(folder):
-    verdict = judge(folder, Slurm("RUNNING", name="someone-else"))
+    verdict = judge(folder, slurm("RUNNING", name="someone-else"))
     assert verdict.adopt is None and "its id now belongs to job 'someone-else'" in verdict.message
 
 
 def test_a_job_that_finished_unseen_is_adopted_only_when_snakemake_asks_for_exactly_it(folder):
     finished(folder)
     (folder / "out.txt").write_text("done\n")
-    assert judge(folder, Slurm("COMPLETED")).adopt is None  # not --rerun-incomplete for it
-    assert judge(folder, Slurm("COMPLETED"), RunReason(incomplete_jobids=("40",))).adopt is None
-    verdict = judge(folder, Slurm("COMPLETED"), RunReason(incomplete_jobids=("41",)))
+    assert judge(folder, slurm("COMPLETED")).adopt is None  # not --rerun-incomplete for it
+    assert judge(folder, slurm("COMPLETED"), RunReason(incomplete_jobids=("40",))).adopt is None
+    verdict = judge(folder, slurm("COMPLETED"), RunReason(incomplete_jobids=("41",)))
     assert verdict.adopt is not None and "finished while Snakemake was away" in verdict.message
 
 
 def test_a_job_that_finished_unseen_is_not_adopted_when_its_output_is_gone_or_it_failed(folder):
     finished(folder)
-    gone = judge(folder, Slurm("COMPLETED"), RunReason(incomplete_jobids=("41",)))
+    gone = judge(folder, slurm("COMPLETED"), RunReason(incomplete_jobids=("41",)))
     assert gone.adopt is None and "out.txt is missing" in gone.message
     (folder / "out.txt").write_text("half\n")
     finished(folder, code=1)
-    failed = judge(folder, Slurm("FAILED"), RunReason(incomplete_jobids=("41",)))
+    failed = judge(folder, slurm("FAILED"), RunReason(incomplete_jobids=("41",)))
     assert failed.adopt is None and "without success" in failed.message
 
 
 def test_no_reattach_and_no_earlier_submission_say_nothing(folder):
-    assert judge(folder, Slurm("RUNNING"), enabled=False).message is None
-    tracker = Tracker(folder, Slurm())  # type: ignore[arg-type]
+    assert judge(folder, slurm("RUNNING"), enabled=False).message is None
+    tracker = Tracker(folder, slurm())  # type: ignore[arg-type]
     fresh = decide("work", ("other.txt",), "f1", RunReason(), Registry(folder, "new"), tracker, folder)
     assert fresh.adopt is None and fresh.message is None

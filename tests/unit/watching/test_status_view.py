@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, STATE_DI
 from snakemake_executor_multinode.slurm.client import QueryError, SlurmClient
 from snakemake_executor_multinode.watching import status_view
 from snakemake_executor_multinode.watching.registry import Registry, Submission
+from tests.helpers import FakeSlurm
 
 # sacct --duplicates -P -n -X -o JobIDRaw,State,Reason,ElapsedRaw,TimelimitRaw,NNodes,AllocTRES,ReqTRES
 # 239 was requeued once (scontrol requeue) and ran again; 227 is held, 228 waits for a dependency; 440 is a 2 x 2
@@ -35,22 +35,6 @@ SQUEUE = """\
 """
 NO_ACCOUNTING = "sacct: error: Slurm accounting storage is disabled"
 CTLD_DOWN = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
-
-
-class FakeSlurm:
-    """Answers sacct/squeue/scancel with a recorded (returncode, stdout, stderr), and records each command."""
-
-    def __init__(self, **answers: tuple[int, str, str]) -> None:
-        self.answers = answers
-        self.calls: list[list[str]] = []
-
-    def __call__(self, cmd, **kw) -> subprocess.CompletedProcess:
-        self.calls.append(cmd)
-        code, out, err = self.answers.get(cmd[0], (0, "", ""))
-        return subprocess.CompletedProcess(cmd, code, out, err)
-
-    def called(self, name: str) -> list[list[str]]:
-        return [c for c in self.calls if c[0] == name]
 
 
 def record(workdir: Path, run: str, rule: str, jobid: str | None, at: float, **kw) -> Submission:

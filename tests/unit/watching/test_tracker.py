@@ -4,38 +4,9 @@ from __future__ import annotations
 
 import subprocess
 
-from snakemake_executor_multinode.slurm.client import JobState, QueryError, SlurmClient, parse_sacct
+from snakemake_executor_multinode.slurm.client import JobState, SlurmClient, parse_sacct
 from snakemake_executor_multinode.watching.tracker import Tracker
-
-
-class FakeClient:
-    """sacct's answers (`states`) and slurmctld's current view with restart counts (`live`)."""
-
-    def __init__(self, states=None, fail=False, live=None):
-        self.states = states or {}
-        self.live_states = live if live is not None else {}
-        self.fail = fail
-        self.fail_live = False
-        self.queries: list[list[str]] = []
-
-    def live(self, ids):
-        if self.fail or self.fail_live:
-            raise QueryError("slurmctld down")
-        return {i: self.live_states[i] for i in ids if i in self.live_states}
-
-    def query(self, ids):
-        self.queries.append(sorted(ids))
-        if self.fail:
-            raise QueryError("slurmdbd down")
-        return {i: self.states[i] for i in ids if i in self.states}
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
+from tests.helpers import Clock, FakeClient
 
 
 def test_success_marker_needs_no_slurm_query(tmp_path):
