@@ -101,6 +101,9 @@ CONTAINER_VARIABLES = (
 NETWORK_CHECK_VAR = "MULTINODE_NETWORK_CHECK"
 NETWORK_CHECK_DEFAULT_S = 60
 NETWORK_CHECK_VARIABLES = (NETWORK_CHECK_VAR,)  # set by the environment section, not by the template itself
+# The rule's resources that `multinode torchrun` reads: set from the request (JobRequest.launcher_variables), not by
+# the template itself.
+LAUNCHER_VARIABLES = (STALL_TIMEOUT_VAR, ON_STALL_VAR)
 VARIABLES = (
     STATE_DIR_VAR,
     JOB_KEY_VAR,

@@ -19,12 +19,13 @@ from snakemake_executor_multinode.contract import container_spec
 from snakemake_executor_multinode.contract.jobfiles import ShellJobFiles
 from snakemake_executor_multinode.contract.protocol import LOG_STEM_VAR, NETWORK_CHECK_DEFAULT_S, NETWORK_CHECK_VAR
 from snakemake_executor_multinode.planning.quoting import shell_quote
+from snakemake_executor_multinode.planning.request import PROFILE_RESOURCES
 
 DEFAULT_VARS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PROFILE_KEYS = {
     "extends", "cuda", "modules", "conda", "venv", "setup", "nccl", "env", "container", "network_check",
-    "stall_timeout", "on_stall",  # read by the request (request.py), like a rule's resources of the same names
+    *PROFILE_RESOURCES,  # read by the request, like a rule's resources of the same names
 }  # fmt: skip
 # profile key -> NCCL variable; booleans become 1/0 (ib is inverted: NCCL_IB_DISABLE).
 NCCL_KEYS = {

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.units import (
     mib_to_mb,
     parse_mem_mb,
@@ -75,6 +76,8 @@ OWN_RESOURCES = frozenset(
         "own_launcher",
     }
 )
+# Resources a profile may set for every rule that uses it (environment.py takes these keys; a rule's own wins).
+PROFILE_RESOURCES = ("stall_timeout", "on_stall")
 # A multi-node `multinode torchrun` job with no stall_timeout of its own (rule or profile) is ended once no rank has
 # written a line (and no metrics line came) for this long: a deadlock holds N nodes until the time limit otherwise.
 DEFAULT_STALL_TIMEOUT_S = 30 * 60
@@ -317,6 +320,11 @@ class JobRequest:
     @property
     def requeue(self) -> bool:
         return self.max_requeues > 0
+
+    def launcher_variables(self) -> dict[str, str]:
+        """What `multinode torchrun` reads of this job's resources; the job script exports each (a resource that
+        reaches the launcher adds its variable here, and nowhere else in planning)."""
+        return {protocol.STALL_TIMEOUT_VAR: str(self.stall_timeout_s), protocol.ON_STALL_VAR: self.on_stall}
 
     @property
     def omp_threads(self) -> int:

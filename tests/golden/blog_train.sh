@@ -124,7 +124,8 @@ MASTER_PORT=$((20000 + SLURM_JOB_ID * 4 % 40000))
 export NODELIST NODE_NUM MASTER_ADDR MASTER_PORT
 export MULTINODE_NODES=2 MULTINODE_GPUS_PER_NODE=8 MULTINODE_CPUS_PER_TASK=64
 export MULTINODE_OMP_NUM_THREADS=8  # CPUs per GPU process, for rules that start their own workers
-# `multinode torchrun`'s progress watchdog: seconds without a new line from any rank or a metrics line (0: off)
+# The rule's resources that `multinode torchrun` reads (its progress watchdog: seconds without a new line from any
+# rank or a metrics line, 0: off; what a stall does).
 export MULTINODE_STALL_TIMEOUT=1800 MULTINODE_ON_STALL=fail
 echo "NODE_NUM=$NODE_NUM"
 echo "NODELIST: ${NODELIST//$'\n'/ }"

@@ -84,8 +84,9 @@ MASTER_PORT={{master_port}}
 export NODELIST NODE_NUM MASTER_ADDR MASTER_PORT
 export MULTINODE_NODES={{nodes}} MULTINODE_GPUS_PER_NODE={{gpus}} MULTINODE_CPUS_PER_TASK={{cpus_per_task}}
 export MULTINODE_OMP_NUM_THREADS={{omp_threads}}  # CPUs per GPU process, for rules that start their own workers
-# `multinode torchrun`'s progress watchdog: seconds without a new line from any rank or a metrics line (0: off)
-export MULTINODE_STALL_TIMEOUT={{stall_timeout}} MULTINODE_ON_STALL={{on_stall}}
+# The rule's resources that `multinode torchrun` reads (its progress watchdog: seconds without a new line from any
+# rank or a metrics line, 0: off; what a stall does).
+{{launcher_variables}}
 echo "NODE_NUM=$NODE_NUM"
 echo "NODELIST: ${NODELIST//$'\n'/ }"
 echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"

@@ -35,10 +35,21 @@ def test_every_multinode_variable_anyone_reads_or_writes_is_defined_once_in_the_
         used = set(re.findall(r"\bMULTINODE_[A-Z_]+\b", path.read_text()))
         assert used <= set(protocol.VARIABLES), f"{path.name}: {used - set(protocol.VARIABLES)}"
     template_vars = set(re.findall(r"\bMULTINODE_[A-Z_]+\b", TEMPLATE.read_text()))
-    # the job script sets every one; the container's and the network check's come from the profile (environment.py)
-    assert template_vars == set(protocol.VARIABLES) - set(protocol.CONTAINER_VARIABLES) - set(
-        protocol.NETWORK_CHECK_VARIABLES
+    # the job script sets every one; the container's and the network check's come from the profile (environment.py),
+    # the launcher's from the request (JobRequest.launcher_variables)
+    from_elsewhere = {*protocol.CONTAINER_VARIABLES, *protocol.NETWORK_CHECK_VARIABLES, *protocol.LAUNCHER_VARIABLES}
+    assert template_vars == set(protocol.VARIABLES) - from_elsewhere
+
+
+def test_the_job_script_exports_what_the_launcher_reads_of_the_rules_resources(tmp_path):
+    req = build_request("train", {"nodes": 2, "gpus": 1, "stall_timeout": "20m", "on_stall": "requeue"})
+    ctx = jobscript.ScriptContext(
+        command="true", workdir=tmp_path, log_dir=Path("logs"), state_dir=tmp_path / "state", job_name="t"
     )
+    exports = [line for line in jobscript.render(req, ctx, []).splitlines() if protocol.ON_STALL_VAR in line]
+    names = " ".join(f'"${name}"' for name in protocol.LAUNCHER_VARIABLES)
+    out = subprocess.run(["bash", "-c", f"{exports[-1]}\nprintf '%s\\n' {names}"], capture_output=True, text=True)
+    assert out.stdout.split() == ["1200", "requeue"]
 
 
 def test_python_modules_take_markers_exit_codes_and_ports_from_the_protocol():
