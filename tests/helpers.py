@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -353,12 +354,36 @@ def alive(pid: int, comm: str) -> bool:
     return name == comm and stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-def snakemake(workdir: Path, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "4", "--latency-wait", "5", *args]
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout)
+def snakemake(
+    workdir: Path, *args: str, timeout: float = 300, check: bool = True, jobs: int = 4
+) -> subprocess.CompletedProcess:
+    """`snakemake --executor multinode` in `workdir`, to its end; with `check`, a failure fails the test."""
+    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", str(jobs), "--latency-wait", "5"]
+    proc = subprocess.run([*cmd, *args], cwd=workdir, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+MULTINODE = [sys.executable, "-m", "snakemake_executor_multinode.cli"]
+
+
+def multinode(workdir: Path, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    """`multinode ARGS` in `workdir`; with `check`, a failure fails the test."""
+    proc = subprocess.run([*MULTINODE, *args], cwd=workdir, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"multinode {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    return proc
+
+
+TEST_WORKFLOWS = REPO / "tests" / "workflows"
+
+
+def copied_workflow(name: str, tmp_path: Path) -> Path:
+    """tests/workflows/<name> copied to <tmp>/wd, where the test runs it."""
+    wd = tmp_path / "wd"
+    shutil.copytree(TEST_WORKFLOWS / name, wd)
+    return wd
 
 
 def job_logs(workdir: Path, rule: str) -> list[Path]:

@@ -11,10 +11,11 @@ import os
 import pwd
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import multinode, snakemake
 
 pytestmark = pytest.mark.cluster
 
@@ -48,16 +49,6 @@ rule py:
 def wd(tmp_path: Path) -> Path:
     (tmp_path / "Snakefile").write_text(SNAKEFILE)
     return tmp_path
-
-
-def snakemake(wd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "4", "--latency-wait", "5", *args]
-    return subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=timeout)
-
-
-def multinode(wd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake_executor_multinode.cli", *args]
-    return subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=timeout)
 
 
 def submitted_from(cl, wd: Path) -> set[str]:
@@ -104,7 +95,7 @@ BAD = {
 @pytest.mark.parametrize("case", list(BAD))
 def test_a_bad_downstream_rule_stops_the_run_before_anything_is_submitted(slurm_cluster, wd, case):
     args, message = BAD[case]
-    run = snakemake(wd, *args)
+    run = snakemake(wd, *args, check=False)
     out = run.stdout + run.stderr
     assert run.returncode != 0, out
     assert message in out
@@ -112,7 +103,7 @@ def test_a_bad_downstream_rule_stops_the_run_before_anything_is_submitted(slurm_
     assert submitted_from(slurm_cluster, wd) == set()
     assert not (wd / "up").exists() and not list((wd / ".snakemake/multinode").rglob("*.sh"))
 
-    check = multinode(wd, "check", *args)
+    check = multinode(wd, "check", *args, check=False)
     assert check.returncode == 1, check.stdout + check.stderr
     [error] = errors_of(check)
     assert error.startswith(message) and error in out  # word for word what the run said
@@ -129,7 +120,7 @@ def test_an_option_of_another_slurm_release_is_refused_before_anything_is_submit
     option is known and the job is taken."""
     version = slurm_cluster.run("sbatch", "--version").stdout.split()[-1]
     args = ["--set-resources", "down:slurm_extra='--segment=1'"]
-    check = multinode(wd, "check", *args)
+    check = multinode(wd, "check", *args, check=False)
     if version.startswith("22.05"):
         message = (
             "rule 'down': resource slurm_extra='--segment=1' is invalid: --segment is not an sbatch option "
@@ -137,7 +128,7 @@ def test_an_option_of_another_slurm_release_is_refused_before_anything_is_submit
         )
         assert check.returncode == 1, check.stdout + check.stderr
         assert errors_of(check) == [message]
-        run = snakemake(wd, *args)
+        run = snakemake(wd, *args, check=False)
         assert run.returncode != 0 and message in run.stdout + run.stderr
         assert submitted_from(slurm_cluster, wd) == set()
     else:
@@ -146,7 +137,7 @@ def test_an_option_of_another_slurm_release_is_refused_before_anything_is_submit
 
 
 def test_check_prints_one_line_per_rule_and_submits_nothing(slurm_cluster, wd):
-    check = multinode(wd, "check")
+    check = multinode(wd, "check", check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     lines = check.stdout.splitlines()
     assert lines[:3] == [
@@ -172,7 +163,9 @@ def test_check_prints_one_line_per_rule_and_submits_nothing(slurm_cluster, wd):
 
 def test_check_honours_snakemakes_arguments_as_snakemake_does(slurm_cluster, wd):
     # `snakemake -n` habits: targets, --config, --set-resources, -n itself
-    check = multinode(wd, "check", "down.txt", "-n", "--config", "shards=3", "--set-resources", "down:gpus=1")
+    check = multinode(
+        wd, "check", "down.txt", "-n", "--config", "shards=3", "--set-resources", "down:gpus=1", check=False
+    )
     assert check.returncode == 0, check.stderr
     assert check.stdout.splitlines()[:2] == [
         "up (3 jobs): 1 node, no GPU, partition gpu (default), 10m, env none",
@@ -185,7 +178,7 @@ def test_check_honours_snakemakes_arguments_as_snakemake_does(slurm_cluster, wd)
     (profile / "config.yaml").write_text(
         "multinode-partition: gpu\nmultinode-env-profile: debug\nset-resources:\n  down:\n    nodes: 3\n"
     )
-    check = multinode(wd, "check", "--workflow-profile", "profiles/site", "up/1.txt", "down.txt")
+    check = multinode(wd, "check", "--workflow-profile", "profiles/site", "up/1.txt", "down.txt", check=False)
     assert check.returncode == 0, check.stderr
     assert check.stdout.splitlines()[:2] == [
         "up (2 jobs): 1 node, no GPU, partition gpu, 10m, env debug",
@@ -193,7 +186,7 @@ def test_check_honours_snakemakes_arguments_as_snakemake_does(slurm_cluster, wd)
     ]
     assert "no partition" not in check.stderr
     # a bad plan (request validation) is reported like the run reports it, with every other rule still listed
-    check = multinode(wd, "check", "--set-resources", "down:cpus_per_task=1")
+    check = multinode(wd, "check", "--set-resources", "down:cpus_per_task=1", check=False)
     assert check.returncode == 1
     assert errors_of(check) == [
         "rule 'down': resource cpus_per_task=1 is invalid: must be at least gpus=2: each GPU process needs one CPU or "
@@ -201,7 +194,7 @@ def test_check_honours_snakemakes_arguments_as_snakemake_does(slurm_cluster, wd)
     ]
     assert check.stdout.startswith("up (2 jobs): ")
     # arguments Snakemake cannot read: its reason, no stack
-    check = multinode(wd, "check", "--set-resources", "down:gpus=1", "down.txt")
+    check = multinode(wd, "check", "--set-resources", "down:gpus=1", "down.txt", check=False)
     assert check.returncode == 1 and "the Snakemake arguments are not valid: ValueError" in check.stderr
     assert_no_stack(check.stderr)
     assert submitted_from(slurm_cluster, wd) == set()
@@ -212,15 +205,15 @@ def normalized(script: str, rule: str) -> str:
 
 
 def test_preview_prints_the_script_the_run_submits(slurm_cluster, wd):
-    preview = multinode(wd, "preview", "--rule", "down")
+    preview = multinode(wd, "preview", "--rule", "down", check=False)
     assert preview.returncode == 0, preview.stderr
-    inner = multinode(wd, "preview", "--rule", "py", "-s", "Snakefile")
+    inner = multinode(wd, "preview", "--rule", "py", "-s", "Snakefile", check=False)
     assert inner.returncode == 0, inner.stderr
-    several = multinode(wd, "preview", "--rule", "up", "--wildcards", "i=1")
+    several = multinode(wd, "preview", "--rule", "up", "--wildcards", "i=1", check=False)
     assert several.returncode == 0 and "echo 1 > up/1.txt" in several.stdout
     assert submitted_from(slurm_cluster, wd) == set() and not (wd / "up").exists()
 
-    run = snakemake(wd, "down.txt", "py.txt")
+    run = snakemake(wd, "down.txt", "py.txt", check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "SLURM uses its default partition 'gpu'" in run.stderr  # the run warns as the check does
     [kept] = (wd / ".snakemake/multinode/logs/rule_down/_").glob("*.attempt1.sh")
@@ -233,14 +226,14 @@ def test_preview_prints_the_script_the_run_submits(slurm_cluster, wd):
     assert "-m snakemake" in previewed and "--target-jobs" in previewed and "'py:'" in previewed
     assert command.sub("CMD", normalized(inner.stdout, "py")) == command.sub("CMD", normalized(kept.read_text(), "py"))
     # nothing left to do: the check says so
-    check = multinode(wd, "check", "down.txt", "py.txt")
+    check = multinode(wd, "check", "down.txt", "py.txt", check=False)
     assert check.returncode == 0 and "nothing to be done" in check.stdout
 
 
 def test_preview_names_what_it_cannot_show(slurm_cluster, wd):
-    missing = multinode(wd, "preview", "--rule", "nope")
+    missing = multinode(wd, "preview", "--rule", "nope", check=False)
     assert missing.returncode == 2
     assert "multinode preview: rule 'nope' is not in the workflow; rules: all, down, py, up" in missing.stderr
-    local = multinode(wd, "preview", "--rule", "all")
+    local = multinode(wd, "preview", "--rule", "all", check=False)
     assert local.returncode == 2 and "no job script" in local.stderr
     assert_no_stack(missing.stderr + local.stderr)

@@ -8,25 +8,15 @@ end). The timeouts only stop hangs: no verdict depends on how long anything take
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES
-from tests.helpers import REPO, background, squeue_states, wait_for
+from tests.helpers import MULTINODE, background, copied_workflow, squeue_states, wait_for
 
 pytestmark = pytest.mark.cluster
-WORKFLOW = REPO / "tests" / "workflows" / "follow"
-MULTINODE = [sys.executable, "-m", "snakemake_executor_multinode.cli"]
-
-
-def workflow(tmp_path: Path) -> Path:
-    wd = tmp_path / "wd"
-    shutil.copytree(WORKFLOW, wd)
-    return wd
 
 
 def logs(wd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -34,7 +24,7 @@ def logs(wd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_logs_follow_prints_one_ranks_lines_and_exits_when_the_job_ends(slurm_cluster, tmp_path):
-    wd = workflow(tmp_path)
+    wd = copied_workflow("follow", tmp_path)
     nothing = logs(wd)  # no run has submitted anything from here
     assert nothing.returncode == 2 and nothing.stderr.startswith("multinode logs: no job: no run has submitted")
     with background(wd) as sm:

@@ -12,36 +12,20 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import LOGS_DIR, JobFiles
-from tests.helpers import REPO, background, wait_for
+from tests.helpers import background, copied_workflow, multinode, wait_for
 
 pytestmark = pytest.mark.cluster
-WORKFLOW = REPO / "tests" / "workflows" / "follow"
-MULTINODE = [sys.executable, "-m", "snakemake_executor_multinode.cli"]
 QUERY = "--query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits"
-
-
-def workflow(tmp_path: Path) -> Path:
-    wd = tmp_path / "wd"
-    shutil.copytree(WORKFLOW, wd)
-    return wd
-
-
-def multinode(wd: Path, *args: str) -> str:
-    proc = subprocess.run([*MULTINODE, *args], cwd=wd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"multinode {' '.join(args)}: {proc.stdout}{proc.stderr}"
-    return proc.stdout
 
 
 def log_text(wd: Path) -> str:
     """The newest job's log; "" before it has one (`multinode logs` exits 2 then)."""
-    return subprocess.run([*MULTINODE, "logs"], cwd=wd, capture_output=True, text=True, timeout=300).stdout
+    return multinode(wd, "logs", check=False).stdout
 
 
 def sacct_steps(cl, jobid: str) -> str:
@@ -58,7 +42,7 @@ def alive(pid: int) -> bool:
 
 
 def test_a_gpu_job_samples_every_node_and_status_and_report_show_it(slurm_cluster, tmp_path, monkeypatch):
-    wd = workflow(tmp_path)
+    wd = copied_workflow("follow", tmp_path)
     stub = wd / "bin"
     stub.mkdir()
     shutil.move(wd / "nvidia-smi", stub / "nvidia-smi")
@@ -77,7 +61,7 @@ def test_a_gpu_job_samples_every_node_and_status_and_report_show_it(slurm_cluste
         # one sampler per node, asked for the CSV of the fields the protocol names, every second
         calls = {n: (stub / f"calls.{n}").read_text().splitlines() for n in nodes}
         assert all(len(c) == 1 and c[0].split(" ", 1)[1] == f"{QUERY} -l 1" for c in calls.values()), calls
-        status = multinode(wd, "status")
+        status = multinode(wd, "status").stdout
         jobid = re.search(r"^ranks\s+(\d+)\s", status, re.M)[1]
         use = ", ".join(f"{n} util 50% mem 2.9/79.6 GiB" for n in nodes)
         assert status.split("\n\n")[-1].splitlines() == [
@@ -89,12 +73,12 @@ def test_a_gpu_job_samples_every_node_and_status_and_report_show_it(slurm_cluste
     # the samplers ended with the job
     pids = [int(c[0].split()[0]) for c in calls.values()]
     wait_for(lambda: not any(alive(p) for p in pids), "the samplers' end", timeout=120)
-    report = multinode(wd, "report")
+    report = multinode(wd, "report").stdout
     assert f"| ranks | - | {jobid} | {use} |" in report.split("## GPU use per job")[1]
 
 
 def test_without_nvidia_smi_no_sampler_runs_and_the_job_succeeds(slurm_cluster, tmp_path):
-    wd = workflow(tmp_path)
+    wd = copied_workflow("follow", tmp_path)
     (wd / "nvidia-smi").unlink()
     assert shutil.which("nvidia-smi") is None  # the local nodes have none
     with background(wd, "--multinode-gpu-sample-seconds", "1") as sm:
@@ -108,4 +92,4 @@ def test_without_nvidia_smi_no_sampler_runs_and_the_job_succeeds(slurm_cluster, 
     steps = wait_for(lambda: "batch|COMPLETED" in (out := sacct_steps(slurm_cluster, jobid)) and out, "the job's steps")
     assert "torchrun|COMPLETED" in steps and "gpu-samples" not in steps, steps
     assert sample_files(wd) == {}
-    assert "GPU use" not in multinode(wd, "status")
+    assert "GPU use" not in multinode(wd, "status").stdout

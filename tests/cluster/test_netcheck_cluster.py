@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.launching.netcheck import PREFIX
-from tests.helpers import job_logs, log_times, snakemake, wait_for
+from tests.helpers import figures, job_logs, log_times, snakemake, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]
 
@@ -52,10 +52,6 @@ def workflow(wd: Path, nodes: int, gpus: int, profile: str) -> None:
         f'    resources: nodes={nodes}, gpus={gpus}, env_profile="{profile}"\n'
         '    shell: "multinode torchrun train.py && touch {output}"\n'
     )
-
-
-def figures(test: str, **values: object) -> None:
-    print(f"\n[figures] {test}: " + ", ".join(f"{k}={v}" for k, v in values.items()), flush=True)
 
 
 @pytest.mark.parametrize("nodes", [2, 3])

@@ -11,7 +11,6 @@ were submitted and which adopted.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Cluster
+from tests.helpers import Cluster, records, snakemake
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]
 
@@ -62,15 +61,6 @@ class Rerun:
         return self.proc.stdout + self.proc.stderr
 
 
-def snakemake(wd: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "3", "--latency-wait", "5", *args]
-    return subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=600)
-
-
-def records(wd: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((wd / ".snakemake/multinode/runs").glob("*/*.json"))]
-
-
 def ran(wd: Path) -> list[str]:
     path = wd / "jobs.txt"
     return path.read_text().split() if path.exists() else []
@@ -88,7 +78,7 @@ def finished_run(slurm_cluster: Cluster, tmp_path_factory: pytest.TempPathFactor
     for s in "abc":
         (wd / "data" / f"{s}.in").write_text(f"shard {s}\n")
     (wd / "Snakefile").write_text(PIPELINE)
-    proc = snakemake(wd)
+    proc = snakemake(wd, jobs=3, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jobs = {key(r): r["jobid"] for r in records(wd)}
     assert len(jobs) == 5 and sorted(ran(wd)) == sorted(jobs.values())
@@ -108,7 +98,7 @@ def pipeline(finished_run: tuple[Path, dict[str, str]], tmp_path: Path) -> tuple
 def rerun(wd: Path, *args: str) -> Rerun:
     before = {(r["run_id"], r["job_name"]) for r in records(wd)}
     already = len(ran(wd))
-    proc = snakemake(wd, *args)
+    proc = snakemake(wd, *args, jobs=3, timeout=600, check=False)
     new = [r for r in records(wd) if (r["run_id"], r["job_name"]) not in before]
     return Rerun(
         proc,

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import csv
 import io
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,36 +18,15 @@ import pytest
 from snakemake_executor_multinode.slurm import formats
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES
 from snakemake_executor_multinode.watching import status_view
-from tests.helpers import REPO, background, wait_for
+from tests.helpers import background, copied_workflow, multinode, snakemake, wait_for
 
 pytestmark = pytest.mark.cluster
-WORKFLOW = REPO / "tests" / "workflows" / "watch"
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--latency-wait", "5"]
-
-
-def workflow(tmp_path: Path) -> Path:
-    wd = tmp_path / "wd"
-    shutil.copytree(WORKFLOW, wd)
-    return wd
-
-
-def snakemake(wd: Path, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*SNAKEMAKE, "--jobs", "4", *args], cwd=wd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"snakemake failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc
-
-
-def multinode(wd: Path, *args: str) -> str:
-    cmd = [sys.executable, "-m", "snakemake_executor_multinode.cli", *args]
-    proc = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"multinode {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
-    return proc.stdout
 
 
 def table(wd: Path, *args: str) -> dict[str, list[str]]:
     """`multinode status` as {rule label: the row's cells}, the columns split where the header's are (the table
     ends at the first empty line: why pending jobs wait follows)."""
-    lines = multinode(wd, "status", *args).splitlines()
+    lines = multinode(wd, "status", *args).stdout.splitlines()
     header = lines[1]
     starts = [header.index(name) for name in header.split()]
     rows = {}
@@ -72,7 +48,7 @@ def sacct(cl, jobid: str, *fields: str, steps: bool = False) -> dict[str, str]:
 
 
 def test_status_and_progress_lines_while_a_normal_run_trains_and_after_it_ended(slurm_cluster, tmp_path):
-    wd = workflow(tmp_path)
+    wd = copied_workflow("watch", tmp_path)
     with background(wd, "--multinode-progress-seconds", "1", jobs=2) as sm:
         # The training wrote three metrics lines and waits: Snakemake's output says where it is, once.
         _, line = sm.wait_line("train (SLURM job", "step 3/10")
@@ -97,8 +73,8 @@ def test_status_and_progress_lines_while_a_normal_run_trains_and_after_it_ended(
 
 
 def test_status_of_an_immediate_submit_run_after_snakemake_exited(slurm_cluster, tmp_path):
-    wd = workflow(tmp_path)
-    snakemake(wd, "--immediate-submit", "--notemp")  # submits the chain and exits
+    wd = copied_workflow("watch", tmp_path)
+    snakemake(wd, "--immediate-submit", "--notemp", timeout=600)  # submits the chain and exits
 
     def training() -> dict[str, list[str]] | None:
         rows = table(wd)
@@ -108,7 +84,7 @@ def test_status_of_an_immediate_submit_run_after_snakemake_exited(slurm_cluster,
     rows = wait_for(training, "the training running with its metrics")
     assert set(rows) == {"train", "evaluate"}
     assert cell(rows["evaluate"], "STATE") == "PENDING (Dependency)"  # afterok on the training
-    said = multinode(wd, "status")
+    said = multinode(wd, "status").stdout
     assert f"job {cell(rows['evaluate'], 'JOBID')}: Dependency: waiting for the jobs it depends on to finish" in said
     (wd / "release").touch()
 
@@ -122,28 +98,31 @@ def test_status_of_an_immediate_submit_run_after_snakemake_exited(slurm_cluster,
 
 
 def test_cancel_of_one_run_leaves_another_runs_jobs_alone(slurm_cluster, tmp_path):
-    wd = workflow(tmp_path)
-    snakemake(wd, "--immediate-submit", "--notemp", "results/wait_a.txt")
-    snakemake(wd, "--immediate-submit", "--notemp", "results/wait_b.txt")
+    wd = copied_workflow("watch", tmp_path)
+    snakemake(wd, "--immediate-submit", "--notemp", "results/wait_a.txt", timeout=600)
+    snakemake(wd, "--immediate-submit", "--notemp", "results/wait_b.txt", timeout=600)
     run_a, run_b = status_view.run_table(wd)
     job_a = status_view.run_table(wd)[run_a][0].jobid
     job_b = status_view.run_table(wd)[run_b][0].jobid
     assert job_a and job_b
-    out = multinode(wd, "cancel", "--run", run_a)
+    out = multinode(wd, "cancel", "--run", run_a).stdout
     assert out.strip() == f"run {run_a}: cancelled SLURM job(s) {job_a}"
     wait_for(lambda: cell(table(wd, "--run", run_a)["wait[name=a]"], "STATE") == "CANCELLED", "run A's job cancelled")
     assert cell(table(wd, "--run", run_b)["wait[name=b]"], "STATE").split()[0] in ("PENDING", "RUNNING")
     (wd / "release_b").touch()
     wait_for(lambda: cell(table(wd, "--run", run_b)["wait[name=b]"], "STATE") == "COMPLETED", "run B's job done")
     # --all: both runs, oldest first, from one query
-    text = multinode(wd, "status", "--all")
+    text = multinode(wd, "status", "--all").stdout
     assert text.index(f"run {run_a}") < text.index(f"run {run_b}")
-    assert multinode(wd, "cancel", "--run", run_b).strip() == f"run {run_b}: no job queued or running (1 job(s) ended)"
+    assert (
+        multinode(wd, "cancel", "--run", run_b).stdout.strip()
+        == f"run {run_b}: no job queued or running (1 job(s) ended)"
+    )
 
 
 def test_efficiency_report_of_a_cpu_spin_an_idle_job_and_a_gpu_job_against_sacct(slurm_cluster, tmp_path):
-    wd = workflow(tmp_path)
-    proc = snakemake(wd, "--multinode-efficiency-report", "efficiency")
+    wd = copied_workflow("watch", tmp_path)
+    proc = snakemake(wd, "--multinode-efficiency-report", "efficiency", timeout=600)
     run_id = status_view.resolve_run(status_view.run_table(wd), "latest")
     assert f"efficiency of run {run_id}: 3 job(s)" in proc.stderr
     csv_path = wd / ".snakemake" / "multinode" / "reports" / f"{run_id}.csv"
@@ -180,6 +159,6 @@ def test_efficiency_report_of_a_cpu_spin_an_idle_job_and_a_gpu_job_against_sacct
     assert "cpus_per_task=1" in rules["idle"]["suggestion"] and "cpus_per_task" not in rules["spin"]["suggestion"]
     # `multinode report` afterwards: the same figures again, printed and written
     before = csv_path.read_text()
-    out = multinode(wd, "report", "--run", run_id)
+    out = multinode(wd, "report", "--run", run_id).stdout
     assert f"# Efficiency of run {run_id}" in out and "| idle |" in out
     assert csv_path.read_text() == before
