@@ -549,6 +549,14 @@ def build_request(
     mem_mb, mem_cpu = _mem_mb(rule, r), _mem_mb_per_cpu(rule, r)
     runtime_min = _runtime(rule, r, warnings)
     own_launcher = _own_launcher(rule, r)
+    watched = nodes > 1 and not own_launcher and not site_launcher
+    stall_timeout_s = _stall_timeout(rule, r, profile or {}, watched=watched)
+    if site_launcher and stall_timeout_s:  # said, not dropped in silence: no watchdog runs in a site's launcher
+        warnings.append(
+            f"rule {rule!r}: stall_timeout has no effect: its command starts a --multinode-launchers command, not "
+            "`multinode torchrun`, whose progress watchdog it sets"
+        )
+        stall_timeout_s = 0
     if nodes > 1 and not gpus:
         warnings.append(
             f"rule {rule!r}: nodes={nodes} without gpus: a CPU multi-node job. Each node gets one task and no GPU; "
@@ -593,9 +601,7 @@ def build_request(
         max_requeues=max(0, defaults.max_requeues),
         crash_loop_runs=defaults.crash_loop_runs,
         crash_loop_s=math.ceil(defaults.crash_loop_seconds),
-        stall_timeout_s=_stall_timeout(
-            rule, r, profile or {}, watched=nodes > 1 and not own_launcher and not site_launcher
-        ),
+        stall_timeout_s=stall_timeout_s,
         on_stall=_on_stall(rule, r, profile or {}),
         own_launcher=own_launcher,
         attempt=attempt,

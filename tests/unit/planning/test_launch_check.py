@@ -157,3 +157,10 @@ def test_preview_gives_a_sites_launcher_no_watchdog_as_the_run_does(tmp_path, ca
     argv = ["preview", "--workdir", str(tmp_path), "--launchers", "bash", "nodes=2", "--", "bash", "ranks.sh"]
     assert main(argv) == 0
     assert "MULTINODE_STALL_TIMEOUT=0 " in capsys.readouterr().out
+
+
+def test_a_stall_timeout_on_a_site_launchers_rule_is_said_to_have_no_effect_not_dropped_in_silence():
+    req = build_request("train", {"nodes": 2, "stall_timeout": "20m"}, site_launcher=True)
+    assert req.stall_timeout_s == 0
+    assert any("stall_timeout has no effect" in w and "--multinode-launchers" in w for w in req.warnings)
+    assert not [w for w in build_request("train", {"nodes": 2}, site_launcher=True).warnings if "stall_timeout" in w]
