@@ -25,6 +25,7 @@ from typing import TypeVar
 
 import yaml
 
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from snakemake_executor_multinode.contract.releases import DEFAULT as DEFAULT_SLURM
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.sandbox.cluster import slurm_env
@@ -311,7 +312,7 @@ def figures(test: str, **values: object) -> None:
 
 def records(wd: Path) -> list[dict]:
     """Every submission the registry holds, of every run in the folder."""
-    return [json.loads(p.read_text()) for p in sorted((wd / ".snakemake/multinode/runs").glob("*/*.json"))]
+    return [json.loads(p.read_text()) for p in sorted(StateFolders(wd).runs.glob("*/*.json"))]
 
 
 def lines(path: Path) -> list[str]:
@@ -387,7 +388,7 @@ def copied_workflow(name: str, tmp_path: Path) -> Path:
 
 
 def job_logs(workdir: Path, rule: str) -> list[Path]:
-    return sorted((workdir / ".snakemake" / "multinode" / "logs" / f"rule_{rule}").rglob("*.log"))
+    return sorted((StateFolders(workdir).logs / f"rule_{rule}").rglob("*.log"))
 
 
 def jobs_from(cl, workdir: Path) -> set[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from tests.helpers import multinode, snakemake
 
 pytestmark = pytest.mark.cluster
@@ -101,7 +102,7 @@ def test_a_bad_downstream_rule_stops_the_run_before_anything_is_submitted(slurm_
     assert message in out
     assert_no_stack(out)
     assert submitted_from(slurm_cluster, wd) == set()
-    assert not (wd / "up").exists() and not list((wd / ".snakemake/multinode").rglob("*.sh"))
+    assert not (wd / "up").exists() and not list(StateFolders(wd).root.rglob("*.sh"))
 
     check = multinode(wd, "check", *args, check=False)
     assert check.returncode == 1, check.stdout + check.stderr
@@ -158,7 +159,7 @@ def test_check_prints_one_line_per_rule_and_submits_nothing(slurm_cluster, wd):
     assert_no_stack(check.stderr)
     assert submitted_from(slurm_cluster, wd) == set()
     assert not (wd / "up").exists() and not list((wd / ".snakemake").glob("tmp.*"))
-    assert not list((wd / ".snakemake/multinode/runs").glob("*"))  # no record of a run that submitted nothing
+    assert not list(StateFolders(wd).runs.glob("*"))  # no record of a run that submitted nothing
 
 
 def test_check_honours_snakemakes_arguments_as_snakemake_does(slurm_cluster, wd):
@@ -216,11 +217,11 @@ def test_preview_prints_the_script_the_run_submits(slurm_cluster, wd):
     run = snakemake(wd, "down.txt", "py.txt", check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "SLURM uses its default partition 'gpu'" in run.stderr  # the run warns as the check does
-    [kept] = (wd / ".snakemake/multinode/logs/rule_down/_").glob("*.attempt1.sh")
+    [kept] = (StateFolders(wd).logs / "rule_down/_").glob("*.attempt1.sh")
     assert normalized(preview.stdout, "down") == normalized(kept.read_text(), "down")
     # A run: block starts Snakemake inside the job: the preview shows that real command. Snakemake's own command
     # line differs between processes (a temporary folder, the order of set-valued options), the rest is identical.
-    [kept] = (wd / ".snakemake/multinode/logs/rule_py/_").glob("*.attempt1.sh")
+    [kept] = (StateFolders(wd).logs / "rule_py/_").glob("*.attempt1.sh")
     command = re.compile(r"^bash -c .* &$", re.M)  # the job script runs the rule's command in the background
     [previewed] = command.findall(inner.stdout)
     assert "-m snakemake" in previewed and "--target-jobs" in previewed and "'py:'" in previewed

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from tests.helpers import Snakemake, jobs_from, lines, multinode, records, snakemake, wait_for
 
 SNAKEFILE = """
@@ -20,7 +21,7 @@ rule second:
 
 
 def state_files(wd: Path, jobid: str) -> list[str]:
-    base = wd / ".snakemake/multinode"
+    base = StateFolders(wd).root
     return sorted(str(p.relative_to(base)) for p in base.rglob(f"{jobid}.*") if p.is_file())
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from tests.helpers import REPO, job_logs, jobs_from, log_times, slurm, snakemake, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -129,7 +130,7 @@ def test_whole_pipeline_submitted_at_once_is_chained_by_afterok(slurm_cluster, t
     wd = copy_workflow("chain", tmp_path)
     snakemake(wd, "--immediate-submit", "--notemp")
     scripts = {
-        rule: next((wd / ".snakemake/multinode/logs" / f"rule_{rule}").rglob("*.sh"))
+        rule: next((StateFolders(wd).logs / f"rule_{rule}").rglob("*.sh"))
         for rule in ("preprocess", "train", "evaluate")
     }
     ids = {rule: path.name.split(".")[0] for rule, path in scripts.items()}
@@ -231,7 +232,7 @@ def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes(slurm_clus
     to a worker that does no computing and ends only once the signal has come: without the signal the job would
     run into its time limit (TIMEOUT) and the run would fail. Nothing here depends on how fast anything runs."""
     wd = copy_workflow("timelimit", tmp_path)
-    logdir = wd / ".snakemake/multinode/logs/rule_train"
+    logdir = StateFolders(wd).logs / "rule_train"
     with background_snakemake(wd) as proc:
         script = wait_for(lambda: next(logdir.rglob("*.attempt1.sh"), None), "submitted job script", 120, proc)
         job = script.name.split(".")[0]
@@ -275,7 +276,7 @@ def test_checkpoint_without_requeue_is_resumed_by_snakemake_retries(slurm_cluste
     """max-requeues 0: the checkpointed job ends with exit 85 and Snakemake's --retries resumes it as attempt 2
     (a new job). The signal comes from scancel --signal=USR2, as SLURM's --signal sends it: to every step process."""
     wd = copy_workflow("timelimit", tmp_path)
-    logdir = wd / ".snakemake/multinode/logs/rule_train"
+    logdir = StateFolders(wd).logs / "rule_train"
     with background_snakemake(wd, "--multinode-max-requeues", "0", "--retries", "1") as proc:
         script = wait_for(lambda: next(logdir.rglob("*.attempt1.sh"), None), "submitted job script", 120, proc)
         job = script.name.split(".")[0]

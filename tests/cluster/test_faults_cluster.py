@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from snakemake_executor_multinode.sandbox import cluster
 from tests.helpers import (
     END_STATES,
@@ -153,7 +154,7 @@ def test_scontrol_requeue_of_a_running_two_node_job_is_news_not_a_failure(slurm_
     assert lines(wd / "runs.txt") == ["run-0", "run-1"]  # ran twice: once per run of the job
     assert lines(wd / "writes.txt") == ["run-1"]  # the output written once, by the second run
     assert lines(wd / "out.txt") == ["run-1"]
-    logdir = wd / ".snakemake/multinode/logs/rule_work"
+    logdir = StateFolders(wd).logs / "rule_work"
     assert sorted(p.name for p in logdir.rglob("*.log")) == [f"{job}.attempt1.log", f"{job}.attempt1.restart1.log"]
     first, second = (
         next(logdir.rglob(name)).read_text() for name in (f"{job}.attempt1.log", f"{job}.attempt1.restart1.log")

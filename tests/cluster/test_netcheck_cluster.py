@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from snakemake_executor_multinode.launching.netcheck import PREFIX
 from tests.helpers import figures, job_logs, log_times, snakemake, wait_for
 
@@ -60,7 +61,7 @@ def test_the_builtin_infiniband_profile_checks_the_network_before_the_training(s
     workflow(wd, nodes, 2, "infiniband")  # the built-in profile: the check is on by default
     snakemake(wd)
     text = job_logs(wd, "train")[0].read_text()
-    assert "export MULTINODE_NETWORK_CHECK=60" in next((wd / ".snakemake/multinode/logs").rglob("*.sh")).read_text()
+    assert "export MULTINODE_NETWORK_CHECK=60" in next(StateFolders(wd).logs.rglob("*.sh")).read_text()
     found = [m.groupdict() for m in OK.finditer(text)]
     assert len(found) == nodes, text  # one line per node
     assert len({f["node"] for f in found}) == nodes

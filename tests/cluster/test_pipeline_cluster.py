@@ -10,13 +10,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import REPO, background, wait_for
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
+from tests.helpers import REPO, background, slurm, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -45,14 +45,6 @@ SNAKEMAKE = [
 
 def snakemake(wd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([*SNAKEMAKE, *args], cwd=wd, capture_output=True, text=True, timeout=timeout)
-
-
-def slurm(cl, *cmd: str) -> None:
-    """Run a SLURM command, asking again while it fails: the shared test cluster's slurmctld may be restarting."""
-    deadline = time.monotonic() + 120
-    while (done := cl.run(*cmd, check=False)).returncode != 0:
-        assert time.monotonic() < deadline, f"{' '.join(cmd)}: {done.stderr.strip()}"
-        time.sleep(0.5)
 
 
 def logged_steps(metrics: Path) -> list[int]:
@@ -137,7 +129,7 @@ def test_example_pipeline_trains_on_two_nodes_and_evaluates(slurm_cluster, tmp_p
     evaluation = json.loads((results / "eval" / "metrics.json").read_text())
     assert evaluation["val_loss"] > 0 and evaluation["val_ppl"] > 1 and evaluation["model_step"] == 40
     assert (results / "eval" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    train_log = next((wd / ".snakemake/multinode/logs/rule_train").rglob("*.log")).read_text()
+    train_log = next((StateFolders(wd).logs / "rule_train").rglob("*.log")).read_text()
     assert "launching on node1, node_rank=0" in train_log and "launching on node2, node_rank=1" in train_log
 
     # run again: nothing to do
@@ -166,7 +158,7 @@ def test_usr2_during_training_checkpoints_requeues_and_the_rerun_resumes_at_that
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["train_resources"].update(nodes=2, gpus=1, cpus_per_task=1, runtime=60)  # no time-limit signal in the test
     cfg_path.write_text(yaml.safe_dump(cfg))
-    logdir = wd / ".snakemake/multinode/logs/rule_train"
+    logdir = StateFolders(wd).logs / "rule_train"
     with background(wd, "results/model/final.pt", command=SNAKEMAKE) as sm:  # left early: Ctrl-C, jobs cancelled
         script = wait_for(lambda: next(logdir.rglob("*.attempt1.sh"), None), "the train job", 300, sm.proc)
         job = script.name.split(".")[0]

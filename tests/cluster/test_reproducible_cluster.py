@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from tests.helpers import REPO, jobs_from, slurm, wait_for
 
 WORKFLOW = REPO / "tests" / "workflows" / "timelimit"
@@ -49,7 +50,7 @@ def run_until_signalled(cl, wd: Path, *args: str) -> tuple[subprocess.Popen, str
     out = (wd / "snakemake.out").open("w")
     cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--latency-wait", "5", *args]
     proc = subprocess.Popen(cmd, cwd=wd, stdout=out, stderr=subprocess.STDOUT, text=True)
-    logdir = wd / ".snakemake/multinode/logs/rule_train"
+    logdir = StateFolders(wd).logs / "rule_train"
     script = wait_for(lambda: next(logdir.rglob("*.attempt1.sh"), None), "the submitted job script", 120, proc)
     job = script.name.split(".")[0]
     assert jobs_from(cl, wd) == {job}
@@ -89,7 +90,7 @@ def test_a_requeued_job_resumes_with_the_code_it_was_submitted_with_and_its_outp
     assert [r["exit"] for r in ends] == [0]  # the requeued run hands over without an end of its own
     assert all(r["versions"]["torch"] and r["versions"]["snakemake-executor-plugin-multinode"] for r in starts)
     assert starts[0]["nodes"] and record["ended"]["state"] == "success"
-    mode = (wd / ".snakemake/multinode/provenance").stat().st_mode & 0o777
+    mode = StateFolders(wd).provenance.stat().st_mode & 0o777
     assert mode == 0o700
 
 

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
+
 pytestmark = pytest.mark.cluster
 
 # The second node of the first attempt turns bad (a broken GPU, say) and stays bad, wherever SLURM places the job.
@@ -37,7 +39,7 @@ def test_a_retry_excludes_the_node_the_failed_attempt_named(slurm_cluster, tmp_p
     out = proc.stdout + proc.stderr
     scripts = {
         int(re.search(r"attempt(\d)", p.name).group(1)): p
-        for p in (tmp_path / ".snakemake/multinode/logs/rule_train").rglob("*.sh")
+        for p in (StateFolders(tmp_path).logs / "rule_train").rglob("*.sh")
     }
     bad = (tmp_path / "bad_node.txt").read_text()
     assert f"failing node {bad}" in out

@@ -13,6 +13,7 @@ from datetime import datetime
 
 import pytest
 
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from tests.helpers import REPO, alive, job_logs, jobs_from, log_times
 
 WORKFLOW = REPO / "tests" / "workflows" / "stall"
@@ -60,7 +61,7 @@ def test_a_stalled_job_under_on_stall_requeue_is_requeued_and_its_next_run_resum
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0 and (wd / "done.txt").exists(), said
     (job,) = jobs_from(slurm_cluster, wd)  # one submission: the requeue is the job's own
-    logdir = wd / ".snakemake/multinode/logs/rule_train"
+    logdir = StateFolders(wd).logs / "rule_train"
     first = next(logdir.rglob(f"{job}.attempt1.log")).read_text()
     rerun = next(logdir.rglob(f"{job}.attempt1.restart1.log")).read_text()
     assert re.search(

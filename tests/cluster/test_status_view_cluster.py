@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from snakemake_executor_multinode.slurm import formats
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES
 from snakemake_executor_multinode.watching import status_view
@@ -125,7 +126,7 @@ def test_efficiency_report_of_a_cpu_spin_an_idle_job_and_a_gpu_job_against_sacct
     proc = snakemake(wd, "--multinode-efficiency-report", "efficiency", timeout=600)
     run_id = status_view.resolve_run(status_view.run_table(wd), "latest")
     assert f"efficiency of run {run_id}: 3 job(s)" in proc.stderr
-    csv_path = wd / ".snakemake" / "multinode" / "reports" / f"{run_id}.csv"
+    csv_path = StateFolders(wd).reports / f"{run_id}.csv"
     assert csv_path.is_file() and csv_path.with_suffix(".md").is_file()
     lines = list(csv.DictReader(io.StringIO(csv_path.read_text())))
     jobs = {line["rule"]: line for line in lines if line["scope"] == "job"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract.jobfiles import INDEX_DIR, STATE_DIR
+from snakemake_executor_multinode.contract.jobfiles import INDEX_DIR, STATE_DIR, StateFolders
 from snakemake_executor_multinode.watching import clean
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 
@@ -19,7 +19,7 @@ NOW = 1000 * DAY
 def job(wd: Path, run: str, jobid: str, outputs=("out.txt",), ended: str | None = "success", at: float = NOW - 40 * DAY,
         rule: str = "work") -> Submission:  # fmt: skip
     """A submission as a run leaves it: record, script, log, node file, metrics, exit marker."""
-    logdir = wd / ".snakemake/multinode/logs" / f"rule_{rule}" / "_"
+    logdir = StateFolders(wd).logs / f"rule_{rule}" / "_"
     logdir.mkdir(parents=True, exist_ok=True)
     stem = logdir / f"{jobid}.attempt1"
     for suffix in (".sh", ".log", ".node1.out", ".metrics.jsonl"):
@@ -32,7 +32,7 @@ def job(wd: Path, run: str, jobid: str, outputs=("out.txt",), ended: str | None 
 
 
 def files_of(wd: Path, jobid: str) -> list[Path]:
-    return sorted((wd / ".snakemake/multinode/logs").rglob(f"{jobid}.attempt1.*"))
+    return sorted(StateFolders(wd).logs.rglob(f"{jobid}.attempt1.*"))
 
 
 def nothing_runs(ids: list[str]) -> set[str]:
@@ -51,9 +51,9 @@ def test_a_finished_jobs_record_script_logs_markers_and_index_entry_go(tmp_path)
     cleaning = run_clean(tmp_path)
     assert files_of(tmp_path, "11") == []
     assert not (tmp_path / STATE_DIR / "11.exit").exists()
-    assert not list((tmp_path / ".snakemake/multinode/runs").glob("*/*.json"))
+    assert not list(StateFolders(tmp_path).runs.glob("*/*.json"))
     assert Registry(tmp_path, "next").latest_for(["out.txt"]) is None  # the index forgot it too
-    assert not (tmp_path / ".snakemake/multinode/logs/rule_work").exists()  # empty folders go
+    assert not (StateFolders(tmp_path).logs / "rule_work").exists()  # empty folders go
     assert cleaning.size >= 400
 
 
@@ -96,7 +96,7 @@ def test_a_declared_output_is_never_removed_even_where_a_log_would_be(tmp_path):
 
 
 def test_snapshots_no_kept_job_names_go_with_the_objects_only_they_held(tmp_path):
-    base = tmp_path / ".snakemake/multinode"
+    base = StateFolders(tmp_path).root
     (base / "objects/ab").mkdir(parents=True)
     shared, only_old = base / "objects/ab/shared", base / "objects/ab/only-old"
     shared.write_text("s")

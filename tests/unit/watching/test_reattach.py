@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, StateFolders
 from snakemake_executor_multinode.slurm.client import JobState
 from snakemake_executor_multinode.watching.reattach import RunReason, decide
 from snakemake_executor_multinode.watching.registry import Registry, Submission
@@ -28,7 +29,7 @@ def folder(tmp_path: Path) -> Path:
     Registry(tmp_path, "old").record(
         Submission("old", "work", {}, OUTPUTS, "mn-old-work", 1, "s.sh", "l.log", "41", fingerprint="f1")
     )
-    (tmp_path / ".snakemake/multinode/state").mkdir(parents=True)
+    StateFolders(tmp_path).state.mkdir(parents=True)
     return tmp_path
 
 
@@ -36,12 +37,12 @@ NOTHING = RunReason()  # Snakemake runs the job for a missing output only
 
 
 def judge(folder: Path, client: FakeClient, reason: RunReason = NOTHING, fingerprint: str = "f1", **kw):
-    tracker = Tracker(folder / ".snakemake/multinode/state", client)  # type: ignore[arg-type]
+    tracker = Tracker(StateFolders(folder).state, client)  # type: ignore[arg-type]
     return decide("work", OUTPUTS, fingerprint, reason, Registry(folder, "new"), tracker, folder, **kw)
 
 
 def finished(folder: Path, code: int = 0) -> None:
-    (folder / ".snakemake/multinode/state/41.exit").write_text(f"{code} 0 mn-old-work\n")
+    StateFolders(folder).marker("41", EXIT_MARKER).write_text(f"{code} 0 mn-old-work\n")
 
 
 def test_a_running_job_of_a_killed_run_is_adopted(folder):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from snakemake_executor_multinode.slurm.client import QueryError, SlurmClient
 from snakemake_executor_multinode.watching import report
 from snakemake_executor_multinode.watching.registry import Registry, Submission
@@ -148,7 +149,7 @@ def test_csv_has_job_rule_and_run_lines_and_markdown_names_the_suggestion(tmp_pa
     subs = [sub("205", "spin"), sub("440", "train", split="a"), sub("239", "wait")]
     rep = report.collect("run1", subs, FakeAccounting(SACCT))  # type: ignore[arg-type]
     csv_path, md_path = report.write(rep, tmp_path)
-    assert csv_path == tmp_path / ".snakemake/multinode/reports/run1.csv" and md_path.suffix == ".md"
+    assert csv_path == StateFolders(tmp_path).reports / "run1.csv" and md_path.suffix == ".md"
     lines = list(csv.DictReader(io.StringIO(csv_path.read_text())))
     assert [line["scope"] for line in lines] == ["job"] * 3 + ["rule"] * 3 + ["run"]
     spin = next(line for line in lines if line["scope"] == "job" and line["rule"] == "spin")
