@@ -2,8 +2,9 @@
 
 An environment profile's `container:` key (contract/container_spec.py: validated by `parse`) becomes
 MULTINODE_CONTAINER_* variables in the job script (`env_lines`); `multinode torchrun` reads them back (`from_env`; a
-hand-written sbatch script may set them too) and `wrap` turns each node's torchrun into the runtime's command. Only the per-node launch is wrapped: the job
-script's head-node part (node discovery, markers, requeue) and the launcher itself stay outside the image.
+hand-written sbatch script may set them too) and `wrap` turns each node's torchrun into the runtime's command. Only
+the per-node launch is wrapped: the job script's head-node part (node discovery, markers, requeue) and the launcher
+itself stay outside the image.
 
 - pyxis: srun flags (`--container-image/-mounts/-workdir`); the whole task (`bash -c`) then runs in the image.
 - apptainer/singularity: `apptainer exec [--nv] --bind ... --pwd ... IMAGE sh -c 'trap "" USR2; exec "$@"' ...`;
