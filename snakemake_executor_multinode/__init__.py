@@ -1,8 +1,5 @@
-"""Multi-node SLURM jobs for Snakemake rules: the core (no Snakemake import here).
-
-Data flows one way: rule resources -> request.JobRequest (validated) -> jobscript.render -> slurm.submit ->
-status.Tracker. `multinode torchrun` (launch.py) runs inside the job; `multinode cluster` (sandbox/) is the local
-cluster to try it on.
+"""Multi-node SLURM jobs for Snakemake rules: the core (no Snakemake import here). Its stages, lowest first:
+contract, slurm, sandbox, launching, planning, watching, session.py, cli; docs/design.md draws them once.
 """
 
 __version__ = "0.1.0"

@@ -1,2 +1,2 @@
-"""SLURM itself: the one client (sbatch, squeue, sacct, scancel, scontrol) with its states, retries and parsing, and
-what this plugin knows of sbatch's flags."""
+"""SLURM itself: the one client (sbatch, squeue, sacct, scancel, scontrol), SLURM's output formats, sbatch's flags
+per release (docs/design.md: its modules)."""
