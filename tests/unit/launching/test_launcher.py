@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import launcher, stall
 from snakemake_executor_multinode.launching.launcher import (
     Allocation,
@@ -376,7 +377,7 @@ def test_a_failure_stops_the_step_and_the_launcher_does_not_wait_on_it(tmp_path,
 def stalled_step(tmp_path: Path, preempt: Path) -> tuple[int, str]:
     """A step that makes no progress under on_stall requeue, run by the launcher's supervision: (its exit code, the
     stall marker's text). The fake srun ends on the launcher's gentle stop (SIGUSR1), as srun's tasks do."""
-    stem = str(tmp_path / "9.attempt1")
+    stem = str(JobFiles.of(tmp_path, "9", 1).prefix)
     nodes = ["node1", "node2"]
     for node in nodes:  # every node's stacks are in: the verdict need not wait for them
         stall.done_file(stem, node).write_text("done\n")

@@ -40,7 +40,7 @@ def write_stacks(stem: str, tops: dict[str, tuple[str, str]]) -> None:
 
 
 def test_the_verdict_names_the_rank_that_differs_from_the_majority(tmp_path):
-    stem = str(tmp_path / "7.attempt1")
+    stem = str(JobFiles.of(tmp_path, "7", 1).prefix)
     barrier = "barrier (torch/distributed/distributed_c10d.py:5356)"
     write_stacks(
         stem, {"0": ("n1", barrier), "1": ("n1", barrier), "2": ("n2", barrier), "3": ("n2", "get (queue.py:180)")}
@@ -50,10 +50,10 @@ def test_the_verdict_names_the_rank_that_differs_from_the_majority(tmp_path):
 
 
 def test_without_a_majority_every_place_is_named_and_alike_stacks_name_none(tmp_path):
-    stem = str(tmp_path / "8.attempt1")
+    stem = str(JobFiles.of(tmp_path, "8", 1).prefix)
     write_stacks(stem, {"0": ("n1", "a (x.py:1)"), "1": ("n2", "b (y.py:2)")})
     assert stall.verdict(stem, ["n1", "n2"], 90, "l").endswith("; rank 0: a (x.py:1); rank 1: b (y.py:2)")
-    same = str(tmp_path / "9.attempt1")
+    same = str(JobFiles.of(tmp_path, "9", 1).prefix)
     write_stacks(same, {"0": ("n1", "a (x.py:1)"), "1": ("n2", "a (x.py:1)")})
     assert stall.verdict(same, ["n1", "n2"], 90, "l") == "stalled: no progress for 90s on any rank; stacks in l"
 

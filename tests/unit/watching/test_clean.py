@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract.jobfiles import INDEX_DIR, STATE_DIR, StateFolders
+from snakemake_executor_multinode.contract.jobfiles import (
+    EXIT_MARKER,
+    INDEX_DIR,
+    STATE_DIR,
+    JobFiles,
+    StateFolders,
+    marker,
+)
 from snakemake_executor_multinode.watching import clean
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 
@@ -21,12 +28,12 @@ def job(wd: Path, run: str, jobid: str, outputs=("out.txt",), ended: str | None 
     """A submission as a run leaves it: record, script, log, node file, metrics, exit marker."""
     logdir = StateFolders(wd).logs / f"rule_{rule}" / "_"
     logdir.mkdir(parents=True, exist_ok=True)
-    stem = logdir / f"{jobid}.attempt1"
-    for suffix in (".sh", ".log", ".node1.out", ".metrics.jsonl"):
-        Path(f"{stem}{suffix}").write_text("x" * 100)
+    files = JobFiles.of(logdir, jobid, 1)
+    for path in (files.script, files.log, files.node_out("node1"), files.metrics):
+        path.write_text("x" * 100)
     (wd / STATE_DIR).mkdir(parents=True, exist_ok=True)
-    (wd / STATE_DIR / f"{jobid}.exit").write_text("0 0 name\n")
-    sub = Submission(run, rule, {}, tuple(outputs), f"mn-{run}-{jobid}", 1, f"{stem}.sh", f"{stem}.log", jobid,
+    marker(wd / STATE_DIR, jobid, EXIT_MARKER).write_text("0 0 name\n")
+    sub = Submission(run, rule, {}, tuple(outputs), f"mn-{run}-{jobid}", 1, str(files.script), str(files.log), jobid,
                      submitted_at=at, ended=ended, ended_at=None if ended is None else at + 60)  # fmt: skip
     return Registry(wd, run).record(sub)
 

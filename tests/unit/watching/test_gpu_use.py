@@ -34,23 +34,23 @@ def write_samples(log: Path, node: str, text: str) -> Path:
 
 
 def test_a_node_s_mean_utilisation_and_the_peak_memory_of_one_gpu(tmp_path):
-    use = gpu_use.read(write_samples(tmp_path / "41.attempt1.log", "node1", SAMPLES))
+    use = gpu_use.read(write_samples(JobFiles.of(tmp_path, "41", 1).log, "node1", SAMPLES))
     # the unreadable values and the line cut by the sampler's end count for nothing
     assert use == gpu_use.NodeGpus(samples=4, mean_util=50.0, peak_mem_mib=41000.0, total_mem_mib=81559.0)
     assert use.describe() == "util 50% mem 40.0/79.6 GiB"
 
 
 def test_every_node_of_the_job_is_read_and_nothing_else(tmp_path):
-    log = tmp_path / "41.attempt1.log"
+    log = JobFiles.of(tmp_path, "41", 1).log
     write_samples(log, "node2", "t, 0, 10, 1024, 2048\n")
     write_samples(log, "node1", SAMPLES)
     write_samples(log, "node3", "")  # started, no sample yet
-    write_samples(tmp_path / "42.attempt1.log", "node1", SAMPLES)  # another job
-    (tmp_path / "41.attempt1.node1.out").write_text("[node1 rank0] hello\n")
+    write_samples(JobFiles.of(tmp_path, "42", 1).log, "node1", SAMPLES)  # another job
+    JobFiles.from_log(log).node_out("node1").write_text("[node1 rank0] hello\n")
     found = gpu_use.for_log(log)
     assert list(found) == ["node1", "node2"]
     assert gpu_use.describe(found) == "node1 util 50% mem 40.0/79.6 GiB, node2 util 10% mem 1.0/2.0 GiB"
-    assert gpu_use.for_log(tmp_path / "43.attempt1.log") == {}
+    assert gpu_use.for_log(JobFiles.of(tmp_path, "43", 1).log) == {}
 
 
 def test_status_shows_each_sampled_job_s_nodes_below_the_table(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.cli.main import main
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.slurm.client import JobState, QueryError
 from snakemake_executor_multinode.watching import logs, status_view
 from snakemake_executor_multinode.watching.registry import Registry, Submission
@@ -28,7 +29,7 @@ plain [node1 rank1] inside a line
 
 
 def record(wd: Path, run: str, rule: str, jobid: str, at: float, outputs: tuple[str, ...] = ()) -> Submission:
-    log = wd / f"logs/rule_{rule}/_/{jobid}.attempt1.log"
+    log = JobFiles.of(wd / "logs" / f"rule_{rule}" / "_", jobid, 1).log
     sub = Submission(
         run, rule, {}, outputs or (f"results/{rule}.txt",), f"mn-{run}-{rule}-{jobid}", 1, "s.sh", str(log)
     )
@@ -99,7 +100,7 @@ def test_logs_prints_every_run_of_a_requeued_job_oldest_first(tmp_path, capsysbi
     first = Path(sub.log)
     first.parent.mkdir(parents=True)
     first.write_bytes(b"[node1 rank1] run 0\n")
-    first.with_name("41.attempt1.restart1.log").write_bytes(b"[node2 rank1] run 1\n[node2 rank0] run 1\n")
+    JobFiles.from_log(first).restart(1).log.write_bytes(b"[node2 rank1] run 1\n[node2 rank0] run 1\n")
     assert main(["logs", "--rank", "1", "-d", str(tmp_path), "41"]) == 0
     assert capsysbinary.readouterr().out == b"[node1 rank1] run 0\n[node2 rank1] run 1\n"
 
@@ -125,7 +126,7 @@ class Script:
 def test_follow_goes_on_across_a_requeues_new_log_and_ends_with_the_job(tmp_path, monkeypatch):
     monkeypatch.setattr(logs, "STATE_S", 0.0)  # slurmctld asked at every poll: the script says what it answers
     sub = record(tmp_path, "r1", "train", "41", 1.0)
-    first, restart = Path(sub.log), Path(sub.log).with_name("41.attempt1.restart1.log")
+    first, restart = Path(sub.log), JobFiles.from_log(sub.log).restart(1).log
     first.parent.mkdir(parents=True)
 
     def append(path: Path, data: bytes):

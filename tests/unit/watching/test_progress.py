@@ -113,7 +113,7 @@ def test_rates_are_short(value, text):
 def test_at_most_one_line_per_job_per_interval_and_only_when_the_step_moved(tmp_path):
     clock = Clock()
     lines = ProgressLines(interval=60, clock=clock)
-    log = tmp_path / "5.attempt1.log"
+    log = JobFiles.of(tmp_path, "5", 1).log
     metrics = JobFiles.from_log(log).metrics
     assert lines.line("5", "train", log) is None  # no metrics yet: read again only after the interval
     write_lines(metrics, {"step": 1, "steps": 10})
@@ -128,11 +128,11 @@ def test_at_most_one_line_per_job_per_interval_and_only_when_the_step_moved(tmp_
     assert lines.line("5", "train", log) == "train (SLURM job 5): step 2/10"
     clock.now = 180
     assert lines.line("5", "train", log) is None  # the same step again: nothing new to say
-    assert lines.line("6", "other", tmp_path / "6.attempt1.log") is None  # each job on its own clock
+    assert lines.line("6", "other", JobFiles.of(tmp_path, "6", 1).log) is None  # each job on its own clock
 
 
 def test_an_interval_of_0_turns_progress_lines_off(tmp_path):
-    log = tmp_path / "5.attempt1.log"
+    log = JobFiles.of(tmp_path, "5", 1).log
     write_lines(JobFiles.from_log(log).metrics, {"step": 1})
     assert ProgressLines(interval=0).line("5", "train", log) is None
     assert ProgressLines(interval=60).line("5", "train", None) is None
@@ -149,7 +149,7 @@ def test_the_line_carries_mfu_when_the_training_says_it():
 
 
 def test_the_progress_line_snakemake_prints_carries_mfu(tmp_path):
-    log = tmp_path / "7.attempt1.log"
+    log = JobFiles.of(tmp_path, "7", 1).log
     write_lines(JobFiles.from_log(log).metrics, {"step": 10, "steps": 20, "tokens_per_s": 2048.0, "mfu": 0.5})
     line = ProgressLines(interval=60, clock=Clock()).line("7", "train", log)
     assert line == "train (SLURM job 7): step 10/20 2.0k tok/s mfu 50.0%"

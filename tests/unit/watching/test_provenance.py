@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.watching import provenance
 
 
@@ -28,7 +29,7 @@ def submitted(tmp_path: Path, command: str = "python train.py", token: str = "s3
 
 
 def runs_file(tmp_path: Path, *lines: dict) -> Path:
-    path = tmp_path / "41.attempt1.runs.jsonl"
+    path = JobFiles.of(tmp_path, "41", 1).runs
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 

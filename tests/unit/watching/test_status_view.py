@@ -38,7 +38,7 @@ CTLD_DOWN = "slurm_load_jobs error: Unable to contact slurm controller (connect 
 
 
 def record(workdir: Path, run: str, rule: str, jobid: str | None, at: float, **kw) -> Submission:
-    log = workdir / f"logs/rule_{rule}/_/{jobid}.attempt1.log"
+    log = JobFiles.of(workdir / "logs" / f"rule_{rule}" / "_", str(jobid), 1).log
     sub = Submission(run, rule, kw.pop("wildcards", {}), (f"{rule}.out",), f"mn-{run}-{rule}", 1, "s.sh", str(log))
     return Registry(workdir, run).record(replace(sub, jobid=jobid, submitted_at=at, **kw))
 
@@ -111,10 +111,10 @@ def test_rows_say_what_slurm_and_the_files_say(tmp_path):
     log = Path(train.log)
     log.parent.mkdir(parents=True)
     log.touch()
-    (log.parent / "440.attempt1.restart1.log").touch()  # the rerun after a requeue writes its own log
-    (log.parent / "440.attempt1.restart2.log").touch()
+    JobFiles.from_log(log).restart(1).log.touch()  # the rerun after a requeue writes its own log
+    JobFiles.from_log(log).restart(2).log.touch()
     Path(old.log).parent.mkdir(parents=True)
-    (Path(old.log).parent / "12.attempt1.restart1.log").touch()
+    JobFiles.from_log(old.log).restart(1).log.touch()
     metrics = JobFiles.from_log(log).metrics
     metrics.write_text(json.dumps({"step": 3, "steps": 10, "loss": 4.7, "step_ms": 2000}) + "\n")
     (tmp_path / STATE_DIR).mkdir(parents=True)
@@ -124,7 +124,7 @@ def test_rows_say_what_slurm_and_the_files_say(tmp_path):
         r.rule: r for r in status_view.collect(tmp_path, status_view.run_table(tmp_path)[run], SlurmClient(runner=fake))
     }
     assert rows["train"].state == "RUNNING" and rows["train"].restarts == 2  # squeue's RestartCnt
-    assert rows["train"].log.endswith("440.attempt1.restart2.log")  # the current run's log
+    assert rows["train"].log == str(JobFiles.from_log(log).restart(2).log)  # the current run's log
     assert rows["train"].progress == "step 3/10 loss 4.7 ETA 14s"  # ETA while it runs
     assert (rows["evaluate"].state, rows["evaluate"].reason, rows["evaluate"].wildcards) == (
         "PENDING",
