@@ -25,7 +25,7 @@ from typing import TypeVar
 
 import yaml
 
-from snakemake_executor_multinode.contract.jobfiles import StateFolders
+from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
 from snakemake_executor_multinode.contract.releases import DEFAULT as DEFAULT_SLURM
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.sandbox.cluster import slurm_env
@@ -389,6 +389,15 @@ def copied_workflow(name: str, tmp_path: Path) -> Path:
 
 def job_logs(workdir: Path, rule: str) -> list[Path]:
     return sorted((StateFolders(workdir).logs / f"rule_{rule}").rglob("*.log"))
+
+
+def run_log_names(job: str, restarts: int) -> list[str]:
+    """The names of a job's logs (its first attempt's) when it ran 1 + `restarts` times: one log per run."""
+    files = JobFiles.of(Path(), job, 1)
+    return [files.restart(k).log.name for k in range(restarts + 1)]
+
+
+ANY_FIRST_SCRIPT = JobFiles.of(Path(), "*", 1).script.name  # a glob: the script of any job's first attempt
 
 
 def jobs_from(cl, workdir: Path) -> set[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
-from tests.helpers import multinode, snakemake
+from tests.helpers import ANY_FIRST_SCRIPT, multinode, snakemake
 
 pytestmark = pytest.mark.cluster
 
@@ -217,11 +217,11 @@ def test_preview_prints_the_script_the_run_submits(slurm_cluster, wd):
     run = snakemake(wd, "down.txt", "py.txt", check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "SLURM uses its default partition 'gpu'" in run.stderr  # the run warns as the check does
-    [kept] = (StateFolders(wd).logs / "rule_down/_").glob("*.attempt1.sh")
+    [kept] = (StateFolders(wd).logs / "rule_down/_").glob(ANY_FIRST_SCRIPT)
     assert normalized(preview.stdout, "down") == normalized(kept.read_text(), "down")
     # A run: block starts Snakemake inside the job: the preview shows that real command. Snakemake's own command
     # line differs between processes (a temporary folder, the order of set-valued options), the rest is identical.
-    [kept] = (StateFolders(wd).logs / "rule_py/_").glob("*.attempt1.sh")
+    [kept] = (StateFolders(wd).logs / "rule_py/_").glob(ANY_FIRST_SCRIPT)
     command = re.compile(r"^bash -c .* &$", re.M)  # the job script runs the rule's command in the background
     [previewed] = command.findall(inner.stdout)
     assert "-m snakemake" in previewed and "--target-jobs" in previewed and "'py:'" in previewed

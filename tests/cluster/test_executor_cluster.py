@@ -17,8 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract.jobfiles import StateFolders
-from tests.helpers import REPO, job_logs, jobs_from, log_times, slurm, snakemake, wait_for
+from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
+from tests.helpers import (
+    ANY_FIRST_SCRIPT,
+    REPO,
+    job_logs,
+    jobs_from,
+    log_times,
+    run_log_names,
+    slurm,
+    snakemake,
+    wait_for,
+)
 
 pytestmark = pytest.mark.cluster
 WORKFLOWS = REPO / "tests" / "workflows"
@@ -234,7 +244,7 @@ def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes(slurm_clus
     wd = copy_workflow("timelimit", tmp_path)
     logdir = StateFolders(wd).logs / "rule_train"
     with background_snakemake(wd) as proc:
-        script = wait_for(lambda: next(logdir.rglob("*.attempt1.sh"), None), "submitted job script", 120, proc)
+        script = wait_for(lambda: next(logdir.rglob(ANY_FIRST_SCRIPT), None), "submitted job script", 120, proc)
         job = script.name.split(".")[0]
         assert jobs_from(slurm_cluster, wd) == {job}
         assert "#SBATCH --signal=USR2@60" in script.read_text().splitlines()
@@ -252,13 +262,13 @@ def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes(slurm_clus
         slurm_cluster.run("scontrol", "update", f"JobId={job}", "TimeLimit=10", check=False)
         proc.wait(timeout=600)
     assert proc.returncode == 0, snakemake_output(wd)
-    assert [p.name for p in job_logs(wd, "train")] == [f"{job}.attempt1.log", f"{job}.attempt1.restart1.log"]
+    assert [p.name for p in job_logs(wd, "train")] == run_log_names(job, 1)
     first_text = first.read_text()
     for rank in (0, 1):
         assert f"worker rank {rank}: got SIGUSR2 at restart 0, checkpointed" in first_text
     assert "[multinode] checkpointed after SIGUSR2 (checkpoint)" in first_text
     assert "[multinode] requeued; the next run resumes from the checkpoint" in first_text
-    rerun = script.with_name(f"{job}.attempt1.restart1.log").read_text()
+    rerun = JobFiles.of(script.parent, job, 1).restart(1).log.read_text()
     assert "restart 1," in rerun and "[multinode] exit 0," in rerun
     for rank in (0, 1):
         assert (
@@ -278,7 +288,7 @@ def test_checkpoint_without_requeue_is_resumed_by_snakemake_retries(slurm_cluste
     wd = copy_workflow("timelimit", tmp_path)
     logdir = StateFolders(wd).logs / "rule_train"
     with background_snakemake(wd, "--multinode-max-requeues", "0", "--retries", "1") as proc:
-        script = wait_for(lambda: next(logdir.rglob("*.attempt1.sh"), None), "submitted job script", 120, proc)
+        script = wait_for(lambda: next(logdir.rglob(ANY_FIRST_SCRIPT), None), "submitted job script", 120, proc)
         job = script.name.split(".")[0]
         wait_for(lambda: ranks_waiting(wd), "both workers waiting for SIGUSR2", 300, proc)
         slurm(slurm_cluster, "scancel", "--signal=USR2", job)
@@ -322,7 +332,7 @@ def test_ctrl_c_cancels_every_submitted_job(slurm_cluster, tmp_path):
         deadline = time.monotonic() + 60
         scripts: list[Path] = []
         while len(scripts) < 2 and time.monotonic() < deadline:
-            scripts = [p for p in (wd / ".snakemake").rglob("*.attempt1.sh")]
+            scripts = [p for p in (wd / ".snakemake").rglob(ANY_FIRST_SCRIPT)]
             time.sleep(0.3)
         ids = [p.name.split(".")[0] for p in scripts]
         assert len(ids) == 2

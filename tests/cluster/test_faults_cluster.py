@@ -35,6 +35,7 @@ from tests.helpers import (
     jobs_from,
     lines,
     records,
+    run_log_names,
     sacct_jobs,
     squeue_states,
     wait_for,
@@ -155,10 +156,8 @@ def test_scontrol_requeue_of_a_running_two_node_job_is_news_not_a_failure(slurm_
     assert lines(wd / "writes.txt") == ["run-1"]  # the output written once, by the second run
     assert lines(wd / "out.txt") == ["run-1"]
     logdir = StateFolders(wd).logs / "rule_work"
-    assert sorted(p.name for p in logdir.rglob("*.log")) == [f"{job}.attempt1.log", f"{job}.attempt1.restart1.log"]
-    first, second = (
-        next(logdir.rglob(name)).read_text() for name in (f"{job}.attempt1.log", f"{job}.attempt1.restart1.log")
-    )
+    assert sorted(p.name for p in logdir.rglob("*.log")) == run_log_names(job, 1)
+    first, second = (next(logdir.rglob(name)).read_text() for name in run_log_names(job, 1))
     assert "restart 0," in first and "[multinode] exit 143," in first and "exit 0," not in first
     assert "restart 1," in second and "[multinode] exit 0," in second
     # one SLURM job, one submission: the requeue was never mistaken for a failure and resubmitted

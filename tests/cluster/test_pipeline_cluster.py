@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
-from tests.helpers import REPO, background, slurm, wait_for
+from tests.helpers import ANY_FIRST_SCRIPT, REPO, background, run_log_names, slurm, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -160,14 +160,14 @@ def test_usr2_during_training_checkpoints_requeues_and_the_rerun_resumes_at_that
     cfg_path.write_text(yaml.safe_dump(cfg))
     logdir = StateFolders(wd).logs / "rule_train"
     with background(wd, "results/model/final.pt", command=SNAKEMAKE) as sm:  # left early: Ctrl-C, jobs cancelled
-        script = wait_for(lambda: next(logdir.rglob("*.attempt1.sh"), None), "the train job", 300, sm.proc)
+        script = wait_for(lambda: next(logdir.rglob(ANY_FIRST_SCRIPT), None), "the train job", 300, sm.proc)
         job = script.name.split(".")[0]
         frozen_step = usr2_to_frozen_ranks(slurm_cluster, job, wd, sm.proc)
         assert 5 <= frozen_step <= steps - 3, frozen_step
         rc = sm.wait(600)
     assert rc == 0, sm.text[-5000:]
     logs = sorted(logdir.rglob("*.log"))
-    assert [p.name for p in logs] == [f"{job}.attempt1.log", f"{job}.attempt1.restart1.log"]  # one log per run
+    assert [p.name for p in logs] == run_log_names(job, 1)  # one log per run
     first, rerun = (p.read_text() for p in logs)
     checkpointed = re.search(r"^\[\S+ rank0\] SIGUSR2: checkpointed step (\d+), exiting for requeue$", first, re.M)
     assert checkpointed, first

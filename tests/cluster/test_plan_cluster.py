@@ -12,6 +12,7 @@ import pytest
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from snakemake_executor_multinode.planning.plan import Planner, RuleJob, direct_command
 from snakemake_executor_multinode.session import Settings
+from tests.helpers import ANY_FIRST_SCRIPT
 
 pytestmark = [pytest.mark.cluster, pytest.mark.one_release]
 
@@ -40,7 +41,7 @@ def test_the_kept_script_is_exactly_what_plan_job_and_preview_render_for_the_rul
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    [kept] = (StateFolders(wd).logs / "rule_train/sample=a").glob("*.attempt1.sh")
+    [kept] = (StateFolders(wd).logs / "rule_train/sample=a").glob(ANY_FIRST_SCRIPT)
     script = kept.read_text()
     [(run_id, key)] = re.findall(r"^#SBATCH --job-name=mn-(\w+)-train-(\S+)$", script, re.M)
 

@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from snakemake_executor_multinode.contract.jobfiles import StateFolders
-from tests.helpers import REPO, jobs_from, slurm, wait_for
+from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
+from tests.helpers import ANY_FIRST_SCRIPT, REPO, jobs_from, slurm, wait_for
 
 WORKFLOW = REPO / "tests" / "workflows" / "timelimit"
 
@@ -51,7 +51,7 @@ def run_until_signalled(cl, wd: Path, *args: str) -> tuple[subprocess.Popen, str
     cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--latency-wait", "5", *args]
     proc = subprocess.Popen(cmd, cwd=wd, stdout=out, stderr=subprocess.STDOUT, text=True)
     logdir = StateFolders(wd).logs / "rule_train"
-    script = wait_for(lambda: next(logdir.rglob("*.attempt1.sh"), None), "the submitted job script", 120, proc)
+    script = wait_for(lambda: next(logdir.rglob(ANY_FIRST_SCRIPT), None), "the submitted job script", 120, proc)
     job = script.name.split(".")[0]
     assert jobs_from(cl, wd) == {job}
     wait_for(
@@ -66,7 +66,7 @@ def test_a_requeued_job_resumes_with_the_code_it_was_submitted_with_and_its_outp
     wd = workflow(tmp_path, git=True)
     proc, job, first = run_until_signalled(slurm_cluster, wd)
     assert proc.wait(timeout=600) == 0, (wd / "snakemake.out").read_text()
-    rerun = first.with_name(f"{job}.attempt1.restart1.log").read_text()
+    rerun = JobFiles.from_log(first).restart(1).log.read_text()
     assert "[multinode] requeued; the next run resumes" in first.read_text()
     for rank in (0, 1):
         assert f"code v1, worker rank {rank}: resumed from checkpoint" in rerun  # the submitted code
@@ -98,7 +98,7 @@ def test_with_nothing_frozen_a_restart_whose_code_changed_stops_naming_the_file(
     wd = workflow(tmp_path, git=False)
     proc, job, first = run_until_signalled(slurm_cluster, wd, "--multinode-snapshot", "off")
     assert proc.wait(timeout=600) != 0
-    rerun = first.with_name(f"{job}.attempt1.restart1.log").read_text()
+    rerun = JobFiles.from_log(first).restart(1).log.read_text()
     assert "[multinode] not resuming: the code changed since the job was submitted:" in rerun
     assert f"{wd / 'worker.py'}: FAILED" in rerun
     assert "resumed from checkpoint" not in rerun and "[multinode] exit 86," in rerun

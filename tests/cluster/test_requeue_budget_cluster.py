@@ -29,6 +29,7 @@ from tests.helpers import (
     lines,
     records,
     restart_slurmctld,
+    run_log_names,
     sacct_jobs,
     wait_for,
 )
@@ -64,12 +65,12 @@ def test_a_job_requeued_by_an_admin_three_times_still_requeues_itself_after_its_
         sm.stop()
     assert rc == 0, sm.text
     logs = {p.name: p.read_text() for p in job_logs(wd, "train")}
-    restarts = [f"{job}.attempt1.restart{r}.log" for r in range(1, 5)]
-    assert sorted(logs) == sorted([f"{job}.attempt1.log", *restarts]), sorted(logs)
-    third = logs[f"{job}.attempt1.restart3.log"]
+    names = run_log_names(job, 4)
+    assert sorted(logs) == sorted(names), sorted(logs)
+    third = logs[names[3]]
     assert "[multinode] checkpointed after SIGUSR2" in third
     assert "[multinode] requeued; the next run resumes from the checkpoint" in third
-    last = logs[f"{job}.attempt1.restart4.log"]
+    last = logs[names[4]]
     assert "restart 4," in last and "[multinode] exit 0," in last
     for rank in (0, 1):
         resumed = f"worker rank {rank}: resumed from checkpoint results/ckpt/rank{rank}.json (SIGUSR2 at restart 3)"

@@ -14,7 +14,7 @@ from datetime import datetime
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
-from tests.helpers import REPO, alive, job_logs, jobs_from, log_times
+from tests.helpers import REPO, alive, job_logs, jobs_from, log_times, run_log_names
 
 WORKFLOW = REPO / "tests" / "workflows" / "stall"
 
@@ -62,8 +62,7 @@ def test_a_stalled_job_under_on_stall_requeue_is_requeued_and_its_next_run_resum
     assert proc.returncode == 0 and (wd / "done.txt").exists(), said
     (job,) = jobs_from(slurm_cluster, wd)  # one submission: the requeue is the job's own
     logdir = StateFolders(wd).logs / "rule_train"
-    first = next(logdir.rglob(f"{job}.attempt1.log")).read_text()
-    rerun = next(logdir.rglob(f"{job}.attempt1.restart1.log")).read_text()
+    first, rerun = (next(logdir.rglob(name)).read_text() for name in run_log_names(job, 1))
     assert re.search(
         r"stalled: no progress for 20s on any rank; stacks in \S+; rank 3 differs: .*; requeued to resume", first
     ), first
