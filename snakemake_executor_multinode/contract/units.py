@@ -1,7 +1,7 @@
 """Durations and sizes read with Snakemake's own rules (snakemake/resources.py `Resource.parse_human_friendly`, which
 uses humanfriendly's parse_timespan/parse_size), re-implemented because the core imports neither Snakemake nor
-humanfriendly: a value `multinode preview` accepts means what Snakemake makes of it. tests/test_request.py compares
-them with Snakemake's on a table and on random strings.
+humanfriendly: a value `multinode preview` accepts means what Snakemake makes of it. tests/unit/planning/test_request.py
+compares them with Snakemake's on a table and on random strings.
 """
 
 from __future__ import annotations

@@ -248,7 +248,7 @@ class Check:
         return self.nodes[node_rank] if node_rank < len(self.nodes) else f"node_rank {node_rank}"
 
     def blame(self, node: str) -> None:
-        """The node to blame, in $MULTINODE_FAILED_NODE_FILE (the first writer in the job wins, as in launch.py)."""
+        """The node to blame, in $MULTINODE_FAILED_NODE_FILE (the first writer in the job wins, as in launcher.py)."""
         protocol.record_failed_node(self.failed_node_file, node)
 
 

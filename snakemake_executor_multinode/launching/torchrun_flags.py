@@ -1,8 +1,9 @@
 """torchrun's command-line flags, without importing torch (1.5-4 s on every node just to split a command line).
 
 `TAKES_VALUE` is torchrun's option table (name -> whether it takes a value) for the torch pinned in
-constraints.txt; tests/test_launch.py checks it against torch's own parser, `torch.distributed.run.get_args_parser()`,
-so a torch upgrade that adds or changes a flag fails that test instead of a user's run.
+constraints.txt; tests/unit/launching/test_launcher.py checks it against torch's own parser,
+`torch.distributed.run.get_args_parser()`, so a torch upgrade that adds or changes a flag fails that test instead of a
+user's run.
 """
 
 from __future__ import annotations

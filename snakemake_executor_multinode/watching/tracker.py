@@ -1,8 +1,9 @@
 """Notice finished jobs within a second without loading slurmctld.
 
-The job script writes its exit code into an exit marker (protocol.py) when it ends, so each status cycle is a few stat()
-calls on the shared filesystem. A slow batched sweep (one sacct, or squeue when accounting is off) catches jobs that
-die without writing a marker: cancelled, killed at the time limit, lost with their node, never started.
+The job script writes its exit code into an exit marker (contract/jobfiles.py) when it ends, so each status cycle is
+a few stat() calls on the shared filesystem. A slow batched sweep (one sacct, or squeue when accounting is off)
+catches jobs that die without writing a marker: cancelled, killed at the time limit, lost with their node, never
+started.
 """
 
 from __future__ import annotations
