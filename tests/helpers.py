@@ -381,10 +381,15 @@ TEST_WORKFLOWS = REPO / "tests" / "workflows"
 
 
 def copied_workflow(name: str, tmp_path: Path) -> Path:
-    """tests/workflows/<name> copied to <tmp>/wd, where the test runs it."""
-    wd = tmp_path / "wd"
+    """tests/workflows/<name> copied to <tmp>/<name>, where the test runs it."""
+    wd = tmp_path / name
     shutil.copytree(TEST_WORKFLOWS / name, wd)
     return wd
+
+
+def timelimit_ranks_waiting(wd: Path) -> bool:
+    """Both workers of tests/workflows/timelimit have installed their USR2 handler and wait for the signal."""
+    return all((wd / "results" / "ckpt" / f"ready{rank}").exists() for rank in (0, 1))
 
 
 def job_logs(workdir: Path, rule: str) -> list[Path]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,23 +20,18 @@ from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolder
 from tests.helpers import (
     ANY_FIRST_SCRIPT,
     REPO,
+    copied_workflow,
     job_logs,
     jobs_from,
     log_times,
     run_log_names,
     slurm,
     snakemake,
+    timelimit_ranks_waiting,
     wait_for,
 )
 
 pytestmark = pytest.mark.cluster
-WORKFLOWS = REPO / "tests" / "workflows"
-
-
-def copy_workflow(name: str, tmp_path: Path) -> Path:
-    dest = tmp_path / name
-    shutil.copytree(WORKFLOWS / name, dest)
-    return dest
 
 
 @contextmanager
@@ -85,7 +79,7 @@ def finished_in_sacct(cl, jobid: str, workdir: Path, *fields: str) -> dict[str, 
 
 
 def test_gpu_rule_becomes_one_two_node_job_with_one_torchrun_per_node(slurm_cluster, tmp_path):
-    wd = copy_workflow("torchrun", tmp_path)
+    wd = copied_workflow("torchrun", tmp_path)
     snakemake(wd)
     result = json.loads((wd / "results" / "allreduce.json").read_text())
     assert result["world_size"] == 4 and result["sum"] == 1 + 2 + 3 + 4
@@ -115,7 +109,7 @@ def assert_chain_result(wd: Path) -> None:
 
 
 def test_three_rule_chain_runs_cpu_and_multinode_jobs_in_order(slurm_cluster, tmp_path):
-    wd = copy_workflow("chain", tmp_path)
+    wd = copied_workflow("chain", tmp_path)
     # Markers, not SLURM queries, report completion: with the sacct/squeue sweep put off for an hour, the run can
     # only finish (within the hang guard) if every job's end is noticed from its marker.
     snakemake(wd, "--multinode-sweep-seconds", "3600")
@@ -137,7 +131,7 @@ def test_three_rule_chain_runs_cpu_and_multinode_jobs_in_order(slurm_cluster, tm
 
 
 def test_whole_pipeline_submitted_at_once_is_chained_by_afterok(slurm_cluster, tmp_path):
-    wd = copy_workflow("chain", tmp_path)
+    wd = copied_workflow("chain", tmp_path)
     snakemake(wd, "--immediate-submit", "--notemp")
     scripts = {
         rule: next((StateFolders(wd).logs / f"rule_{rule}").rglob("*.sh"))
@@ -232,16 +226,11 @@ def test_failing_node_stops_the_others_and_is_named(slurm_cluster, tmp_path):
     assert not (wd / "survivor.slept").exists()
 
 
-def ranks_waiting(wd: Path) -> bool:
-    """Both workers of tests/workflows/timelimit have their USR2 handler installed and wait for the signal."""
-    return all((wd / "results" / "ckpt" / f"ready{rank}").exists() for rank in (0, 1))
-
-
 def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes(slurm_cluster, tmp_path):
     """SLURM's own pre-time-limit signal (sbatch --signal=USR2@60, sent by slurmctld's periodic time-limit check),
     to a worker that does no computing and ends only once the signal has come: without the signal the job would
     run into its time limit (TIMEOUT) and the run would fail. Nothing here depends on how fast anything runs."""
-    wd = copy_workflow("timelimit", tmp_path)
+    wd = copied_workflow("timelimit", tmp_path)
     logdir = StateFolders(wd).logs / "rule_train"
     with background_snakemake(wd) as proc:
         script = wait_for(lambda: next(logdir.rglob(ANY_FIRST_SCRIPT), None), "submitted job script", 120, proc)
@@ -252,7 +241,7 @@ def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes(slurm_clus
         # both workers wait for it, the running job gets a short limit, 90-150 s from now: slurmctld's check (every
         # 30 s; it signals once the time left is within the 60 s lead plus one check) sends USR2 within ~90 s,
         # with more than 60 s left to checkpoint and requeue.
-        wait_for(lambda: ranks_waiting(wd), "both workers waiting for SIGUSR2", 300, proc)
+        wait_for(lambda: timelimit_ranks_waiting(wd), "both workers waiting for SIGUSR2", 300, proc)
         start = datetime.fromisoformat(slurm(slurm_cluster, "squeue", "-h", "-j", job, "-o", "%S").strip())
         limit = math.ceil(((datetime.now() - start).total_seconds() + 90) / 60)
         slurm(slurm_cluster, "scontrol", "update", f"JobId={job}", f"TimeLimit={limit}")
@@ -285,12 +274,12 @@ def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes(slurm_clus
 def test_checkpoint_without_requeue_is_resumed_by_snakemake_retries(slurm_cluster, tmp_path):
     """max-requeues 0: the checkpointed job ends with exit 85 and Snakemake's --retries resumes it as attempt 2
     (a new job). The signal comes from scancel --signal=USR2, as SLURM's --signal sends it: to every step process."""
-    wd = copy_workflow("timelimit", tmp_path)
+    wd = copied_workflow("timelimit", tmp_path)
     logdir = StateFolders(wd).logs / "rule_train"
     with background_snakemake(wd, "--multinode-max-requeues", "0", "--retries", "1") as proc:
         script = wait_for(lambda: next(logdir.rglob(ANY_FIRST_SCRIPT), None), "submitted job script", 120, proc)
         job = script.name.split(".")[0]
-        wait_for(lambda: ranks_waiting(wd), "both workers waiting for SIGUSR2", 300, proc)
+        wait_for(lambda: timelimit_ranks_waiting(wd), "both workers waiting for SIGUSR2", 300, proc)
         slurm(slurm_cluster, "scancel", "--signal=USR2", job)
         proc.wait(timeout=600)
     assert proc.returncode == 0, snakemake_output(wd)
@@ -443,7 +432,7 @@ cd {wd}
     ids=["batch-script", "srun-step"],
 )
 def test_multinode_torchrun_uses_a_hand_written_allocation(slurm_cluster, tmp_path, launch):
-    wd = copy_workflow("torchrun", tmp_path)
+    wd = copied_workflow("torchrun", tmp_path)
     (wd / "results").mkdir()
     script = wd / "job.sbatch"
     script.write_text(HAND_WRITTEN.format(wd=wd, launch=launch))

@@ -10,20 +10,16 @@ stops naming the changed file instead of resuming with other code.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
-from tests.helpers import ANY_FIRST_SCRIPT, REPO, jobs_from, slurm, wait_for
-
-WORKFLOW = REPO / "tests" / "workflows" / "timelimit"
+from tests.helpers import ANY_FIRST_SCRIPT, copied_workflow, jobs_from, slurm, wait_for
 
 
 def workflow(tmp_path: Path, git: bool) -> Path:
-    wd = tmp_path / "wf"
-    shutil.copytree(WORKFLOW, wd)
+    wd = copied_workflow("timelimit", tmp_path)
     worker = wd / "worker.py"
     worker.write_text(
         worker.read_text().replace('print(\n        f"worker rank', 'print(\n        f"code v1, worker rank')

@@ -12,17 +12,15 @@ Faults come by job id (scontrol requeue, scancel --signal) or from the job's own
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
 from tests.helpers import (
-    REPO,
     Cluster,
     Snakemake,
+    copied_workflow,
     figures,
     job_logs,
     jobs_from,
@@ -31,34 +29,31 @@ from tests.helpers import (
     restart_slurmctld,
     run_log_names,
     sacct_jobs,
+    timelimit_ranks_waiting,
     wait_for,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # each restart waits SLURM's requeue delay (cred_expire)
 
 
-def ranks_ready(wd: Path) -> bool:
-    """Both workers of tests/workflows/timelimit have installed their USR2 handler and wait for it."""
-    return all((wd / "results" / "ckpt" / f"ready{rank}").exists() for rank in (0, 1))
-
-
 def test_a_job_requeued_by_an_admin_three_times_still_requeues_itself_after_its_checkpoint(slurm_cluster, tmp_path):
     """max-requeues 1 and three admin requeues (SLURM's restart count 3): the pre-time-limit signal still makes the
     job checkpoint and requeue itself; the fifth run resumes and completes. (Before the budget was the job's own,
     restart 3 >= 1 ended the job with "not requeued".) The signal comes as SLURM's --signal sends it, by scancel."""
-    wd = tmp_path / "timelimit"
-    shutil.copytree(REPO / "tests" / "workflows" / "timelimit", wd)
+    wd = copied_workflow("timelimit", tmp_path)
     sm = Snakemake(wd, "--multinode-max-requeues", "1")
     try:
         _, line = sm.wait_line("rule train: SLURM job", timeout=120)
         job = line.split("SLURM job ")[1].split()[0]
         for restart in range(1, 4):
-            wait_for(lambda: ranks_ready(wd), f"both workers waiting for the signal (restart {restart - 1})", 300)
+            wait_for(
+                lambda: timelimit_ranks_waiting(wd), f"both workers waiting for the signal (restart {restart - 1})", 300
+            )
             for rank in (0, 1):
                 (wd / "results" / "ckpt" / f"ready{rank}").unlink()
             slurm_cluster.run("scontrol", "requeue", job)  # an admin (or a preemption with PreemptMode=REQUEUE)
             sm.wait_line(f"SLURM job {job}", f"restart {restart}", timeout=120)
-        wait_for(lambda: ranks_ready(wd), "both workers waiting for the signal (restart 3)", 300)
+        wait_for(lambda: timelimit_ranks_waiting(wd), "both workers waiting for the signal (restart 3)", 300)
         slurm_cluster.run("scancel", "--signal=USR2", job)  # the pre-time-limit signal
         rc = sm.wait(timeout=600)
     finally:

@@ -6,24 +6,17 @@ verdict depends on how fast anything runs (the one time bound is the issue's: ti
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import sys
 from datetime import datetime
 
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
-from tests.helpers import REPO, alive, job_logs, jobs_from, log_times, run_log_names
-
-WORKFLOW = REPO / "tests" / "workflows" / "stall"
+from tests.helpers import alive, copied_workflow, job_logs, jobs_from, log_times, run_log_names, snakemake
 
 
 def test_a_deadlocked_two_node_job_is_ended_with_every_ranks_stack_and_the_odd_rank_named(slurm_cluster, tmp_path):
-    wd = tmp_path / "stall"
-    shutil.copytree(WORKFLOW, wd)
-    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--latency-wait", "5"]
-    proc = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=600)
+    wd = copied_workflow("stall", tmp_path)
+    proc = snakemake(wd, jobs=1, timeout=600, check=False)
     said = proc.stdout + proc.stderr
     assert proc.returncode != 0, said
     (log,) = job_logs(wd, "train")
@@ -54,10 +47,8 @@ def test_a_stalled_job_under_on_stall_requeue_is_requeued_and_its_next_run_resum
 ):
     """on_stall: requeue. The same deadlock is ended the same way, then the job script requeues the job (one
     submission, no Snakemake retry); the next run resumes from the checkpoints the stalled one left and finishes."""
-    wd = tmp_path / "stall"
-    shutil.copytree(WORKFLOW, wd)
-    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--latency-wait", "5"]
-    proc = subprocess.run([*cmd, "--config", "on_stall=requeue"], cwd=wd, capture_output=True, text=True, timeout=900)
+    wd = copied_workflow("stall", tmp_path)
+    proc = snakemake(wd, "--config", "on_stall=requeue", jobs=1, timeout=900, check=False)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0 and (wd / "done.txt").exists(), said
     (job,) = jobs_from(slurm_cluster, wd)  # one submission: the requeue is the job's own
