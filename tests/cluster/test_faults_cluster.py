@@ -37,6 +37,7 @@ from tests.helpers import (
     records,
     run_log_names,
     sacct_jobs,
+    snakemake,
     squeue_states,
     wait_for,
 )
@@ -184,11 +185,6 @@ rule work:
 """
 
 
-def snakemake_once(wd: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--latency-wait", "5", *args]
-    return subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=300)
-
-
 def unlock(wd: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", "--unlock"], cwd=wd, capture_output=True, text=True, timeout=120
@@ -217,7 +213,7 @@ def test_rerun_after_snakemake_was_killed_reattaches_to_the_running_job(slurm_cl
     wd = workflow
     snakefile(wd, REATTACH)
     job, first_run, killed = kill_snakemake_while_its_job_runs(wd, slurm_cluster)
-    locked = snakemake_once(wd)  # the killed run's lock stays behind
+    locked = snakemake(wd, jobs=1, check=False)  # the killed run's lock stays behind
     assert locked.returncode != 0 and "Directory cannot be locked" in locked.stderr, locked.stderr
     assert len(records(wd)) == 1  # refused before anything was submitted
     unlock(wd)
@@ -252,7 +248,7 @@ def test_rerun_after_snakemake_was_killed_reattaches_to_the_running_job(slurm_cl
     )
     # The adopting run saw the job end and recorded it: a later rerun for a deleted output runs the job anew.
     (wd / "out.txt").unlink()
-    again = snakemake_once(wd)
+    again = snakemake(wd, jobs=1, check=False)
     text = again.stdout + again.stderr
     assert again.returncode == 0, text
     assert f"not reattaching to SLURM job {job} of run" in text and "its end (success) was reported" in text, text
@@ -327,14 +323,14 @@ def test_rerun_takes_the_result_of_a_job_that_finished_while_snakemake_was_away(
     (wd / "release").touch()
     wait_for(lambda: squeue_states(slurm_cluster, [job]).get(job) == "COMPLETED", f"job {job} COMPLETED", 120)
     assert lines(wd / "out.txt") == ["done"]
-    refused = snakemake_once(wd)  # the output exists and the killed run had marked it incomplete
+    refused = snakemake(wd, jobs=1, check=False)  # the output exists and the killed run had marked it incomplete
     assert refused.returncode != 0, refused.stdout + refused.stderr
     assert "IncompleteFilesException" in refused.stderr and "--rerun-incomplete" in refused.stderr, refused.stderr
-    locked = snakemake_once(wd, "--rerun-incomplete")
+    locked = snakemake(wd, "--rerun-incomplete", jobs=1, check=False)
     assert locked.returncode != 0 and "Directory cannot be locked" in locked.stderr, locked.stderr
     assert [r["jobid"] for r in records(wd)] == [job]  # both refused before anything was submitted
     unlock(wd)
-    rerun = snakemake_once(wd, "--rerun-incomplete")
+    rerun = snakemake(wd, "--rerun-incomplete", jobs=1, check=False)
     text = rerun.stdout + rerun.stderr
     assert rerun.returncode == 0, text
     assert f"reattached to SLURM job {job} (finished while Snakemake was away, submitted" in text, text
@@ -342,9 +338,9 @@ def test_rerun_takes_the_result_of_a_job_that_finished_while_snakemake_was_away(
     assert lines(wd / "out.txt") == ["done"]
     assert {r["jobid"] for r in records(wd)} == {job} and jobs_from(slurm_cluster, wd) == {job}
     assert sacct_jobs(slurm_cluster, {r["job_name"] for r in records(wd)}, {job}) == {job: ["COMPLETED"]}
-    again = snakemake_once(wd)
+    again = snakemake(wd, jobs=1, check=False)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
-    forced = snakemake_once(wd, "-F")  # the adopted result was reported: -F runs the job again
+    forced = snakemake(wd, "-F", jobs=1, check=False)  # the adopted result was reported: -F runs the job again
     text = forced.stdout + forced.stderr
     assert forced.returncode == 0 and f"not reattaching to SLURM job {job} of run" in text, text
     (new,) = [r for r in records(wd) if r["jobid"] != job]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from snakemake_executor_multinode.planning.plan import Planner, RuleJob, direct_command
 from snakemake_executor_multinode.session import Settings
-from tests.helpers import ANY_FIRST_SCRIPT
+from tests.helpers import ANY_FIRST_SCRIPT, snakemake
 
 pytestmark = [pytest.mark.cluster, pytest.mark.one_release]
 
@@ -33,13 +32,7 @@ def test_the_kept_script_is_exactly_what_plan_job_and_preview_render_for_the_rul
     wd = tmp_path / "same"
     wd.mkdir()
     (wd / "Snakefile").write_text(SNAKEFILE)
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "out/a.txt"],
-        cwd=wd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = snakemake(wd, "out/a.txt", jobs=1, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [kept] = (StateFolders(wd).logs / "rule_train/sample=a").glob(ANY_FIRST_SCRIPT)
     script = kept.read_text()

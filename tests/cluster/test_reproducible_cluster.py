@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
-from tests.helpers import ANY_FIRST_SCRIPT, copied_workflow, jobs_from, slurm, wait_for
+from tests.helpers import ANY_FIRST_SCRIPT, copied_workflow, jobs_from, slurm, timelimit_ranks_waiting, wait_for
 
 
 def workflow(tmp_path: Path, git: bool) -> Path:
@@ -50,9 +50,7 @@ def run_until_signalled(cl, wd: Path, *args: str) -> tuple[subprocess.Popen, str
     script = wait_for(lambda: next(logdir.rglob(ANY_FIRST_SCRIPT), None), "the submitted job script", 120, proc)
     job = script.name.split(".")[0]
     assert jobs_from(cl, wd) == {job}
-    wait_for(
-        lambda: all((wd / "results" / "ckpt" / f"ready{r}").exists() for r in (0, 1)), "both ranks ready", 300, proc
-    )
+    wait_for(lambda: timelimit_ranks_waiting(wd), "both ranks ready", 300, proc)
     edit_the_code(wd)
     slurm(cl, "scancel", "--signal=USR2", job)
     return proc, job, script.with_suffix(".log")

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
+from tests.helpers import snakemake
 
 pytestmark = pytest.mark.cluster
 
@@ -29,13 +28,7 @@ def test_a_retry_excludes_the_node_the_failed_attempt_named(slurm_cluster, tmp_p
         'rule train:\n    output: "out.txt"\n    resources: nodes=2, gpus=1\n'
         '    shell: "multinode torchrun work.py && hostname > {output}"\n'
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--retries", "1"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = snakemake(tmp_path, "--retries", "1", jobs=1, timeout=600, check=False)
     out = proc.stdout + proc.stderr
     scripts = {
         int(re.search(r"attempt(\d)", p.name).group(1)): p
