@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import load_script
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO, load_script
 
 render = load_script(REPO / "benchmarks/render.py", "benchmark_render")
 
