@@ -19,9 +19,10 @@ import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
@@ -32,6 +33,7 @@ from snakemake_executor_multinode.sandbox.cluster import slurm_env
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
 from snakemake_executor_multinode.session import Settings
 from snakemake_executor_multinode.slurm.client import JobState, QueryError
+from snakemake_executor_multinode.watching.registry import Registry, Submission
 
 T = TypeVar("T")
 
@@ -308,6 +310,19 @@ END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_O
 
 def figures(test: str, **values: object) -> None:
     print(f"\n[figures] {test}: " + ", ".join(f"{k}={v}" for k, v in values.items()), flush=True)
+
+
+def record(
+    workdir: Path, run: str, rule: str, jobid: str | None, at: float, outputs: tuple[str, ...] = (), **kw: Any
+) -> Submission:
+    """A submission of `rule` in run `run` as the registry keeps it, submitted at `at` (seconds); its log under
+    <workdir>/logs, not written; `kw`: other fields of the record (wildcards, ended, ...)."""
+    log = JobFiles.of(workdir / "logs" / f"rule_{rule}" / "_", str(jobid), 1).log
+    sub = Submission(
+        run, rule, kw.pop("wildcards", {}), outputs or (f"results/{rule}.txt",), f"mn-{run}-{rule}-{jobid}", 1, "s.sh",
+        str(log),
+    )  # fmt: skip
+    return Registry(workdir, run).record(replace(sub, jobid=jobid, submitted_at=at, **kw))
 
 
 def records(wd: Path) -> list[dict]:

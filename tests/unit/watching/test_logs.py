@@ -5,7 +5,6 @@ tests/cluster/test_follow_cluster.py."""
 from __future__ import annotations
 
 import io
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,8 @@ from snakemake_executor_multinode.cli.main import main
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.slurm.client import JobState, QueryError
 from snakemake_executor_multinode.watching import logs, status_view
-from snakemake_executor_multinode.watching.registry import Registry, Submission
+from snakemake_executor_multinode.watching.registry import Submission
+from tests.helpers import record
 
 LOG = b"""\
 [multinode] job 41, rule train, attempt 1, restart 0
@@ -26,14 +26,6 @@ LOG = b"""\
 [node2] torchrun says
 plain [node1 rank1] inside a line
 """
-
-
-def record(wd: Path, run: str, rule: str, jobid: str, at: float, outputs: tuple[str, ...] = ()) -> Submission:
-    log = JobFiles.of(wd / "logs" / f"rule_{rule}" / "_", jobid, 1).log
-    sub = Submission(
-        run, rule, {}, outputs or (f"results/{rule}.txt",), f"mn-{run}-{rule}-{jobid}", 1, "s.sh", str(log)
-    )
-    return Registry(wd, run).record(replace(sub, jobid=jobid, submitted_at=at))
 
 
 def kept(**only) -> list[bytes]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,8 @@ from snakemake_executor_multinode.cli import runs
 from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, STATE_DIR, JobFiles, marker
 from snakemake_executor_multinode.slurm.client import QueryError, SlurmClient
 from snakemake_executor_multinode.watching import status_view
-from snakemake_executor_multinode.watching.registry import Registry, Submission
-from tests.helpers import FakeSlurm
+from snakemake_executor_multinode.watching.registry import Registry
+from tests.helpers import FakeSlurm, record
 
 # sacct --duplicates -P -n -X -o JobIDRaw,State,Reason,ElapsedRaw,TimelimitRaw,NNodes,AllocTRES,ReqTRES
 # 239 was requeued once (scontrol requeue) and ran again; 227 is held, 228 waits for a dependency; 440 is a 2 x 2
@@ -35,12 +34,6 @@ SQUEUE = """\
 """
 NO_ACCOUNTING = "sacct: error: Slurm accounting storage is disabled"
 CTLD_DOWN = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
-
-
-def record(workdir: Path, run: str, rule: str, jobid: str | None, at: float, **kw) -> Submission:
-    log = JobFiles.of(workdir / "logs" / f"rule_{rule}" / "_", str(jobid), 1).log
-    sub = Submission(run, rule, kw.pop("wildcards", {}), (f"{rule}.out",), f"mn-{run}-{rule}", 1, "s.sh", str(log))
-    return Registry(workdir, run).record(replace(sub, jobid=jobid, submitted_at=at, **kw))
 
 
 def test_sacct_rows_give_state_reason_shape_time_and_restarts():
