@@ -9,8 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolder
 from tests.helpers import (
     ANY_FIRST_SCRIPT,
     REPO,
+    background,
     copied_workflow,
     job_logs,
     jobs_from,
@@ -32,29 +31,6 @@ from tests.helpers import (
 )
 
 pytestmark = pytest.mark.cluster
-
-
-@contextmanager
-def background_snakemake(workdir: Path, *args: str) -> Iterator[subprocess.Popen]:
-    """Snakemake running in the background, its output in workdir/snakemake.out. If the test leaves early,
-    Ctrl-C makes it cancel its jobs, so nothing keeps running on the shared cluster."""
-    with (workdir / "snakemake.out").open("w") as out:
-        cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--latency-wait", "5"]
-        proc = subprocess.Popen([*cmd, *args], cwd=workdir, stdout=out, stderr=subprocess.STDOUT, text=True)
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-
-
-def snakemake_output(workdir: Path) -> str:
-    return (workdir / "snakemake.out").read_text()
 
 
 def sacct_fields(cl, jobid: str, workdir: Path, *fields: str) -> dict[str, str]:
@@ -232,8 +208,8 @@ def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes(slurm_clus
     run into its time limit (TIMEOUT) and the run would fail. Nothing here depends on how fast anything runs."""
     wd = copied_workflow("timelimit", tmp_path)
     logdir = StateFolders(wd).logs / "rule_train"
-    with background_snakemake(wd) as proc:
-        script = wait_for(lambda: next(logdir.rglob(ANY_FIRST_SCRIPT), None), "submitted job script", 120, proc)
+    with background(wd, jobs=1) as sm:
+        script = wait_for(lambda: next(logdir.rglob(ANY_FIRST_SCRIPT), None), "submitted job script", 120, sm.proc)
         job = script.name.split(".")[0]
         assert jobs_from(slurm_cluster, wd) == {job}
         assert "#SBATCH --signal=USR2@60" in script.read_text().splitlines()
@@ -241,16 +217,16 @@ def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes(slurm_clus
         # both workers wait for it, the running job gets a short limit, 90-150 s from now: slurmctld's check (every
         # 30 s; it signals once the time left is within the 60 s lead plus one check) sends USR2 within ~90 s,
         # with more than 60 s left to checkpoint and requeue.
-        wait_for(lambda: timelimit_ranks_waiting(wd), "both workers waiting for SIGUSR2", 300, proc)
+        wait_for(lambda: timelimit_ranks_waiting(wd), "both workers waiting for SIGUSR2", 300, sm.proc)
         start = datetime.fromisoformat(slurm(slurm_cluster, "squeue", "-h", "-j", job, "-o", "%S").strip())
         limit = math.ceil(((datetime.now() - start).total_seconds() + 90) / 60)
         slurm(slurm_cluster, "scontrol", "update", f"JobId={job}", f"TimeLimit={limit}")
-        first = script.with_suffix(".log")
-        wait_for(lambda: "[multinode] requeued" in first.read_text(), "requeue after the signal", 300, proc)
+        first = JobFiles.of(script.parent, job, 1).log
+        wait_for(lambda: "[multinode] requeued" in first.read_text(), "requeue after the signal", 300, sm.proc)
         # the rerun needs no signal: give it back a long limit, so its start-up may take as long as it takes
         slurm_cluster.run("scontrol", "update", f"JobId={job}", "TimeLimit=10", check=False)
-        proc.wait(timeout=600)
-    assert proc.returncode == 0, snakemake_output(wd)
+        sm.wait(600)
+    assert sm.proc.returncode == 0, sm.text
     assert [p.name for p in job_logs(wd, "train")] == run_log_names(job, 1)
     first_text = first.read_text()
     for rank in (0, 1):
@@ -276,18 +252,18 @@ def test_checkpoint_without_requeue_is_resumed_by_snakemake_retries(slurm_cluste
     (a new job). The signal comes from scancel --signal=USR2, as SLURM's --signal sends it: to every step process."""
     wd = copied_workflow("timelimit", tmp_path)
     logdir = StateFolders(wd).logs / "rule_train"
-    with background_snakemake(wd, "--multinode-max-requeues", "0", "--retries", "1") as proc:
-        script = wait_for(lambda: next(logdir.rglob(ANY_FIRST_SCRIPT), None), "submitted job script", 120, proc)
+    with background(wd, "--multinode-max-requeues", "0", "--retries", "1", jobs=1) as sm:
+        script = wait_for(lambda: next(logdir.rglob(ANY_FIRST_SCRIPT), None), "submitted job script", 120, sm.proc)
         job = script.name.split(".")[0]
-        wait_for(lambda: timelimit_ranks_waiting(wd), "both workers waiting for SIGUSR2", 300, proc)
+        wait_for(lambda: timelimit_ranks_waiting(wd), "both workers waiting for SIGUSR2", 300, sm.proc)
         slurm(slurm_cluster, "scancel", "--signal=USR2", job)
-        proc.wait(timeout=600)
-    assert proc.returncode == 0, snakemake_output(wd)
+        sm.wait(600)
+    assert sm.proc.returncode == 0, sm.text
     logs = {p.name.split(".", 1)[1]: p for p in job_logs(wd, "train")}  # one log per job: attempt 2 is a new job
     assert sorted(logs) == ["attempt1.log", "attempt2.log"] and logs["attempt1.log"].name == f"{job}.attempt1.log"
     retry = logs["attempt2.log"].name.split(".")[0]
     assert retry != job
-    assert f"SLURM job {job} failed" in snakemake_output(wd) and "job script exit 85" in snakemake_output(wd)
+    assert f"SLURM job {job} failed" in sm.text and "job script exit 85" in sm.text
     first = logs["attempt1.log"].read_text()
     assert "[multinode] checkpointed after SIGUSR2 (checkpoint)" in first
     assert "[multinode] not requeued" in first and "[multinode] exit 85," in first
