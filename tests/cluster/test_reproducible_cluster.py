@@ -15,7 +15,15 @@ import sys
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
-from tests.helpers import ANY_FIRST_SCRIPT, copied_workflow, jobs_from, slurm, timelimit_ranks_waiting, wait_for
+from tests.helpers import (
+    ANY_FIRST_SCRIPT,
+    Snakemake,
+    copied_workflow,
+    jobs_from,
+    slurm,
+    timelimit_ranks_waiting,
+    wait_for,
+)
 
 
 def workflow(tmp_path: Path, git: bool) -> Path:
@@ -40,32 +48,30 @@ def edit_the_code(wd: Path) -> None:
     worker.write_text(worker.read_text().replace("code v1,", "code v2 (edited while the job ran),"))
 
 
-def run_until_signalled(cl, wd: Path, *args: str) -> tuple[subprocess.Popen, str, Path]:
+def run_until_signalled(cl, wd: Path, *args: str) -> tuple[Snakemake, str, Path]:
     """Snakemake in the background; returns once both ranks wait for the signal, the code was edited and the
     signal sent: (Snakemake, job id, the job's first log)."""
-    out = (wd / "snakemake.out").open("w")
-    cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--latency-wait", "5", *args]
-    proc = subprocess.Popen(cmd, cwd=wd, stdout=out, stderr=subprocess.STDOUT, text=True)
+    sm = Snakemake(wd, *args, jobs=1)
     logdir = StateFolders(wd).logs / "rule_train"
-    script = wait_for(lambda: next(logdir.rglob(ANY_FIRST_SCRIPT), None), "the submitted job script", 120, proc)
+    script = wait_for(lambda: next(logdir.rglob(ANY_FIRST_SCRIPT), None), "the submitted job script", 120, sm.proc)
     job = script.name.split(".")[0]
     assert jobs_from(cl, wd) == {job}
-    wait_for(lambda: timelimit_ranks_waiting(wd), "both ranks ready", 300, proc)
+    wait_for(lambda: timelimit_ranks_waiting(wd), "both ranks ready", 300, sm.proc)
     edit_the_code(wd)
     slurm(cl, "scancel", "--signal=USR2", job)
-    return proc, job, script.with_suffix(".log")
+    return sm, job, JobFiles.of(script.parent, job, 1).log
 
 
 def test_a_requeued_job_resumes_with_the_code_it_was_submitted_with_and_its_output_says_so(slurm_cluster, tmp_path):
     wd = workflow(tmp_path, git=True)
-    proc, job, first = run_until_signalled(slurm_cluster, wd)
-    assert proc.wait(timeout=600) == 0, (wd / "snakemake.out").read_text()
+    sm, job, first = run_until_signalled(slurm_cluster, wd)
+    assert sm.wait(600) == 0, sm.text
     rerun = JobFiles.from_log(first).restart(1).log.read_text()
     assert "[multinode] requeued; the next run resumes" in first.read_text()
     for rank in (0, 1):
         assert f"code v1, worker rank {rank}: resumed from checkpoint" in rerun  # the submitted code
     assert "code v2" not in rerun
-    script = first.with_suffix(".sh").read_text()
+    script = JobFiles.from_log(first).script.read_text()
     assert "/.snakemake/multinode/snapshots/" in script and "# Code: snapshot " in script
     # the record of the output names the snapshot, the commit, both runs of the job and where they ran
     shown = subprocess.run(
@@ -90,12 +96,12 @@ def test_a_requeued_job_resumes_with_the_code_it_was_submitted_with_and_its_outp
 
 def test_with_nothing_frozen_a_restart_whose_code_changed_stops_naming_the_file(slurm_cluster, tmp_path):
     wd = workflow(tmp_path, git=False)
-    proc, job, first = run_until_signalled(slurm_cluster, wd, "--multinode-snapshot", "off")
-    assert proc.wait(timeout=600) != 0
+    sm, job, first = run_until_signalled(slurm_cluster, wd, "--multinode-snapshot", "off")
+    assert sm.wait(600) != 0
     rerun = JobFiles.from_log(first).restart(1).log.read_text()
     assert "[multinode] not resuming: the code changed since the job was submitted:" in rerun
     assert f"{wd / 'worker.py'}: FAILED" in rerun
     assert "resumed from checkpoint" not in rerun and "[multinode] exit 86," in rerun
-    said = (wd / "snakemake.out").read_text()
+    said = sm.text
     assert f"SLURM job {job} failed" in said and "job script exit 86" in said
     assert not (wd / "results" / "done.json").exists()
