@@ -418,6 +418,7 @@ def run_log_names(job: str, restarts: int) -> list[str]:
 
 
 ANY_FIRST_SCRIPT = JobFiles.of(Path(), "*", 1).script.name  # a glob: the script of any job's first attempt
+ANY_FIRST_LOG = JobFiles.of(Path(), "*", 1).log.name  # a glob: the first run's log of any job's first attempt
 
 
 def jobs_from(cl, workdir: Path) -> set[str]:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract.jobfiles import LOGS_DIR, JobFiles
-from tests.helpers import background, copied_workflow, multinode, wait_for
+from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
+from tests.helpers import ANY_FIRST_LOG, background, copied_workflow, multinode, wait_for
 
 pytestmark = pytest.mark.cluster
 QUERY = "--query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits"
@@ -33,7 +33,7 @@ def sacct_steps(cl, jobid: str) -> str:
 
 
 def sample_files(wd: Path) -> dict[str, Path]:
-    logs = list((wd / LOGS_DIR).glob("rule_ranks/_/*.attempt1.log"))
+    logs = list((StateFolders(wd).logs / "rule_ranks" / "_").glob(ANY_FIRST_LOG))
     return JobFiles.from_log(logs[0]).gpu_samples_by_node() if logs else {}
 
 

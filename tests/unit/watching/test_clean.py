@@ -11,6 +11,7 @@ import pytest
 from snakemake_executor_multinode.contract.jobfiles import (
     EXIT_MARKER,
     INDEX_DIR,
+    LOGS_DIR,
     STATE_DIR,
     JobFiles,
     StateFolders,
@@ -96,10 +97,10 @@ def test_a_file_an_adopted_job_shares_with_a_kept_record_stays(tmp_path):
 
 
 def test_a_declared_output_is_never_removed_even_where_a_log_would_be(tmp_path):
-    logdir = ".snakemake/multinode/logs/rule_work/_"
-    job(tmp_path, "old", "41", outputs=(f"{logdir}/41.attempt1.metrics.jsonl",))
+    metrics = JobFiles.of(LOGS_DIR / "rule_work" / "_", "41", 1).metrics  # as the workflow names it: relative
+    job(tmp_path, "old", "41", outputs=(str(metrics),))
     run_clean(tmp_path)
-    assert [p.name for p in files_of(tmp_path, "41")] == ["41.attempt1.metrics.jsonl"]
+    assert [p.name for p in files_of(tmp_path, "41")] == [metrics.name]
 
 
 def test_snapshots_no_kept_job_names_go_with_the_objects_only_they_held(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract.jobfiles import JobFiles
+from snakemake_executor_multinode.contract.jobfiles import RUNS, JobFiles
 from snakemake_executor_multinode.watching import provenance
 
 
@@ -187,7 +187,7 @@ def run_start_of(tmp_path: Path, plan) -> tuple[list[dict], bool]:
         "HOSTNAME": "the-submitting-host", "HOME": str(tmp_path),
     }  # fmt: skip
     subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, timeout=60, check=True)
-    runs = next(tmp_path.rglob("*.runs.jsonl"))
+    runs = next(tmp_path.rglob("*" + RUNS))
     return [json.loads(line) for line in runs.read_text().splitlines()], called.exists()
 
 
