@@ -124,7 +124,7 @@ def test_a_job_that_crashes_after_every_start_stops_after_three_runs_with_its_la
     assert "job script exit 88" in failure
     (job,) = [r["jobid"] for r in records(wd)]
     assert jobs_from(slurm_cluster, wd) == {job}
-    last = next(p for p in job_logs(wd, "work") if p.name.endswith(".restart2.log")).read_text()
+    last = next(p for p in job_logs(wd, "work") if p.name == run_log_names(job, 2)[2]).read_text()
     assert "loading the checkpoint failed" in last and "[multinode] crash loop: 3 runs in a row" in last
     runs = sacct_jobs(slurm_cluster, {records(wd)[0]["job_name"]}, {job})
     assert runs[job][-1] == "FAILED"

@@ -14,7 +14,8 @@ from tests.helpers import Clock
 
 
 def test_any_new_line_or_metrics_line_is_progress_and_silence_is_a_stall(tmp_path):
-    node, metrics = tmp_path / "job.node1.out", tmp_path / "job.metrics.jsonl"
+    files = JobFiles(tmp_path / "job")
+    node, metrics = files.node_out("node1"), files.metrics
     clock = Clock()
     dog = stall.Watchdog(20, [node, metrics], clock)
     assert not dog.stalled()

@@ -15,6 +15,7 @@ from snakemake_executor_multinode.contract.jobfiles import (
     STATE_DIR,
     JobFiles,
     StateFolders,
+    log_stem,
     marker,
 )
 from snakemake_executor_multinode.watching import clean
@@ -40,7 +41,7 @@ def job(wd: Path, run: str, jobid: str, outputs=("out.txt",), ended: str | None 
 
 
 def files_of(wd: Path, jobid: str) -> list[Path]:
-    return sorted(StateFolders(wd).logs.rglob(f"{jobid}.attempt1.*"))
+    return sorted(StateFolders(wd).logs.rglob(log_stem(jobid, 1) + ".*"))
 
 
 def nothing_runs(ids: list[str]) -> set[str]:
