@@ -72,7 +72,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
 
 
 # The commands that need Snakemake live in the adapter, which registers them under this entry point group: the core
-# never imports the adapter (tests/test_architecture.py).
+# never imports the adapter (tests/unit/test_architecture.py).
 SNAKEMAKE_COMMANDS = "snakemake_executor_multinode.snakemake_commands"
 
 

@@ -67,7 +67,7 @@ def wrap(
     uid: int | None = None,
     dev_glob: str = "/dev/nvidia*",
 ) -> Wrapped:
-    """`torchrun` (an argv whose first word is the interpreter; launch.py builds it with spec.python) as each node
+    """`torchrun` (an argv whose first word is the interpreter; launcher.py builds it with spec.python) as each node
     runs it in `spec`'s runtime. `workdir`: the job's working directory (mounted at the same path); `uid`: the
     caller's (decided on the head node, as are the GPU devices: the nodes of a job are alike)."""
     if spec is None:

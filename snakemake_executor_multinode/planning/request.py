@@ -9,7 +9,8 @@ Every resource key is known, mapped or refused (docs/resources.md has the table)
   cpus_per_gpu, tasks == nodes, tasks_per_node == 1) or refused with what to use instead (mpi, tasks, clusters, ...);
 - anything else is an error naming close matches, unless --multinode-allow-unknown-resources.
 
-Durations and sizes are read with Snakemake's own rules (units.py); slurm_extra as sbatch reads it (sbatch_flags.py).
+Durations and sizes are read with Snakemake's own rules (contract/units.py); slurm_extra as sbatch reads it
+(slurm/sbatch_flags.py).
 """
 
 from __future__ import annotations

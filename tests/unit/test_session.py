@@ -3,8 +3,8 @@ end. Every step leaves what the next run needs: the registry record, the job scr
 
 from __future__ import annotations
 
+import itertools
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,27 +16,22 @@ from snakemake_executor_multinode.session import Session, Settings, SubmitRefuse
 from snakemake_executor_multinode.slurm.client import SlurmClient
 from snakemake_executor_multinode.watching import provenance
 from snakemake_executor_multinode.watching.reattach import RunReason
+from tests.helpers import FakeSlurm
 
 
-class Slurm:
-    """sbatch hands out job ids from 41 (or refuses); squeue and sacct know nothing."""
+def Slurm(refuse: str = "") -> FakeSlurm:  # noqa: N802 (reads as the fake it builds)
+    """sbatch hands out job ids from 41 (or refuses) and names its release; squeue and sacct know nothing."""
+    ids = itertools.count(41)
 
-    def __init__(self, refuse: str = "") -> None:
-        self.refuse, self.next, self.calls = refuse, 41, []
-
-    def __call__(self, cmd, **kw):
-        self.calls.append(cmd)
+    def sbatch(cmd: list[str]) -> tuple[int, str, str]:
         if cmd == ["sbatch", "--version"]:  # asked once, before the first plan
-            return subprocess.CompletedProcess(cmd, 0, "slurm-wlm 22.05.8\n", "")
-        if cmd[0] == "sbatch":
-            if self.refuse:
-                return subprocess.CompletedProcess(cmd, 1, "", f"sbatch: error: {self.refuse}")
-            self.next += 1
-            return subprocess.CompletedProcess(cmd, 0, f"{self.next - 1}\n", "")
-        return subprocess.CompletedProcess(cmd, 0, "", "")
+            return 0, "slurm-wlm 22.05.8\n", ""
+        return (1, "", f"sbatch: error: {refuse}") if refuse else (0, f"{next(ids)}\n", "")
+
+    return FakeSlurm(sbatch=sbatch)
 
 
-def session(tmp_path: Path, slurm: Slurm) -> tuple[Session, list[str]]:
+def session(tmp_path: Path, slurm: FakeSlurm) -> tuple[Session, list[str]]:
     said: list[str] = []
     s = Session(Settings(snapshot="off"), tmp_path, said.append, said.append, run_id="run1")
     s.client = s.tracker.client = SlurmClient(runner=slurm)
