@@ -67,7 +67,7 @@ def read_tail(path: Path, limit: int) -> bytes | None:
 
 
 def last_records(path: Path, count: int = WINDOW) -> list[dict[str, Any]]:
-    """The last `count` complete JSON lines of the file, oldest first (a line being written is skipped)."""
+    """The last `count` complete step lines of the file, oldest first (a line being written is skipped)."""
     tail = read_tail(path, TAIL_BYTES)
     if tail is None:
         return []  # no metrics (yet), or a link to a file the training has not created
@@ -82,7 +82,7 @@ def last_records(path: Path, count: int = WINDOW) -> list[dict[str, Any]]:
             record = json.loads(line)
         except ValueError:
             continue  # the first line of the tail may be cut; a writer may not have flushed the whole line
-        if isinstance(record, dict):
+        if isinstance(record, dict) and "event" not in record:  # an event (a checkpoint, a resume) is no step line
             found.append(record)
     return found[::-1]
 

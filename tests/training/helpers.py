@@ -69,4 +69,13 @@ def train(out: Path, data_dir: Path, cfg: dict[str, Any], nproc: int = 2) -> sub
 
 
 def metrics(path: Path) -> list[dict[str, Any]]:
+    """The step lines (event records, such as checkpoints and resumes, left out: `events`)."""
+    return [r for r in records(path) if "event" not in r]
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    return [r for r in records(path) if "event" in r]
+
+
+def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

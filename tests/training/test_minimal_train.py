@@ -38,8 +38,16 @@ def start(tmp_path: Path, run: int) -> subprocess.Popen:
     )
 
 
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def steps(path: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+    return [r["step"] for r in records(path) if "event" not in r]
+
+
+def events(path: Path) -> list[tuple[str, int]]:
+    return [(r["event"], r["step"]) for r in records(path) if "event" in r]
 
 
 def test_sigusr2_checkpoints_writes_the_preempt_file_exits_0_and_the_rerun_resumes(tmp_path):
@@ -55,9 +63,14 @@ def test_sigusr2_checkpoints_writes_the_preempt_file_exits_0_and_the_rerun_resum
     stopped = int((tmp_path / "preempted1").read_text())
     assert 5 <= stopped < STEPS
     assert torch.load(tmp_path / "ckpt.pt")["step"] == stopped == steps(tmp_path / "metrics1.jsonl")[-1]
+    assert events(tmp_path / "metrics1.jsonl") == [("checkpoint_begin", stopped), ("checkpoint_end", stopped)]
+    assert all(isinstance(r["wall"], float) for r in records(tmp_path / "metrics1.jsonl"))
 
     proc = start(tmp_path, 2)
     assert proc.wait(timeout=180) == 0
     assert steps(tmp_path / "metrics2.jsonl") == list(range(stopped + 1, STEPS + 1))  # resumed, not restarted
+    assert events(tmp_path / "metrics2.jsonl") == [
+        ("resume", stopped), ("checkpoint_begin", STEPS), ("checkpoint_end", STEPS),
+    ]  # fmt: skip
     assert torch.load(tmp_path / "ckpt.pt")["step"] == STEPS
     assert not (tmp_path / "preempted2").exists()

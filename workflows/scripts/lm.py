@@ -591,10 +591,13 @@ def forward_logits(booster: Any, model: nn.Module, ids: torch.Tensor, cfg: dict[
     return None if outputs is None else outputs["logits"] if isinstance(outputs, dict) else outputs.logits
 
 
-def iter_metrics(path: str | Path) -> Iterator[dict[str, Any]]:
+def iter_metrics(path: str | Path, events: bool = False) -> Iterator[dict[str, Any]]:
+    """The metrics file's step lines; with `events`, its event records too ("event": checkpoints, resumes)."""
     p = Path(path)
     if not p.exists():
         return
     for line in p.read_text().splitlines():
         if line.strip():
-            yield json.loads(line)
+            record = json.loads(line)
+            if events or "event" not in record:
+                yield record

@@ -42,8 +42,9 @@ per-rank RNG states and, where the plugin keeps them apart from the model (bf16 
 master weights. Written to a temp dir, then renamed; the last keep_ckpts kept. A rerun resumes from the latest one
 exactly on the same world size; on another world size the plugin's IO reshards model and optimizer and the run
 logs what per-rank state could not follow. The data position is the step (batches are a pure function of seed and
-step). The metrics file drops lines past the resumed step. What each plugin needs (device, precision, model kind,
-checkpoint IO, grad clipping, pipeline schedule) is one table: plugins.PLUGIN_TABLE.
+step). The metrics file keeps its step lines up to the resumed step; later ones (a run that died after its last
+checkpoint) become "superseded" events, the record of lost work. What each plugin needs (device, precision, model
+kind, checkpoint IO, grad clipping, pipeline schedule) is one table: plugins.PLUGIN_TABLE.
 
 Preemption: SIGUSR2 sets a flag; at the next step boundary the ranks agree (max-reduce), checkpoint, rank 0
 writes the step number to $MULTINODE_PREEMPT_FILE (when set), and every rank leaves with exit code 0.
@@ -53,9 +54,11 @@ Final model (--out, rank 0): torch.save({"model_config", "state_dict" (unsharded
 
 Metrics (--metrics, rank 0, JSON lines): step, steps (the total), loss (mean over ranks and the steps since the
 last line), lr, tokens, tokens_per_s, mfu (6*N*tokens/s over the GPUs' bf16 peak; null when unknown), elapsed
-(training seconds so far), step_ms, ckpt_s (seconds spent saving checkpoints since the last line), time (Unix
-seconds). Throughput is wall clock between synchronised points: each line's loss is an all-reduce read back to the
-host, which waits for every kernel queued before it, and the interval since the previous line (minus ckpt_s) is
+(training seconds so far), step_ms, ckpt_s (seconds spent saving checkpoints since the last line), time and wall
+(Unix seconds). Events, also rank 0, with "event", "step" and "wall": checkpoint_begin and checkpoint_end around
+every save, resume (with restore_s, the seconds loading took) after loading a checkpoint. Throughput is wall
+clock between synchronised points: each line's loss is an all-reduce read back to the host, which waits for
+every kernel queued before it, and the interval since the previous line (minus ckpt_s) is
 what tokens_per_s, step_ms and mfu divide by. So the logged intervals add up to the run's training time, and
 tokens_per_s equals the tokens between two lines over their wall-clock gap less ckpt_s. Under the multinode
 executor, $MULTINODE_METRICS_FILE (beside the job's log) is made a link to that file: `multinode status` and
@@ -273,10 +276,16 @@ def mfu(run: Run, tokens_per_s: float) -> float | None:
 
 
 def prepare_metrics(path: str, resumed_step: int) -> None:
-    """Keep only lines up to the resumed step, so a rerun appends without duplicate steps."""
+    """Keep step lines up to the resumed step, so a rerun appends without duplicate steps. Later step lines are the
+    work a failure threw away: kept as "superseded" events (readers of step lines skip events), for the goodput
+    ledger's lost work; events are history and stay."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    kept = [json.dumps(m) + "\n" for m in lm.iter_metrics(p) if m["step"] <= resumed_step]
+    records = lm.iter_metrics(p, events=True)
+    kept = [
+        json.dumps(m if "event" in m or m["step"] <= resumed_step else {**m, "event": "superseded"}) + "\n"
+        for m in records
+    ]
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text("".join(kept))
     os.replace(tmp, p)
@@ -307,6 +316,13 @@ def write_preempt_file(step: int) -> None:
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(f"{step}\n")
     os.replace(tmp, p)
+
+
+def write_event(run: Run, event: str, step: int, wall: float, **extra: Any) -> None:
+    """A metrics event (docs/training-contract.md), rank 0: where the goodput ledger cuts a run's time."""
+    if run.rank == 0:
+        with open(run.args.metrics, "a") as f:
+            f.write(json.dumps({"event": event, "step": step, "wall": round(wall, 6), **extra}) + "\n")
 
 
 def save_final(run: Run, state: checkpoint.TrainState) -> None:
@@ -367,11 +383,13 @@ class Logger:
         """Save, and keep its time out of the training interval. The checkpoint's elapsed counts up to the save."""
         synchronize(self.run)
         t0 = time.perf_counter()
+        write_event(self.run, "checkpoint_begin", state.step, time.time())
         so_far = t0 - self.mark - self.ckpt_s
         state.elapsed += so_far - self.counted
         self.counted = so_far
         save(state)
         synchronize(self.run)
+        write_event(self.run, "checkpoint_end", state.step, time.time())
         self.ckpt_s += time.perf_counter() - t0
 
     def emit(self, state: checkpoint.TrainState, lr: float) -> None:
@@ -393,6 +411,7 @@ class Logger:
             "step_ms": round(1000 * train_s / max(self.steps, 1), 3),
             "ckpt_s": round(self.ckpt_s, 6),
             "time": round(wall, 6),
+            "wall": round(wall, 6),
         }
         if run.rank == 0:
             with open(run.args.metrics, "a") as f:
@@ -418,11 +437,15 @@ def train(run: Run, preempt: Preemption) -> int:
     state = checkpoint.TrainState()
     latest = checkpoint.latest_checkpoint(run.args.ckpt_dir)
     if latest is not None:
+        t0 = time.time()
         state = run.ckpt.load(latest)
+        loaded = time.time()
         log0(run.rank, f"resumed from {latest} at step {state.step}")
     if run.rank == 0:
         prepare_metrics(run.args.metrics, state.step)
         link_metrics_file(run.args.metrics)
+    if latest is not None:  # after prepare_metrics, which rewrites the file; the time is the load's end
+        write_event(run, "resume", state.step, loaded, restore_s=round(loaded - t0, 6))
     dist.barrier()
     end = cfg["stop_after"] or cfg["steps"]
     tokens_per_step = run.dp_size * cfg["micro_batch"] * cfg["grad_accum"] * cfg["seq_len"]

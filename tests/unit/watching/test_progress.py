@@ -153,3 +153,11 @@ def test_the_progress_line_snakemake_prints_carries_mfu(tmp_path):
     write_lines(JobFiles.from_log(log).metrics, {"step": 10, "steps": 20, "tokens_per_s": 2048.0, "mfu": 0.5})
     line = ProgressLines(interval=60, clock=Clock()).line("7", "train", log)
     assert line == "train (SLURM job 7): step 10/20 2.0k tok/s mfu 50.0%"
+
+
+def test_event_records_after_the_last_step_line_are_not_the_progress(tmp_path):
+    path = tmp_path / "m.jsonl"
+    lines = [{"step": 40, "steps": 100, "time": 1.0}, {"event": "checkpoint_begin", "step": 40, "wall": 2.0}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    shown = progress.read(path)
+    assert shown is not None and shown.step == 40 and shown.steps == 100
