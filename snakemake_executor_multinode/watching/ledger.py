@@ -1,0 +1,258 @@
+"""The goodput ledger: where a job's allocated time went, run by run (`multinode report`).
+
+A pure function of what SLURM accounted (each run's start, end, nodes and GPUs), the job's runs file and its
+metrics records (docs/training-contract.md: step lines and events, each with its wall-clock `wall`). Within a run,
+time is cut at the records' times, so the parts add up to the run's allocated time by construction:
+
+- startup: the run's start to its first record (less a resume's `restore_s`, and less the first line's own steps
+  where it says `step_ms`); a run without any record of a job that writes metrics is all startup;
+- restore: the resume's `restore_s` (the seconds loading the checkpoint took);
+- checkpoint: checkpoint_begin to checkpoint_end;
+- productive / lost: the interval before a step line (or a checkpoint_begin) covers the steps since the previous
+  record. Steps above the step a later run resumed from were computed again: lost. The last run's steps are
+  productive (a job's later submission is another job);
+- stalled / teardown: the last record to the run's end: stalled when the watchdog ended the run (the caller
+  decides), else teardown (and SLURM's tail);
+- unknown: a job with no metrics at all: startup to its first output line when the caller knows it, the rest
+  unknown; its productive time is unknown, never guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+CATEGORIES = ("startup", "productive", "checkpoint", "restore", "lost", "stalled", "teardown", "unknown")
+# sacct's Start and End are whole seconds and the nodes' clocks drift: a record this close outside a run is the run's
+# (clamped into it); one further away belongs to another job sharing the training's metrics file.
+SKEW_S = 2.0
+
+_LINE, _BEGIN, _END, _RESUME = "line", "checkpoint_begin", "checkpoint_end", "resume"
+
+
+@dataclass(frozen=True)
+class RunSpan:
+    """One run (the first, or a requeue) as SLURM accounted it: epoch seconds, its nodes and GPUs per node."""
+
+    start: float
+    end: float
+    nodes: int
+    gpus_per_node: int = 0
+    submit: float | None = None  # when it became pending: its queue wait is start - submit
+    stalled: bool = False  # the progress watchdog ended it (its stall marker or verdict)
+    first_output: float | None = None  # the job log's first output line, for a job that writes no metrics
+
+
+@dataclass
+class RunLedger:
+    span: RunSpan
+    seconds: dict[str, float]
+    restart: int
+    exit: int | None = None  # from the runs file's end line, when there is one
+
+    @property
+    def allocated_s(self) -> float:
+        return self.span.end - self.span.start
+
+
+@dataclass
+class Ledger:
+    """Seconds, node-seconds and GPU-hours per category, per run and summed; the queue wait beside them."""
+
+    runs: list[RunLedger]
+    known: bool  # the job wrote timed metrics: without them productive is unknown
+    seconds: dict[str, float] = field(default_factory=dict)
+    node_seconds: dict[str, float] = field(default_factory=dict)
+    gpu_hours: dict[str, float] = field(default_factory=dict)
+    queue_wait_s: float | None = None
+
+    @property
+    def allocated_s(self) -> float:
+        return sum(self.seconds.values())
+
+    @property
+    def allocated_node_s(self) -> float:
+        return sum(self.node_seconds.values())
+
+    @property
+    def allocated_gpu_h(self) -> float:
+        return sum(self.gpu_hours.values())
+
+    @property
+    def productive_node_s(self) -> float | None:
+        return self.node_seconds["productive"] if self.known else None
+
+    @property
+    def goodput(self) -> float | None:
+        """Productive over allocated node-seconds (None when productive is unknown or nothing was allocated)."""
+        total = self.allocated_node_s
+        return None if not self.known or total <= 0 else self.node_seconds["productive"] / total
+
+    def share(self, category: str) -> float | None:
+        total = self.allocated_node_s
+        return None if total <= 0 else self.node_seconds[category] / total
+
+
+@dataclass(frozen=True)
+class _Record:
+    wall: float
+    kind: str
+    step: float | None
+    restore_s: float = 0.0
+    step_ms: float | None = None
+
+
+def _number(record: Mapping[str, Any], key: str) -> float | None:
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _record(raw: Any) -> _Record | None:
+    """A metrics record with a time; step lines and "superseded" ones (the lines a resume dropped) are lines."""
+    if not isinstance(raw, Mapping):
+        return None
+    wall = _number(raw, "wall")
+    wall = _number(raw, "time") if wall is None else wall  # a script that writes only the documented `time`
+    if wall is None:
+        return None
+    event = raw.get("event")
+    kind = _LINE if event in (None, "superseded") else str(event)
+    restore = _number(raw, "restore_s") or 0.0
+    return _Record(wall, kind, _number(raw, "step"), max(restore, 0.0), _number(raw, "step_ms"))
+
+
+def _assign(records: list[_Record], spans: Sequence[RunSpan]) -> list[list[_Record]]:
+    """Each record to the run it falls in (or within SKEW_S of, the nearest), clamped into it; time order."""
+    per_run: list[list[_Record]] = [[] for _ in spans]
+    for rec in records:
+        best, distance = None, SKEW_S
+        for i, span in enumerate(spans):
+            d = max(span.start - rec.wall, rec.wall - span.end, 0.0)
+            if d <= distance and (best is None or d < distance):
+                best, distance = i, d
+        if best is not None:
+            span = spans[best]
+            per_run[best].append(_Record(min(max(rec.wall, span.start), span.end), rec.kind, rec.step, rec.restore_s,
+                                         rec.step_ms))  # fmt: skip
+    for run in per_run:
+        run.sort(key=lambda r: r.wall)  # stable: records written at one instant keep the file's order
+    return per_run
+
+
+def _resumed_from(per_run: list[list[_Record]]) -> list[float | None]:
+    """The step each run resumed from: its resume event's, or inferred (no event) as the last step earlier runs
+    logged below its first line's step (0 when none). None: the run logged no step, so says nothing."""
+    found: list[float | None] = []
+    for j, recs in enumerate(per_run):
+        resume = next((r.step for r in recs if r.kind == _RESUME and r.step is not None), None)
+        if resume is None:
+            first = next((r.step for r in recs if r.kind == _LINE and r.step is not None), None)
+            if first is not None:
+                earlier = [r.step for run in per_run[:j] for r in run if r.step is not None and r.step < first]
+                resume = max(earlier, default=0.0)
+        found.append(resume)
+    return found
+
+
+def _split_work(seconds: dict[str, float], gap: float, before: float, after: float, keep_to: float) -> None:
+    """A step interval covering steps (before, after]: steps up to `keep_to` count, later ones were computed again."""
+    if after <= keep_to:
+        seconds["productive"] += gap
+    elif before >= keep_to or after <= before:
+        seconds["lost"] += gap
+    else:
+        lost = gap * (after - keep_to) / (after - before)
+        seconds["lost"] += lost
+        seconds["productive"] += gap - lost
+
+
+def _run_seconds(
+    span: RunSpan, recs: list[_Record], known: bool, start_step: float, keep_to: float
+) -> dict[str, float]:
+    seconds = dict.fromkeys(CATEGORIES, 0.0)
+    if not recs:
+        first = span.end if span.first_output is None else min(max(span.first_output, span.start), span.end)
+        seconds["startup"] += first - span.start
+        rest = span.end - first
+        if not known:
+            seconds["unknown"] += rest
+        else:  # it never trained: its output after the first line is startup still, or the stall that ended it
+            seconds["stalled" if span.stalled else "startup"] += rest
+        return seconds
+    first = recs[0]
+    gap = first.wall - span.start
+    step = start_step
+    if first.kind == _RESUME:
+        restore = min(first.restore_s, gap)
+        seconds["restore"] += restore
+        seconds["startup"] += gap - restore
+    elif first.kind == _END:
+        seconds["checkpoint"] += gap
+    elif first.step is not None and first.step_ms is not None and first.kind in (_LINE, _BEGIN):
+        # the first line's own steps, by the time per step it reports; the rest of the gap is startup
+        work = min(max(first.step_ms * max(first.step - step, 0.0) / 1000, 0.0), gap)
+        _split_work(seconds, work, step, first.step, keep_to)
+        seconds["startup"] += gap - work
+    else:
+        seconds["startup"] += gap
+    if first.step is not None:
+        step = max(step, first.step) if first.kind != _RESUME else first.step
+    for a, b in zip(recs, recs[1:], strict=False):
+        gap = b.wall - a.wall
+        if a.kind == _BEGIN or b.kind == _END:
+            seconds["checkpoint"] += gap
+        elif b.kind == _RESUME:
+            seconds["restore"] += gap
+        elif b.step is not None and b.kind in (_LINE, _BEGIN):
+            _split_work(seconds, gap, step, b.step, keep_to)
+        else:  # an event this ledger does not know, or a line without a step: the work since the last step
+            _split_work(seconds, gap, step, step, keep_to)
+        if b.step is not None:
+            step = b.step if b.kind == _RESUME else max(step, b.step)
+    tail = span.end - recs[-1].wall
+    if span.stalled:
+        seconds["stalled"] += tail
+    elif recs[-1].kind == _BEGIN:
+        seconds["checkpoint"] += tail  # ended while saving
+    else:
+        seconds["teardown"] += tail
+    return seconds
+
+
+def _exits(runs_lines: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """The runs file's end lines: exit code by restart."""
+    exits: dict[int, int] = {}
+    for line in runs_lines:
+        restart, code = line.get("restart"), line.get("exit")
+        if line.get("event") == "end" and isinstance(restart, int) and isinstance(code, int):
+            exits[restart] = code
+    return exits
+
+
+def ledger(spans: Sequence[RunSpan], runs_lines: Sequence[Mapping[str, Any]], metrics: Sequence[Any]) -> Ledger:
+    """The ledger of one job: its runs as SLURM accounted them (any order), its runs file's lines and its metrics
+    records (parsed JSON, in the file's order)."""
+    ordered = sorted(spans, key=lambda s: s.start)
+    records = [r for raw in metrics if (r := _record(raw)) is not None]
+    per_run = _assign(records, ordered)
+    known = any(per_run)
+    resumed = _resumed_from(per_run)
+    exits = _exits(runs_lines)
+    runs: list[RunLedger] = []
+    for i, (span, recs) in enumerate(zip(ordered, per_run, strict=True)):
+        later = [r for r in resumed[i + 1 :] if r is not None]
+        keep_to = min(later, default=math.inf)  # steps above it were computed again by a later run
+        start_step = resumed[i] if resumed[i] is not None else 0.0
+        runs.append(RunLedger(span, _run_seconds(span, recs, known, start_step, keep_to), i, exits.get(i)))
+    result = Ledger(runs, known)
+    for cat in CATEGORIES:
+        result.seconds[cat] = sum(r.seconds[cat] for r in runs)
+        result.node_seconds[cat] = sum(r.seconds[cat] * r.span.nodes for r in runs)
+        result.gpu_hours[cat] = sum(r.seconds[cat] * r.span.nodes * r.span.gpus_per_node for r in runs) / 3600
+    waits = [s.start - s.submit for s in ordered if s.submit is not None]
+    result.queue_wait_s = sum(max(w, 0.0) for w in waits) if waits else None
+    return result

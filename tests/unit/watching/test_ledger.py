@@ -1,0 +1,191 @@
+"""The goodput ledger (watching/ledger.py), read as its specification: where each allocated second of a job went.
+Times are epoch seconds from 0; `line(step, wall)` is a metrics step line, `event(kind, step, wall)` an event."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from snakemake_executor_multinode.watching.ledger import CATEGORIES, SKEW_S, RunSpan, ledger
+
+
+def line(step: int, wall: float, **extra: Any) -> dict[str, Any]:
+    return {"step": step, "wall": wall, **extra}
+
+
+def event(kind: str, step: int, wall: float, **extra: Any) -> dict[str, Any]:
+    return {"event": kind, "step": step, "wall": wall, **extra}
+
+
+def seconds(result, *, run: int | None = None) -> dict[str, float]:
+    got = result.seconds if run is None else result.runs[run].seconds
+    return {k: round(v, 6) for k, v in got.items() if v}
+
+
+def test_startup_is_the_runs_start_to_its_first_metrics_record():
+    result = ledger([RunSpan(0, 400, nodes=1)], [], [line(10, 100), line(20, 200), line(30, 300)])
+    assert seconds(result)["startup"] == 100
+
+
+def test_a_first_line_that_says_its_time_per_step_gives_its_own_steps_back_to_the_training():
+    result = ledger([RunSpan(0, 300, nodes=1)], [], [line(10, 100, step_ms=2000), line(20, 300)])
+    assert seconds(result) == {"startup": 80, "productive": 220}
+
+
+def test_steps_between_lines_of_the_last_run_are_productive_and_the_rest_after_the_last_line_is_teardown():
+    result = ledger([RunSpan(0, 310, nodes=1)], [], [line(10, 100), line(20, 200), line(30, 300)])
+    assert seconds(result) == {"startup": 100, "productive": 200, "teardown": 10}
+    assert result.goodput == pytest.approx(200 / 310)
+
+
+def test_a_checkpoint_is_its_begin_to_its_end():
+    records = [line(10, 100), event("checkpoint_begin", 20, 200), event("checkpoint_end", 20, 230), line(30, 330)]
+    result = ledger([RunSpan(0, 330, nodes=1)], [], records)
+    assert seconds(result) == {"startup": 100, "productive": 200, "checkpoint": 30}
+
+
+def test_restore_is_the_seconds_the_resume_says_loading_took_and_the_time_before_it_startup():
+    records = [event("resume", 40, 60, restore_s=20), line(50, 160)]
+    result = ledger([RunSpan(0, 160, nodes=1)], [], records)
+    assert seconds(result) == {"startup": 40, "restore": 20, "productive": 100}
+
+
+def test_a_job_killed_30_s_after_its_checkpoint_at_step_40_and_resumed_from_step_40_loses_the_steps_after_40():
+    first = [line(40, 200), event("checkpoint_begin", 40, 200), event("checkpoint_end", 40, 210), line(45, 240)]
+    second = [event("resume", 40, 1050, restore_s=10), line(50, 1150)]
+    result = ledger([RunSpan(0, 240, nodes=1), RunSpan(1000, 1150, nodes=1)], [], first + second)
+    assert seconds(result, run=0) == {"startup": 200, "checkpoint": 10, "lost": 30}
+    assert seconds(result, run=1) == {"startup": 40, "restore": 10, "productive": 100}
+
+
+def test_a_step_interval_that_straddles_the_resume_step_is_lost_in_proportion():
+    first = [line(10, 100), line(20, 200)]  # the rerun resumes from 15: steps 16..20 of the second interval again
+    second = [event("resume", 15, 1100), line(20, 1200)]
+    result = ledger([RunSpan(0, 200, nodes=1), RunSpan(1000, 1200, nodes=1)], [], first + second)
+    assert seconds(result, run=0) == {"startup": 100, "productive": 50, "lost": 50}
+
+
+def test_without_resume_events_a_rerun_resumed_below_its_first_line_and_above_the_earlier_lines_under_it():
+    first = [line(10, 100), line(20, 200), line(30, 300)]
+    second = [line(30, 1100), line(40, 1200)]  # resumed from 20 (its first line covers 21..30)
+    result = ledger([RunSpan(0, 300, nodes=1), RunSpan(1000, 1200, nodes=1)], [], first + second)
+    assert seconds(result, run=0) == {"startup": 100, "productive": 100, "lost": 100}
+
+
+def test_superseded_lines_a_resume_kept_are_the_lost_work():
+    first = [line(10, 100), event("checkpoint_begin", 10, 100), event("checkpoint_end", 10, 110)]
+    first.append({**line(20, 210), "event": "superseded"})
+    second = [event("resume", 10, 1100), line(20, 1200)]
+    result = ledger([RunSpan(0, 220, nodes=1), RunSpan(1000, 1200, nodes=1)], [], first + second)
+    assert seconds(result, run=0) == {"startup": 100, "checkpoint": 10, "lost": 100, "teardown": 10}
+
+
+def test_after_the_last_progress_a_run_the_watchdog_ended_stalled_and_any_other_tore_down():
+    records = [line(10, 100), line(20, 200)]
+    stalled = ledger([RunSpan(0, 500, nodes=1, stalled=True)], [], records)
+    ended = ledger([RunSpan(0, 500, nodes=1)], [], records)
+    assert seconds(stalled) == {"startup": 100, "productive": 100, "stalled": 300}
+    assert seconds(ended) == {"startup": 100, "productive": 100, "teardown": 300}
+
+
+def test_a_job_without_metrics_has_startup_to_its_first_output_line_and_the_rest_unknown():
+    result = ledger([RunSpan(0, 1000, nodes=2, first_output=40)], [], [])
+    assert seconds(result) == {"startup": 40, "unknown": 960}
+    assert not result.known and result.goodput is None and result.productive_node_s is None
+
+
+def test_a_job_without_metrics_or_a_first_output_time_is_all_startup_and_its_goodput_unknown():
+    result = ledger([RunSpan(0, 1000, nodes=1)], [], [{"step": 3}])  # a line without a time says nothing
+    assert seconds(result) == {"startup": 1000}
+    assert result.goodput is None
+
+
+def test_a_run_that_never_logged_in_a_job_that_does_is_all_startup():
+    result = ledger([RunSpan(0, 50, nodes=1), RunSpan(100, 300, nodes=1)], [], [line(10, 200), line(20, 300)])
+    assert seconds(result, run=0) == {"startup": 50}
+    assert result.known
+
+
+def test_node_seconds_and_gpu_hours_weigh_each_run_by_its_nodes_and_gpus_and_goodput_is_their_share():
+    records = [line(10, 1800), line(20, 3600)]
+    result = ledger([RunSpan(0, 3600, nodes=2, gpus_per_node=4)], [], records)
+    assert result.node_seconds["productive"] == 3600 and result.node_seconds["startup"] == 3600
+    assert result.gpu_hours["productive"] == 4 and result.allocated_gpu_h == 8
+    assert result.goodput == 0.5 and result.share("startup") == 0.5
+
+
+def test_the_queue_wait_is_beside_the_ledger_not_in_it():
+    spans = [RunSpan(100, 200, nodes=1, submit=40), RunSpan(300, 400, nodes=1, submit=250)]
+    result = ledger(spans, [], [])
+    assert result.queue_wait_s == 110 and result.allocated_s == 200
+
+
+def test_a_record_just_outside_its_run_is_clamped_into_it_and_one_far_outside_belongs_to_another_job():
+    records = [line(5, 50), line(10, 99), line(20, 200 + SKEW_S / 2)]  # step 5: an earlier job's, long before
+    result = ledger([RunSpan(100, 200, nodes=1)], [], records)
+    assert seconds(result) == {"productive": 100}
+
+
+def test_the_runs_file_gives_each_runs_exit():
+    lines = [
+        {"event": "end", "job": "7", "restart": 0, "exit": 0},
+        {"event": "end", "job": "7", "restart": 1, "exit": 1},
+    ]
+    result = ledger([RunSpan(0, 10, nodes=1), RunSpan(20, 30, nodes=1)], lines, [])
+    assert [(r.restart, r.exit) for r in result.runs] == [(0, 0), (1, 1)]
+
+
+def random_schedule(rng: random.Random) -> tuple[list[RunSpan], list[dict[str, Any]]]:
+    """Runs with requeues, stalls, missing metrics and records a little outside their run (clock skew)."""
+    spans, records, t, step = [], [], rng.uniform(0, 1e5), 0
+    for _ in range(rng.randint(1, 5)):
+        start = t + rng.uniform(0, 500)
+        end = start + rng.uniform(0, 5000)
+        spans.append(RunSpan(start, end, rng.randint(1, 8), rng.choice([0, 4, 8]), start - rng.uniform(0, 100),
+                             rng.random() < 0.3, rng.choice([None, start + rng.uniform(-10, 100)])))  # fmt: skip
+        if rng.random() < 0.8:
+            step = rng.randint(0, step) if rng.random() < 0.5 else step
+            wall = start + rng.uniform(-SKEW_S, 300)
+            if step and rng.random() < 0.7:
+                records.append(event("resume", step, wall, restore_s=rng.uniform(0, 400)))
+            while wall < end + SKEW_S and rng.random() < 0.97:
+                wall += rng.uniform(0, 120)
+                step += rng.randint(0, 20)
+                kind = rng.random()
+                if kind < 0.15:
+                    records.append(event("checkpoint_begin", step, wall))
+                    wall += rng.uniform(0, 60)
+                    if rng.random() < 0.9:
+                        records.append(event("checkpoint_end", step, wall))
+                elif kind < 0.2:
+                    records.append({**line(step, wall), "event": rng.choice(["superseded", "something_new"])})
+                else:
+                    records.append(
+                        line(step, wall, **({"step_ms": rng.uniform(0, 9000)} if rng.random() < 0.3 else {}))
+                    )
+        t = end
+    rng.shuffle(spans)  # sacct's order is not the runs' order
+    return spans, records
+
+
+def test_the_parts_add_up_to_the_allocated_time_exactly_for_random_schedules():
+    rng = random.Random(20261205)
+    for _ in range(2000):
+        spans, records = random_schedule(rng)
+        result = ledger(spans, [], records)
+        allocated = sum(s.end - s.start for s in spans)
+        node_s = sum((s.end - s.start) * s.nodes for s in spans)
+        gpu_h = sum((s.end - s.start) * s.nodes * s.gpus_per_node for s in spans) / 3600
+        assert set(result.seconds) == set(CATEGORIES)
+        assert all(v >= -1e-9 for r in result.runs for v in r.seconds.values()), (spans, records)
+        for run in result.runs:
+            assert sum(run.seconds.values()) == pytest.approx(run.span.end - run.span.start, abs=1e-6)
+        assert result.allocated_s == pytest.approx(allocated, abs=1e-6)
+        assert result.allocated_node_s == pytest.approx(node_s, abs=1e-5)
+        assert result.allocated_gpu_h == pytest.approx(gpu_h, abs=1e-8)
+        if result.known:
+            assert result.seconds["unknown"] == 0
+        else:
+            assert result.goodput is None
