@@ -430,7 +430,7 @@ class StallCheck:
             if not self.watchdog.stalled():
                 return False
             when = datetime.now().astimezone().isoformat(timespec="seconds")
-            log(f"stall noticed at {when}: no progress for {self.timeout_s} s on any rank: taking every rank's stack")
+            log(f"{stall.NOTICED} {when}: no progress for {self.timeout_s} s on any rank: taking every rank's stack")
             stall.request_file(self.stem).write_text(f"{time.time()}\n")
             self.asked = time.monotonic()
         done = all(stall.done_file(self.stem, n).exists() for n in self.nodes)

@@ -4,11 +4,21 @@ array task ranges, as squeue and sacct print them. Pure functions: no command ru
 from __future__ import annotations
 
 import re
+from datetime import datetime
 
 _SIZE = re.compile(r"^([0-9.]+)([KMGTP]?)$")
 
 
 # --- times ------------------------------------------------------------------------------------------------------
+def epoch(text: str) -> float | None:
+    """sacct's Start, End or Submit (ISO local time, sacct's default format) as epoch seconds; None for Unknown,
+    None (not started) or anything else."""
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        return None
+
+
 def clock_to_seconds(text: str) -> int | None:
     """SLURM's [D-]HH:MM:SS, MM:SS or M:SS (squeue's TimeUsed, TimeLimit); None for UNLIMITED, NOT_SET."""
     text = text.strip()

@@ -7,6 +7,7 @@ All figures come from one `sacct --duplicates -j id,id,...` with the job steps (
              bound for the head node (one task per node: a step's MaxRSS is a node's). Sampled every
              JobAcctGatherFrequency seconds: a job shorter than that has none, and a short spike may be missed.
   GPU-hours  gres/gpu of AllocTRES (all nodes) x Elapsed, summed per rule and per run
+  goodput    where each run's allocation went (ledger.py): sacct's Start and End cut at the job's metrics events
 A rule whose completed jobs used less than half of what they asked for gets a suggestion of what to request.
 Written to .snakemake/multinode/reports/<run>.{csv,md}; `multinode report --run ID` writes it again at any time.
 """
@@ -15,16 +16,19 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR
+from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR, JobFiles
+from snakemake_executor_multinode.launching import stall
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient, is_job_key, is_transient
-from snakemake_executor_multinode.slurm.formats import clock, cpu_seconds, minutes_to_seconds, size_mb, tres_map
+from snakemake_executor_multinode.slurm.formats import clock, cpu_seconds, epoch, minutes_to_seconds, size_mb, tres_map
 from snakemake_executor_multinode.watching import gpu_use
+from snakemake_executor_multinode.watching.ledger import CATEGORIES, Ledger, RunSpan, ledger
 from snakemake_executor_multinode.watching.registry import Submission
 from snakemake_executor_multinode.watching.status_view import run_table
 
@@ -40,6 +44,9 @@ FIELDS = (
     "AllocTRES",
     "ReqTRES",
     "JobID",  # an array element's <array>_<task>, the key the run knows it by
+    "Start",  # each run's allocation, for the goodput ledger
+    "End",
+    "Submit",
 )
 WASTE = 0.5  # a rule that used less than this share of a request gets a suggestion
 HEADROOM = 1.5  # suggested = what the longest / largest job used x this
@@ -65,6 +72,9 @@ class RunRecord:
     gpus: int  # GPUs of the allocation, all nodes
     batch_rss_mb: float | None = None
     step_rss_mb: float | None = None  # the largest MaxRSS of the other steps
+    start: float | None = None  # epoch seconds; None: not started, or not in the query
+    end: float | None = None  # None: still running
+    submit: float | None = None
 
     @property
     def peak_rss_mb(self) -> float | None:
@@ -92,6 +102,9 @@ def parse_accounting(rows: Iterable[dict[str, str]]) -> dict[str, list[RunRecord
                 nodes=_int(row.get("NNodes", "")) or 1,
                 mem_mb=size_mb(tres.get("mem", "")),
                 gpus=_int(tres.get("gres/gpu", "")),
+                start=epoch(row.get("Start", "")),
+                end=epoch(row.get("End", "")),
+                submit=epoch(row.get("Submit", "")),
             )
             element = row.get("JobID", "")
             runs.setdefault(element if "_" in element and is_job_key(element) else jobid, []).append(current)
@@ -155,13 +168,58 @@ class JobUsage(_UsedOfAsked):
     peak_rss_mb: float | None
     gpu_hours: float
     gpu_use: str = ""  # each sampled node's mean utilisation and peak memory (gpu_use.py); "": not sampled
+    ledger: Ledger | None = None  # where the allocation went; None: sacct gave no run's start
 
     @property
     def active(self) -> bool:
         return self.state in ACTIVE_STATES
 
+    @property
+    def training(self) -> bool:
+        """Shown in the goodput section: a job with GPUs, or one that wrote metrics."""
+        return self.ledger is not None and (self.gpus_per_node > 0 or self.ledger.known)
 
-def job_usage(sub: Submission, runs: Sequence[RunRecord]) -> JobUsage:
+
+def _json_lines(path: Path) -> list[object]:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []  # no metrics (a script that writes none), or a link to a file gone
+    found = []
+    for line in text.splitlines():
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written
+    return found
+
+
+def _stalled(log: Path) -> bool:
+    """The progress watchdog ended this run: its log says so (launching/stall.py's NOTICED)."""
+    try:
+        return stall.NOTICED in log.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def job_ledger(sub: Submission, runs: Sequence[RunRecord], now: float) -> Ledger | None:
+    """The job's goodput ledger from its runs' Start and End (a running run ends `now`) and its files. The first
+    output time is not read: the job log's lines carry no time, so a job without metrics is startup, then unknown."""
+    started = [r for r in runs if r.start is not None]
+    if not started or not sub.log:
+        return None
+    files = JobFiles.from_log(sub.log)
+    spans = [
+        RunSpan(r.start, max(r.end if r.end is not None else now, r.start), r.nodes, r.gpus // r.nodes, r.submit,
+                _stalled(files.restart(k).log))
+        for k, r in enumerate(started)
+        if r.start is not None
+    ]  # fmt: skip
+    runs_lines = [x for x in _json_lines(files.runs) if isinstance(x, dict)]
+    return ledger(spans, runs_lines, _json_lines(files.metrics))
+
+
+def job_usage(sub: Submission, runs: Sequence[RunRecord], now: float | None = None) -> JobUsage:
     last = runs[-1]
     mems = [r.peak_rss_mb for r in runs if r.peak_rss_mb is not None]
     return JobUsage(
@@ -182,6 +240,7 @@ def job_usage(sub: Submission, runs: Sequence[RunRecord]) -> JobUsage:
         peak_rss_mb=max(mems) if mems else None,
         gpu_hours=sum(r.gpus * r.elapsed_s for r in runs) / 3600,
         gpu_use=gpu_use.describe(gpu_use.for_log(sub.log)),
+        ledger=job_ledger(sub, runs, time.time() if now is None else now),
     )
 
 
@@ -355,7 +414,55 @@ CSV_COLUMNS = (
     "mem_used",
     "gpu_hours",
     "suggestion",
+    # the goodput ledger (training jobs only): node-seconds allocated, and per category; productive empty: unknown
+    "alloc_node_s",
+    "goodput",
+    "queue_wait_s",
+    *(f"{c}_node_s" for c in CATEGORIES),
 )
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """The ledgers of several jobs added up (a rule's, the run's): node-seconds and GPU-hours per category."""
+
+    jobs: int
+    node_seconds: dict[str, float]
+    gpu_hours: float
+    known_node_s: float  # allocated node-seconds of the jobs whose productive time is known
+    queue_wait_s: float | None
+    unknown_jobs: int  # jobs without metrics: their productive time is not counted anywhere
+
+    @property
+    def allocated_node_s(self) -> float:
+        return sum(self.node_seconds.values())
+
+    @property
+    def goodput(self) -> float | None:
+        """Productive over allocated node-seconds of the jobs whose productive time is known."""
+        return self.node_seconds["productive"] / self.known_node_s if self.known_node_s > 0 else None
+
+    def share(self, category: str) -> float | None:
+        total = self.allocated_node_s
+        return self.node_seconds[category] / total if total > 0 else None
+
+
+def goodput_of(jobs: Iterable[JobUsage]) -> Goodput:
+    ledgers = [j.ledger for j in jobs if j.training and j.ledger is not None]
+    waits = [x.queue_wait_s for x in ledgers if x.queue_wait_s is not None]
+    return Goodput(
+        jobs=len(ledgers),
+        node_seconds={c: sum(x.node_seconds[c] for x in ledgers) for c in CATEGORIES},
+        gpu_hours=sum(x.allocated_gpu_h for x in ledgers),
+        known_node_s=sum(x.allocated_node_s for x in ledgers if x.known),
+        queue_wait_s=sum(waits) if waits else None,
+        unknown_jobs=sum(not x.known for x in ledgers),
+    )
+
+
+def _ledger_cells(node_s: dict[str, float], known: bool, goodput: float | None, wait: float | None) -> list[str]:
+    cells = [f"{sum(node_s.values()):.1f}", _num(goodput), _num(wait, 1)]
+    return cells + ["" if c == "productive" and not known else f"{node_s[c]:.1f}" for c in CATEGORIES]
 
 
 def to_csv(report: Report) -> str:
@@ -368,6 +475,11 @@ def to_csv(report: Report) -> str:
             ["job", j.rule, j.wildcards, j.jobid, j.state, 1, j.runs, j.nodes, j.gpus_per_node, j.cpus_per_node]
             + [j.elapsed_s, j.limit_s or "", _num(j.time_used), f"{j.cpu_s:.1f}", _num(j.cpu_efficiency)]
             + [_num(j.mem_req_mb, 0), _num(j.peak_rss_mb, 0), _num(j.mem_used), f"{j.gpu_hours:.6f}", ""]
+            + (
+                _ledger_cells(j.ledger.node_seconds, j.ledger.known, j.ledger.goodput, j.ledger.queue_wait_s)
+                if j.training and j.ledger is not None
+                else [""] * (3 + len(CATEGORIES))
+            )
         )
     for r in report.rules:
         out.writerow(
@@ -375,13 +487,21 @@ def to_csv(report: Report) -> str:
             + [r.longest_run_s, r.limit_s or "", _num(r.time_used), f"{r.cpu_s:.1f}", _num(r.cpu_efficiency)]
             + [_num(r.mem_req_mb, 0), _num(r.peak_rss_mb, 0), _num(r.mem_used), f"{r.gpu_hours:.6f}"]
             + [r.suggestion_text()]
+            + _goodput_cells(goodput_of(j for j in report.jobs if j.rule == r.rule))
         )
     cpu_s, alloc_s = sum(r.cpu_s for r in report.rules), sum(r.cpu_alloc_s for r in report.rules)
     out.writerow(
         ["run", "", "", "", "", len(report.jobs), "", "", "", "", "", "", "", f"{cpu_s:.1f}"]
         + [_num(_ratio(cpu_s, alloc_s)), "", "", "", f"{report.gpu_hours:.6f}", ""]
+        + _goodput_cells(goodput_of(report.jobs))
     )
     return buf.getvalue()
+
+
+def _goodput_cells(total: Goodput) -> list[str]:
+    if not total.jobs:
+        return [""] * (3 + len(CATEGORIES))
+    return _ledger_cells(total.node_seconds, total.known_node_s > 0, total.goodput, total.queue_wait_s)
 
 
 def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
@@ -446,6 +566,7 @@ def to_markdown(report: Report) -> str:
             ("rule", "wildcards", "job", "per node"),
             ((j.rule, j.wildcards or "-", j.jobid, j.gpu_use) for j in sampled),
         )
+    lines += _goodput_markdown(report)
     notes = []
     if report.active:
         notes.append(f"{len(report.active)} job(s) had not ended: their figures are partial (report again later).")
@@ -454,6 +575,49 @@ def to_markdown(report: Report) -> str:
     if any(j.peak_rss_mb is None for j in report.jobs):
         notes.append("Memory '-': the job ended before SLURM sampled it (JobAcctGatherFrequency).")
     return "\n".join(lines + ([""] + [f"- {n}" for n in notes] if notes else []) + [""])
+
+
+def _allocated(node_s: float, gpu_h: float) -> str:
+    return f"{_hours(gpu_h)} GPU-h" if gpu_h > 0 else f"{_hours(node_s / 3600)} node-h"
+
+
+def _goodput_row(name: list[str], node_s: dict[str, float], gpu_h: float, known: bool, goodput: float | None,
+                 wait: float | None) -> list[str]:  # fmt: skip
+    total = sum(node_s.values())
+    shares = ["unknown" if c == "productive" and not known else _pct(node_s[c] / total if total else None)
+              for c in CATEGORIES]  # fmt: skip
+    return [*name, _allocated(total, gpu_h), *shares, _pct(goodput) if known else "unknown",
+            clock(round(wait)) if wait is not None else "-"]  # fmt: skip
+
+
+def _goodput_markdown(report: Report) -> list[str]:
+    """Where each training job's allocation went, and the run's; the queue wait beside it (not allocated)."""
+    jobs = [j for j in report.jobs if j.training and j.ledger is not None]
+    if not jobs:
+        return []
+    lines = [
+        "",
+        "## Where the allocation went",
+        "",
+        "Per training job: SLURM's Elapsed x nodes of every run (GPU-hours: x GPUs), cut at the job's metrics "
+        "records and events (docs/training-contract.md) into shares of it. Goodput: the productive share (steps "
+        "that count toward the final model). Lost: steps a later run computed again. Queue wait: beside the "
+        "allocation, not part of it. A job without metrics: productive unknown, never guessed.",
+        "",
+    ]
+    rows = []
+    for j in jobs:
+        x = j.ledger
+        assert x is not None
+        rows.append(_goodput_row([j.rule, j.wildcards or "-", j.jobid], x.node_seconds, x.allocated_gpu_h, x.known,
+                                 x.goodput, x.queue_wait_s))  # fmt: skip
+    total = goodput_of(jobs)
+    rows.append(_goodput_row(["all training jobs", "", f"{total.jobs} job(s)"], total.node_seconds, total.gpu_hours,
+                             total.known_node_s > 0, total.goodput, total.queue_wait_s))  # fmt: skip
+    lines += _md_table(("rule", "wildcards", "job", "allocated", *CATEGORIES, "goodput", "queue wait"), rows)
+    if total.unknown_jobs:
+        lines += ["", f"{total.unknown_jobs} job(s) wrote no metrics: the run's goodput leaves them out."]
+    return lines
 
 
 def write(report: Report, workdir: Path) -> tuple[Path, Path]:

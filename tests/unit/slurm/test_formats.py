@@ -48,3 +48,10 @@ def test_time_limits_in_minutes_and_tres_lists():
 
 def test_array_task_ranges():
     assert formats.array_tasks("[0-3,7%2]") == [0, 1, 2, 3, 7]
+
+
+def test_sacct_times_are_local_iso_times_and_unknown_is_none():
+    from datetime import datetime
+
+    assert formats.epoch("2026-12-05T01:02:03") == datetime(2026, 12, 5, 1, 2, 3).timestamp()
+    assert formats.epoch("Unknown") is None and formats.epoch("None") is None and formats.epoch("") is None

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract.jobfiles import StateFolders
+from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
 from snakemake_executor_multinode.slurm.client import QueryError, SlurmClient
 from snakemake_executor_multinode.watching import report
+from snakemake_executor_multinode.watching.ledger import CATEGORIES
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 from snakemake_executor_multinode.watching.report import JobUsage
 
@@ -192,3 +194,108 @@ def test_end_of_run_never_fails_the_run(tmp_path):
     assert lines and "not written" in lines[0] and "multinode report --run run1" in lines[0]
     assert "--immediate-submit" in report.end_of_run(tmp_path, "run1", down, queued=True)[0]
     assert report.end_of_run(tmp_path, "nothing", down) == []
+
+
+# --- where the allocation went: the goodput ledger in the report --------------------------------------------------
+# 501: 2 nodes x 4 GPUs, requeued: its first run died 30 s after its checkpoint at step 40, its rerun resumed there.
+# 502: 1 node, no GPU, no metrics (a shell rule). 503: 1 node x 1 GPU, no metrics: a training whose script is silent.
+def t(seconds: float) -> str:
+    from datetime import datetime
+
+    return datetime.fromtimestamp(1_800_000_000 + seconds).isoformat(timespec="seconds")
+
+
+def timed_row(jobid: str, state: str, elapsed: int, nodes: int, gpus: int, start: float, submit: float) -> str:
+    tres = f"billing=1,cpu={nodes},gres/gpu={gpus * nodes},mem=1G,node={nodes}" if gpus else "cpu=1,mem=1G,node=1"
+    return (
+        f"{jobid}|{state}|{elapsed}|60|00:01.000|{nodes}|{nodes}||{tres}|{tres}|{jobid}"
+        f"|{t(start)}|{t(start + elapsed)}|{t(submit)}"
+    )
+
+
+TIMED = "\n".join(
+    [
+        timed_row("501", "REQUEUED", 300, 2, 4, start=0, submit=-60),
+        timed_row("501", "COMPLETED", 200, 2, 4, start=400, submit=300),
+        timed_row("502", "COMPLETED", 100, 1, 0, start=0, submit=0),
+        timed_row("503", "COMPLETED", 100, 1, 1, start=0, submit=0),
+    ]
+)
+
+
+def timed_job(tmp_path: Path, jobid: str, rule: str, metrics: list[dict] | None) -> Submission:
+    log = tmp_path / "logs" / f"{jobid}.attempt1.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("[multinode] job\n")
+    if metrics is not None:
+        base = 1_800_000_000
+        lines = [{**m, "wall": base + m["wall"]} for m in metrics]
+        JobFiles.from_log(log).metrics.write_text("".join(json.dumps(m) + "\n" for m in lines))
+    return Submission("run1", rule, {}, (f"{rule}.out",), f"mn-{jobid}", 1, "", str(log), jobid, None, "", 0.0)
+
+
+def goodput_report(tmp_path: Path) -> report.Report:
+    metrics = [
+        {"step": 40, "wall": 100},  # startup 100 s
+        {"event": "checkpoint_begin", "step": 40, "wall": 100},
+        {"event": "checkpoint_end", "step": 40, "wall": 120},  # checkpoint 20 s
+        {"step": 45, "wall": 150},  # lost 30 s, then 150 s of teardown to the run's end at 300
+        {"event": "resume", "step": 40, "wall": 450, "restore_s": 10},  # startup 40 s, restore 10 s
+        {"step": 50, "wall": 600},  # productive 150 s; the run ends at 600
+    ]
+    subs = [timed_job(tmp_path, "501", "train", metrics), timed_job(tmp_path, "502", "prep", None)]
+    subs.append(timed_job(tmp_path, "503", "silent", None))
+    return report.collect("run1", subs, FakeAccounting(TIMED))  # type: ignore[arg-type]
+
+
+def test_sacct_start_end_and_submit_give_each_run_its_allocation_and_the_job_its_ledger(tmp_path):
+    rep = goodput_report(tmp_path)
+    train = next(j for j in rep.jobs if j.rule == "train")
+    assert train.ledger is not None and train.ledger.known
+    assert {k: v for k, v in train.ledger.seconds.items() if v} == {
+        "startup": 140, "checkpoint": 20, "lost": 30, "teardown": 150, "restore": 10, "productive": 150,
+    }  # fmt: skip
+    assert train.ledger.allocated_node_s == 2 * 500 and train.ledger.allocated_gpu_h == pytest.approx(8 * 500 / 3600)
+    assert train.ledger.queue_wait_s == 60 + 100
+    assert train.ledger.goodput == pytest.approx(150 / 500)
+
+
+def test_the_markdown_says_where_each_training_jobs_allocation_went_and_the_runs(tmp_path):
+    md = report.to_markdown(goodput_report(tmp_path))
+    assert "## Where the allocation went" in md
+    section = md.split("## Where the allocation went")[1]
+    header = next(x for x in section.splitlines() if x.startswith("| rule |"))
+    assert header == (
+        "| rule | wildcards | job | allocated | startup | productive | checkpoint | restore | lost | stalled | "
+        "teardown | unknown | goodput | queue wait |"
+    )
+    train = next(x for x in section.splitlines() if x.startswith("| train |"))
+    assert train == "| train | - | 501 | 1.111 GPU-h | 28% | 30% | 4% | 2% | 6% | 0% | 30% | 0% | 30% | 0:02:40 |"
+    silent = next(x for x in section.splitlines() if x.startswith("| silent |"))
+    assert "| unknown |" in silent and silent.endswith("| 0% | unknown | 0:00:00 |")  # all startup, never guessed
+    assert "| prep |" not in section  # no GPU, no metrics: not a training job
+    total = next(x for x in section.splitlines() if x.startswith("| all training jobs |"))
+    assert "| 2 job(s) | 1.139 GPU-h |" in total and "| 30% | 0:02:40 |" in total  # goodput of the jobs it knows
+    assert "1 job(s) wrote no metrics" in section
+
+
+def test_the_csv_has_the_ledgers_node_seconds_per_category_and_productive_empty_when_unknown(tmp_path):
+    lines = list(csv.DictReader(io.StringIO(report.to_csv(goodput_report(tmp_path)))))
+    train = next(x for x in lines if x["scope"] == "job" and x["rule"] == "train")
+    assert float(train["alloc_node_s"]) == 1000 and float(train["productive_node_s"]) == 300
+    assert float(train["lost_node_s"]) == 60 and float(train["goodput"]) == pytest.approx(0.3)
+    assert float(train["queue_wait_s"]) == 160
+    silent = next(x for x in lines if x["scope"] == "job" and x["rule"] == "silent")
+    assert silent["productive_node_s"] == "" and silent["goodput"] == "" and float(silent["startup_node_s"]) == 100
+    prep = next(x for x in lines if x["scope"] == "job" and x["rule"] == "prep")
+    assert prep["alloc_node_s"] == ""
+    run = lines[-1]
+    assert float(run["alloc_node_s"]) == 1100 and float(run["productive_node_s"]) == 300
+    assert sum(float(run[f"{c}_node_s"]) for c in CATEGORIES) == pytest.approx(1100)
+
+
+def test_a_running_job_ends_its_last_run_now(tmp_path):
+    running = timed_row("504", "RUNNING", 0, 1, 1, start=0, submit=0).replace(f"|{t(0)}|{t(0)}|", f"|{t(0)}|Unknown|")
+    sub_ = timed_job(tmp_path, "504", "train", [{"step": 10, "wall": 50}])
+    job = report.job_usage(sub_, report.parse_accounting(rows(running))["504"], now=1_800_000_000 + 80)
+    assert job.ledger is not None and job.ledger.seconds["startup"] == 50 and job.ledger.seconds["teardown"] == 30
