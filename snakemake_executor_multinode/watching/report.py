@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -30,7 +29,7 @@ from snakemake_executor_multinode.slurm.formats import clock, cpu_seconds, epoch
 from snakemake_executor_multinode.watching import gpu_use
 from snakemake_executor_multinode.watching.ledger import CATEGORIES, Ledger, RunSpan, ledger
 from snakemake_executor_multinode.watching.registry import Submission
-from snakemake_executor_multinode.watching.status_view import run_table
+from snakemake_executor_multinode.watching.status_view import json_lines, run_table
 
 FIELDS = (
     "JobIDRaw",
@@ -180,20 +179,6 @@ class JobUsage(_UsedOfAsked):
         return self.ledger is not None and (self.gpus_per_node > 0 or self.ledger.known)
 
 
-def _json_lines(path: Path) -> list[object]:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return []  # no metrics (a script that writes none), or a link to a file gone
-    found = []
-    for line in text.splitlines():
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            continue  # a line being written
-    return found
-
-
 def _stalled(log: Path) -> bool:
     """The progress watchdog ended this run: its log says so (launching/stall.py's NOTICED)."""
     try:
@@ -215,8 +200,8 @@ def job_ledger(sub: Submission, runs: Sequence[RunRecord], now: float) -> Ledger
         for k, r in enumerate(started)
         if r.start is not None
     ]  # fmt: skip
-    runs_lines = [x for x in _json_lines(files.runs) if isinstance(x, dict)]
-    return ledger(spans, runs_lines, _json_lines(files.metrics))
+    runs_lines = [x for x in json_lines(files.runs) if isinstance(x, dict)]
+    return ledger(spans, runs_lines, json_lines(files.metrics))
 
 
 def job_usage(sub: Submission, runs: Sequence[RunRecord], now: float | None = None) -> JobUsage:

@@ -10,15 +10,18 @@ are, in one batched query for all of them, never one per job:
     requeued job is a line of its own, so its restarts are counted there.
 Neither knows a job that ended long ago on a cluster without accounting; its exit marker may still say how it ended,
 and its restarts are counted from the restart logs the job script writes. Progress is the last line of each job's
-metrics file (progress.py), and GPU use each node's GPU samples (gpu_use.py), read from the shared filesystem.
+metrics file (progress.py), and GPU use each node's GPU samples (gpu_use.py), read from the shared filesystem; a
+running job's goodput so far is the ledger (ledger.py) of its runs as its runs file times them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, RUNS_DIR, JobFiles, StateFolders
@@ -33,6 +36,7 @@ from snakemake_executor_multinode.slurm.client import (
 )
 from snakemake_executor_multinode.slurm.formats import clock, clock_to_seconds, gres_gpus, minutes_to_seconds, tres_map
 from snakemake_executor_multinode.watching import gpu_use, progress
+from snakemake_executor_multinode.watching.ledger import CATEGORIES, RunSpan, ledger
 from snakemake_executor_multinode.watching.registry import Submission, runs
 
 SACCT_FIELDS = (
@@ -70,6 +74,7 @@ class JobRow:
     progress: str = ""
     log: str = ""
     gpu_use: str = ""  # each sampled node's mean utilisation and peak memory so far (gpu_use.py)
+    goodput: str = ""  # a running job's goodput so far and where the rest went
 
     @property
     def active(self) -> bool:
@@ -231,6 +236,68 @@ def _exit_marker(workdir: Path, jobid: str) -> str | None:
         return None
 
 
+# --- goodput so far ---------------------------------------------------------------------------------------------
+def json_lines(path: Path) -> list[object]:
+    """A JSON lines file's records; a line being written (or not JSON) is left out, a missing file is none."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []  # no metrics (a script that writes none), or a link to a file gone
+    found = []
+    for line in text.splitlines():
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return found
+
+
+def _iso_epoch(text: object) -> float | None:
+    try:
+        return datetime.fromisoformat(str(text)).timestamp()
+    except ValueError:
+        return None
+
+
+def run_spans(files: JobFiles, nodes: int, gpus_per_node: int, now: float) -> list[RunSpan]:
+    """A running job's runs as its runs file times them (the job script's start and end lines; squeue has no
+    start per run). A run that requeued itself writes no end line: its log's last write ends it; the last run ends
+    now."""
+    starts: dict[int, float] = {}
+    ends: dict[int, float] = {}
+    for line in json_lines(files.runs):
+        if isinstance(line, dict) and isinstance(line.get("restart"), int):
+            when = _iso_epoch(line.get("time"))
+            if when is not None and line.get("event") in ("start", "end"):
+                (starts if line["event"] == "start" else ends)[line["restart"]] = when
+    spans = []
+    for k in sorted(starts):
+        end = ends.get(k)
+        if end is None and k == max(starts):
+            end = now
+        elif end is None:
+            try:
+                end = files.restart(k).log.stat().st_mtime
+            except OSError:
+                end = starts[k]
+        spans.append(RunSpan(starts[k], max(end, starts[k]), nodes, gpus_per_node))
+    return spans
+
+
+def goodput_so_far(log: str, nodes: int, gpus_per_node: int, now: float) -> str:
+    """'62% of 3.20 GPU-h (startup 8%, checkpoint 3%, ...)', or that it is unknown; "" without a timed run."""
+    files = JobFiles.from_log(log)
+    spans = run_spans(files, nodes, gpus_per_node, now)
+    if not spans:
+        return ""
+    led = ledger(spans, [], json_lines(files.metrics))
+    size = f"{led.allocated_gpu_h:.2f} GPU-h" if gpus_per_node else f"{led.allocated_node_s / 3600:.2f} node-h"
+    if led.goodput is None:
+        return f"unknown (no metrics) of {size}"
+    rest = [f"{c} {100 * share:.0f}%" for c in CATEGORIES if c != "productive" and (share := led.share(c) or 0) > 0]
+    return f"{100 * led.goodput:.0f}% of {size}" + (f" ({', '.join(rest)})" if rest else "")
+
+
 def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: Path) -> list[JobRow]:
     rows = []
     for sub in sorted(subs, key=lambda s: s.submitted_at):
@@ -263,6 +330,9 @@ def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: P
                 progress=found.describe(eta=running) if found else "",
                 log=str(later_logs[-1]) if later_logs else sub.log,
                 gpu_use=gpu_use.describe(gpu_use.for_log(sub.log)),
+                goodput=goodput_so_far(sub.log, view.nodes or 1, view.gpus_per_node or 0, time.time())
+                if running and view is not None and sub.log
+                else "",
             )
         )
     return rows
@@ -322,12 +392,14 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
         if r.state == "PENDING" and r.reason and r.jobid and reasons.explain(r.reason)
     ]
     gpus = [f"  {_label(r)} (job {r.jobid}): {r.gpu_use}" for r in rows if r.gpu_use]
+    goodput = [f"  {_label(r)} (job {r.jobid}): {r.goodput}" for r in rows if r.goodput]
     return "\n".join(
         [
             head,
             *lines,
             *(["", "why they wait:", *waits] if waits else []),
             *(["", "GPU use so far (per node: mean utilisation, peak memory of one GPU):", *gpus] if gpus else []),
+            *(["", "goodput so far (productive share of the allocation; the rest):", *goodput] if goodput else []),
         ]
     )
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -177,3 +179,41 @@ def test_cancel_cancels_the_runs_queued_and_running_jobs_and_no_other(tmp_path, 
     assert runs.cancel_command(args) == 0
     assert fake.called("scancel") == [["scancel", "440", "448"]]  # 239 had ended; 227 is another run's
     assert "run mine0001: cancelled SLURM job(s) 440 448" in capsys.readouterr().out
+
+
+def iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def test_a_running_jobs_goodput_so_far_is_the_ledger_of_its_runs_as_its_runs_file_times_them(tmp_path):
+    files = JobFiles.from_log(tmp_path / "501.attempt1.log")
+    t0 = 1_800_000_000
+    runs_lines = [
+        {"event": "start", "job": "501", "restart": 0, "nodes": "n[1-2]", "time": iso(t0)},
+        {"event": "start", "job": "501", "restart": 1, "nodes": "n[1-2]", "time": iso(t0 + 400)},
+    ]  # the first run requeued itself: no end line; its log's last write ends it
+    files.runs.write_text("".join(json.dumps(x) + "\n" for x in runs_lines))
+    files.log.write_text("[multinode] requeued\n")
+    os.utime(files.log, (t0 + 300, t0 + 300))
+    metrics = [
+        {"step": 40, "wall": t0 + 100},
+        {"event": "checkpoint_begin", "step": 40, "wall": t0 + 100},
+        {"event": "checkpoint_end", "step": 40, "wall": t0 + 150},
+        {"event": "resume", "step": 40, "wall": t0 + 450},
+        {"step": 50, "wall": t0 + 600},
+    ]
+    files.metrics.write_text("".join(json.dumps(x) + "\n" for x in metrics))
+    spans = status_view.run_spans(files, 2, 4, now=t0 + 700)
+    assert [(s.start - t0, s.end - t0) for s in spans] == [(0, 300), (400, 700)]
+    shown = status_view.goodput_so_far(str(files.log), 2, 4, now=t0 + 700)
+    assert shown == "25% of 1.33 GPU-h (startup 25%, checkpoint 8%, teardown 42%)"
+    row = status_view.JobRow("train", "", 1, "501", "RUNNING", goodput=shown)
+    text = status_view.render("r", [row], tmp_path)
+    assert "goodput so far (productive share of the allocation; the rest):" in text
+    assert f"  train (job 501): {shown}" in text
+
+
+def test_a_running_job_without_metrics_has_its_goodput_unknown(tmp_path):
+    files = JobFiles.from_log(tmp_path / "7.attempt1.log")
+    files.runs.write_text(json.dumps({"event": "start", "restart": 0, "time": iso(1_800_000_000)}) + "\n")
+    assert status_view.goodput_so_far(str(files.log), 1, 0, now=1_800_003_600) == "unknown (no metrics) of 1.00 node-h"
