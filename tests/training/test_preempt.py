@@ -15,7 +15,7 @@ import plugins
 import psutil
 import pytest
 
-from .helpers import ENV, REPO, SCRIPTS, TINY, metrics, torchrun_argv, train, train_argv
+from .helpers import ENV, REPO, SCRIPTS, TINY, events, metrics, torchrun_argv, train, train_argv
 
 STEPS = 200
 CPU_PLUGINS = [name for name, spec in plugins.PLUGIN_TABLE.items() if "cpu" in spec.devices]
@@ -84,4 +84,6 @@ def test_sigusr2_checkpoints_writes_the_preempt_file_exits_0_and_the_rerun_compl
     proc2 = train(out, data_dir, cfg)  # the requeued job
     assert f"at step {step}" in proc2.stdout
     assert [r["step"] for r in metrics(out / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    resumes = [(e["step"], e["restore_s"] >= 0) for e in events(out / "metrics.jsonl") if e["event"] == "resume"]
+    assert resumes == [(step, True)]  # the rerun says where it resumed from, and how long loading took
     assert lm.load_final_model(out / "model.pt")[1]["step"] == STEPS

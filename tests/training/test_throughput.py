@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import TINY, metrics, train
+from .helpers import TINY, events, metrics, train
 
 # Checkpoints every 6 steps, lines every 4: some intervals hold a save, some don't.
 CFG = {**TINY, "plugin": "torch_ddp", "steps": 24, "log_every": 4, "ckpt_every": 6}
@@ -39,3 +39,13 @@ def test_logged_intervals_add_up_to_the_training_time(tmp_path: Path, data_dir: 
     # the last line is the training time of the later lines plus their checkpoints.
     span = rows[-1]["time"] - rows[0]["time"]
     assert span == pytest.approx(sum(intervals[1:]) + sum(r["ckpt_s"] for r in rows[1:]), rel=0.01)
+
+
+@pytest.mark.slow
+def test_every_save_is_bracketed_by_checkpoint_events_and_every_record_carries_its_wall_clock_time(tmp_path, data_dir):
+    train(tmp_path, data_dir, CFG)
+    marks = [(e["event"], e["step"]) for e in events(tmp_path / "metrics.jsonl")]
+    assert marks == [(kind, step) for step in (6, 12, 18, 24) for kind in ("checkpoint_begin", "checkpoint_end")]
+    assert all(r["wall"] == r["time"] for r in metrics(tmp_path / "metrics.jsonl"))  # step lines: the same clock
+    walls = [e["wall"] for e in events(tmp_path / "metrics.jsonl")]
+    assert walls == sorted(walls) and all(isinstance(w, float) for w in walls)
