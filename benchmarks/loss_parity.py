@@ -32,7 +32,7 @@ def losses(path: Path) -> dict[int, float]:
     if not path.is_file():
         return {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {row["step"]: row["loss"] for row in rows}
+    return {row["step"]: row["loss"] for row in rows if "event" not in row}  # step lines (events have no loss)
 
 
 def compare(baseline: dict[int, float], run: dict[int, float], limit: float, name: str = "run") -> Parity:

@@ -10,7 +10,7 @@ import sys
 
 variant, path = sys.argv[1], sys.argv[2]
 try:
-    rows = [json.loads(line) for line in open(path)]
+    rows = [r for r in map(json.loads, open(path)) if "event" not in r]  # step lines (events: checkpoints, resumes)
 except OSError:
     print(json.dumps({"variant": variant, "error": "no metrics (see its log)"}))
     sys.exit(0)

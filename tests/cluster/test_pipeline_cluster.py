@@ -53,7 +53,8 @@ def logged_steps(metrics: Path) -> list[int]:
         text = metrics.read_text()
     except FileNotFoundError:
         return []
-    return [json.loads(line)["step"] for line in text.splitlines(keepends=True) if line.endswith("\n")]
+    records = [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+    return [r["step"] for r in records if "event" not in r]  # step lines (events: checkpoints, resumes)
 
 
 def rank_pids(jobid: str, workdir: Path) -> dict[int, int]:
@@ -125,6 +126,7 @@ def test_example_pipeline_trains_on_two_nodes_and_evaluates(slurm_cluster, tmp_p
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     results = wd / "results"
     metrics = [json.loads(line) for line in (results / "model" / "metrics.jsonl").read_text().splitlines()]
+    metrics = [m for m in metrics if "event" not in m]  # step lines
     assert metrics[-1]["step"] == 40 and metrics[-1]["loss"] < metrics[0]["loss"]
     evaluation = json.loads((results / "eval" / "metrics.json").read_text())
     assert evaluation["val_loss"] > 0 and evaluation["val_ppl"] > 1 and evaluation["model_step"] == 40
@@ -179,5 +181,6 @@ def test_usr2_during_training_checkpoints_requeues_and_the_rerun_resumes_at_that
     assert Path(resumed[1]).name == f"step_{n:08d}"
     assert f"steps {n}->{steps}" in rerun and f"done: step {steps}" in rerun
     metrics_lines = [json.loads(line) for line in (wd / "results/model/metrics.jsonl").read_text().splitlines()]
+    metrics_lines = [m for m in metrics_lines if "event" not in m]  # step lines
     assert [m["step"] for m in metrics_lines] == list(range(1, steps + 1))  # no step lost or repeated
     assert (wd / "results" / "model" / "final.pt").stat().st_size > 0
