@@ -26,7 +26,7 @@ from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR, JobFiles
 from snakemake_executor_multinode.launching import stall
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient, is_job_key, is_transient
 from snakemake_executor_multinode.slurm.formats import clock, cpu_seconds, epoch, minutes_to_seconds, size_mb, tres_map
-from snakemake_executor_multinode.watching import gpu_use
+from snakemake_executor_multinode.watching import gpu_use, progress
 from snakemake_executor_multinode.watching.ledger import CATEGORIES, Ledger, RunSpan, ledger
 from snakemake_executor_multinode.watching.registry import Submission
 from snakemake_executor_multinode.watching.status_view import json_lines, run_table
@@ -179,12 +179,13 @@ class JobUsage(_UsedOfAsked):
         return self.ledger is not None and (self.gpus_per_node > 0 or self.ledger.known)
 
 
+STALL_TAIL_BYTES = 16 << 20  # the watchdog's line, then every rank's stack: near a run's end; logs grow for days
+
+
 def _stalled(log: Path) -> bool:
-    """The progress watchdog ended this run: its log says so (launching/stall.py's NOTICED)."""
-    try:
-        return stall.NOTICED in log.read_text(errors="replace")
-    except OSError:
-        return False
+    """The progress watchdog ended this run: its log's end says so (launching/stall.py's NOTICED)."""
+    tail = progress.read_tail(log, STALL_TAIL_BYTES)
+    return tail is not None and stall.NOTICED.encode() in tail
 
 
 def job_ledger(sub: Submission, runs: Sequence[RunRecord], now: float) -> Ledger | None:

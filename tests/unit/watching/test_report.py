@@ -299,3 +299,13 @@ def test_a_running_job_ends_its_last_run_now(tmp_path):
     sub_ = timed_job(tmp_path, "504", "train", [{"step": 10, "wall": 50}])
     job = report.job_usage(sub_, report.parse_accounting(rows(running))["504"], now=1_800_000_000 + 80)
     assert job.ledger is not None and job.ledger.seconds["startup"] == 50 and job.ledger.seconds["teardown"] == 30
+
+
+def test_a_run_whose_log_says_the_watchdog_ended_it_is_stalled_after_its_last_progress(tmp_path):
+    from snakemake_executor_multinode.launching import stall
+
+    sub_ = timed_job(tmp_path, "505", "train", [{"step": 10, "wall": 50}])
+    Path(sub_.log).write_text(f"[multinode] job\n[multinode] {stall.NOTICED} 2026-12-05T01:00:00+00:00: ...\n")
+    row = timed_row("505", "FAILED", 100, 1, 1, start=0, submit=0)
+    job = report.job_usage(sub_, report.parse_accounting(rows(row))["505"])
+    assert job.ledger is not None and job.ledger.seconds["stalled"] == 50 and job.ledger.seconds["teardown"] == 0
