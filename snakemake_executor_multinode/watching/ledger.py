@@ -175,9 +175,9 @@ def _run_seconds(
 ) -> dict[str, float]:
     seconds = dict.fromkeys(CATEGORIES, 0.0)
     if not recs:
-        first = span.end if span.first_output is None else min(max(span.first_output, span.start), span.end)
-        seconds["startup"] += first - span.start
-        rest = span.end - first
+        output = span.end if span.first_output is None else min(max(span.first_output, span.start), span.end)
+        seconds["startup"] += output - span.start
+        rest = span.end - output
         if not known:
             seconds["unknown"] += rest
         else:  # it never trained: its output after the first line is startup still, or the stall that ended it
@@ -246,7 +246,8 @@ def ledger(spans: Sequence[RunSpan], runs_lines: Sequence[Mapping[str, Any]], me
     for i, (span, recs) in enumerate(zip(ordered, per_run, strict=True)):
         later = [r for r in resumed[i + 1 :] if r is not None]
         keep_to = min(later, default=math.inf)  # steps above it were computed again by a later run
-        start_step = resumed[i] if resumed[i] is not None else 0.0
+        resumed_at = resumed[i]
+        start_step = resumed_at if resumed_at is not None else 0.0
         runs.append(RunLedger(span, _run_seconds(span, recs, known, start_step, keep_to), i, exits.get(i)))
     result = Ledger(runs, known)
     for cat in CATEGORIES:
