@@ -64,7 +64,8 @@ def test_a_gpu_job_samples_every_node_and_status_and_report_show_it(slurm_cluste
         status = multinode(wd, "status").stdout
         jobid = re.search(r"^ranks\s+(\d+)\s", status, re.M)[1]
         use = ", ".join(f"{n} util 50% mem 2.9/79.6 GiB" for n in nodes)
-        assert status.split("\n\n")[-1].splitlines() == [
+        gpu_paragraph = next(p for p in status.split("\n\n") if p.startswith("GPU use so far"))
+        assert gpu_paragraph.splitlines() == [
             "GPU use so far (per node: mean utilisation, peak memory of one GPU):",
             f"  ranks (job {jobid}): {use}",
         ]
