@@ -35,6 +35,7 @@ from snakemake_executor_multinode import __version__
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import PROVENANCE_DIR
 from snakemake_executor_multinode.contract.private_files import write_private
+from snakemake_executor_multinode.watching.jsonl import json_lines
 
 SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH", re.I)
 REDACTED = "<redacted>"
@@ -219,19 +220,7 @@ def start_line(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _runs(path: Path | None) -> list[dict[str, Any]]:
-    if path is None:
-        return []
-    try:
-        text = path.read_text()
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a node's death: the others still count
-    return out
+    return [line for line in json_lines(path) if isinstance(line, dict)] if path is not None else []
 
 
 def _write(path: Path, record: Mapping[str, Any]) -> None:

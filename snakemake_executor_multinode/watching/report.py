@@ -27,9 +27,10 @@ from snakemake_executor_multinode.launching import stall
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient, is_job_key, is_transient
 from snakemake_executor_multinode.slurm.formats import clock, cpu_seconds, epoch, minutes_to_seconds, size_mb, tres_map
 from snakemake_executor_multinode.watching import gpu_use, progress
+from snakemake_executor_multinode.watching.jsonl import json_lines
 from snakemake_executor_multinode.watching.ledger import CATEGORIES, Ledger, RunSpan, ledger
 from snakemake_executor_multinode.watching.registry import Submission
-from snakemake_executor_multinode.watching.status_view import json_lines, run_table
+from snakemake_executor_multinode.watching.status_view import run_table
 
 FIELDS = (
     "JobIDRaw",

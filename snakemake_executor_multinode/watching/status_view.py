@@ -16,7 +16,6 @@ running job's goodput so far is the ledger (ledger.py) of its runs as its runs f
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -36,6 +35,7 @@ from snakemake_executor_multinode.slurm.client import (
 )
 from snakemake_executor_multinode.slurm.formats import clock, clock_to_seconds, gres_gpus, minutes_to_seconds, tres_map
 from snakemake_executor_multinode.watching import gpu_use, progress
+from snakemake_executor_multinode.watching.jsonl import json_lines
 from snakemake_executor_multinode.watching.ledger import CATEGORIES, RunSpan, ledger
 from snakemake_executor_multinode.watching.registry import Submission, runs
 
@@ -237,21 +237,6 @@ def _exit_marker(workdir: Path, jobid: str) -> str | None:
 
 
 # --- goodput so far ---------------------------------------------------------------------------------------------
-def json_lines(path: Path) -> list[object]:
-    """A JSON lines file's records; a line being written (or not JSON) is left out, a missing file is none."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return []  # no metrics (a script that writes none), or a link to a file gone
-    found = []
-    for line in text.splitlines():
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            continue
-    return found
-
-
 def _iso_epoch(text: object) -> float | None:
     try:
         return datetime.fromisoformat(str(text)).timestamp()
