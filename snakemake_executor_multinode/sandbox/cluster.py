@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -192,7 +193,14 @@ def up(spec: ClusterSpec) -> None:
                 _write_configs(spec, recorded + 1, with_cgroups)
         _slurmctld_up(spec)
         _slurmd_up(spec)
-        say(f'ready: {spec.nodes} idle nodes with gpu:{spec.gpus}; use it with: eval "$(multinode cluster env)"')
+        say(f"ready: {spec.nodes} idle nodes with gpu:{spec.gpus}; use it with: {use_command(spec)}")
+
+
+def use_command(spec: ClusterSpec) -> str:
+    """What the user runs to point SLURM's commands at this cluster: a cluster outside the default folder is named,
+    or the command would silently point at the default one (another sandbox, maybe running)."""
+    where = "" if spec.dir.resolve() == DEFAULT_DIR.resolve() else f" --dir {shlex.quote(str(spec.dir))}"
+    return f'eval "$(multinode cluster env{where})"'
 
 
 def _prepare_dirs(spec: ClusterSpec, previous: ClusterSpec | None) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from snakemake_executor_multinode.cli import main
 from snakemake_executor_multinode.sandbox import cgroups
+from snakemake_executor_multinode.sandbox.cluster import use_command
 from snakemake_executor_multinode.sandbox.spec import DEFAULT_DIR, ClusterError, ClusterSpec, render_configs
 from tests.helpers import TEST_CLUSTER_DIR
 
@@ -121,3 +122,10 @@ def test_process_tracking_is_cgroup_unless_linuxproc_is_asked_for():
     assert ClusterSpec(dir=Path("/x"), proctrack="linuxproc").proctrack == "linuxproc"
     with pytest.raises(ClusterError, match="proctrack must be 'cgroup' or 'linuxproc', got 'pgid'"):
         ClusterSpec(dir=Path("/x"), proctrack="pgid")
+
+
+def test_the_ready_line_names_a_cluster_outside_the_default_folder_so_env_cannot_point_at_another_one():
+    assert use_command(ClusterSpec(dir=DEFAULT_DIR)) == 'eval "$(multinode cluster env)"'
+    assert use_command(ClusterSpec(dir=Path("/var/tmp/my lab"))) == (
+        "eval \"$(multinode cluster env --dir '/var/tmp/my lab')\""
+    )
