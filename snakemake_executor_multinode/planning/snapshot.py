@@ -232,14 +232,32 @@ def unfrozen(command: str, snap: Snapshot, workdir: Path, keep: Iterable[str] = 
     ]  # fmt: skip
 
 
+# What a command's named file must look like to count as code: a script or config by its suffix, or an executable
+# or shebang file. Data and records a job writes while it runs (`--metrics m.jsonl`, a log, a checkpoint) are not code:
+# hashed, they would stop every restart of the job that wrote them (exit 86).
+CODE_SUFFIXES = frozenset(
+    ".py .pyx .sh .bash .zsh .r .R .jl .pl .rb .lua .js .m .ipynb .yaml .yml .toml .cfg .ini .json .smk".split()
+)
+
+
+def is_code(path: Path) -> bool:
+    if path.suffix in CODE_SUFFIXES or os.access(path, os.X_OK):
+        return True
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2) == b"#!"
+    except OSError:
+        return False
+
+
 def named_files(command: str, workdir: Path, keep: Iterable[str] = ()) -> list[Path]:
-    """The existing files a command names (relative or absolute), outputs and logs aside: what a restart checks
-    when nothing is frozen."""
+    """The existing code files (`is_code`) a command names (relative or absolute), outputs and logs aside: what a
+    restart checks when nothing is frozen."""
     kept = {os.path.normpath(workdir / k) for k in keep}
     found = []
     for m in _PATH.finditer(command):
         path = Path(os.path.normpath(m.group(1) if m.group(1).startswith("/") else workdir / m.group(1)))
-        if str(path) not in kept and path.is_file() and path not in found:
+        if str(path) not in kept and path.is_file() and path not in found and is_code(path):
             found.append(path)
     return found
 

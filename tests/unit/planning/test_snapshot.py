@@ -115,6 +115,17 @@ def test_without_git_nothing_is_frozen_and_the_named_files_are_checked(tmp_path)
     assert changed.returncode != 0 and f"{tmp_path / 'train.py'}: FAILED" in changed.stdout
 
 
+def test_a_record_the_job_writes_is_not_code_so_a_restart_after_it_grew_still_resumes(tmp_path):
+    """`--metrics m.jsonl` names a file the training appends to: hashed, every requeue would stop with exit 86."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "m.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "data.bin").write_bytes(b"\0" * 8)
+    (tmp_path / "cfg.yaml").write_text("lr: 1\n")
+    (tmp_path / "run").write_text("#!/bin/sh\n")
+    command = "python train.py --metrics m.jsonl --data data.bin --config cfg.yaml && ./run"
+    assert named_files(command, tmp_path) == [tmp_path / n for n in ("train.py", "cfg.yaml", "run")]
+
+
 def test_a_list_of_paths_is_frozen_without_git(tmp_path):
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "train.py").write_text("print(1)\n")
