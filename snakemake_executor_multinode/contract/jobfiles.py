@@ -2,16 +2,18 @@
 shell words (the same names, with "$MULTINODE_JOB_KEY" or "$MULTINODE_LOG_STEM" where the job fills them in).
 
 A job's files lie in its log folder and share its stem, <jobid>.attempt<n> (`log_stem`): the script (.sh), the log
-(.log), the metrics and runs records, each node's labelled output (<stem>.<node>.out) and GPU samples
-(<stem>.<node>.gpu.csv). A requeued job's later runs write under <stem>.restart<k> (a log and node files of their
-own); the metrics, runs and GPU sample files are the first run's, which every run appends to. Before sbatch names the
-job, its script and code manifest are kept under the job's name (`PendingFiles`). Markers lie in the state folder,
-named <job key><suffix> (`marker`). What outlives a run lies under .snakemake/multinode (`StateFolders`).
+(.log), the metrics and runs records, each node's labelled output (<stem>.<node>.out), GPU samples
+(<stem>.<node>.gpu.csv) and first output time (<stem>.<node>.first). A requeued job's later runs write under
+<stem>.restart<k> (a log and node files of their own); the metrics, runs and GPU sample files are the first run's,
+which every run appends to. Before sbatch names the job, its script and code manifest are kept under the job's name
+(`PendingFiles`). Markers lie in the state folder, named <job key><suffix> (`marker`). What outlives a run lies
+under .snakemake/multinode (`StateFolders`).
 """
 
 from __future__ import annotations
 
 import glob
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -107,6 +109,7 @@ METRICS = ".metrics.jsonl"  # the training's metrics lines ($MULTINODE_METRICS_F
 RUNS = ".runs.jsonl"  # each run's start and end line: job id, restart, nodes, GPUs, versions, exit
 NODE_OUT = ".out"  # <stem>.<node>.out: a node's labelled output (.out: the job's own logs are the .log files)
 GPU_SAMPLES = ".gpu.csv"  # <stem>.<node>.gpu.csv: a node's nvidia-smi samples
+FIRST_OUTPUT = ".first"  # <stem>.<node>.first: epoch seconds of the first line a rank of the node printed in the run
 RESTART = ".restart"  # <stem>.restart<k>: the k-th requeued run's own log and node files
 CODE_MANIFEST = ".code.sha256"  # <job name>.code.sha256: what a restart checks when nothing is frozen
 # The progress watchdog's exchange between the launcher (head node) and every node's labeller (launching/stall.py).
@@ -168,6 +171,27 @@ class JobFiles:
     def gpu_samples(self, node: str) -> Path:
         return self._file(f".{node}{GPU_SAMPLES}")
 
+    def first_output(self, node: str) -> Path:
+        """This run's first output time on `node`: the epoch seconds (text) of the first line one of its ranks
+        printed (written once, by the node's labeller)."""
+        return self._file(f".{node}{FIRST_OUTPUT}")
+
+    def first_output_time(self) -> float | None:
+        """The earliest first output time over this run's nodes (a later run's files are not this run's); None
+        when no node wrote one, or none parses."""
+        found = self.prefix.parent.glob(glob.escape(self.stem + ".") + "*" + FIRST_OUTPUT)
+        times = []
+        for path in found:
+            if _RESTART_NODE.match(path.name[len(self.stem) :]):
+                continue  # <stem>.restart<k>.<node>.first: a later run's
+            try:
+                value = float(path.read_text().strip())
+            except (OSError, ValueError):
+                continue
+            if math.isfinite(value):
+                times.append(value)
+        return min(times, default=None)
+
     @property
     def stall_request(self) -> Path:
         return self._file(STALL_REQUEST)
@@ -211,6 +235,7 @@ class JobFiles:
 
 _RESTART_SUFFIX = re.compile(re.escape(RESTART) + r"\d+")
 _RESTART_LOG = re.compile(re.escape(RESTART) + r"(\d+)" + re.escape(LOG))
+_RESTART_NODE = re.compile(re.escape(RESTART) + r"\d+\.")  # what follows a stem in a later run's node file
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 On every node, `run` starts torchrun with each rank's output in a file of its own and appends each complete line,
 labelled with its node and rank (contract/logline.py), to the node's file beside the job log (<stem>.<node>.out);
-torchrun's own messages carry the node alone. On the head node, `Merger` copies the nodes' files, line by line,
-into the job log.
+torchrun's own messages carry the node alone. The time of the first line a rank prints goes, once, into the node's
+first output file (JobFiles.first_output): the ledger's end of startup for a job that writes no metrics. On the
+head node, `Merger` copies the nodes' files, line by line, into the job log.
 
 Why not torchrun's `--tee`: its tailer writes whatever one read returns, so a line that a rank writes in two pieces
 (print() writes the text and the newline separately; a block-buffered stdout flushes mid-line) comes out cut, and
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from snakemake_executor_multinode.contract import logline, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
+from snakemake_executor_multinode.contract.private_files import write_private
 from snakemake_executor_multinode.launching import proctree, stall
 from snakemake_executor_multinode.launching.torchrun_flags import option_value
 
@@ -76,10 +78,30 @@ class Labeller:
     """Splits chunks into complete lines and writes each, labelled, in one write: to the node's file in a job, to
     the terminal outside SLURM (no file given)."""
 
-    def __init__(self, node_file: Path | None, echo: bool = False, out_fds: tuple[int, int] = (1, 2)) -> None:
+    def __init__(
+        self,
+        node_file: Path | None,
+        echo: bool = False,
+        out_fds: tuple[int, int] = (1, 2),
+        first_output: Path | None = None,
+    ) -> None:
         self.out_fds, self.echo = out_fds, echo or node_file is None
         # O_APPEND, one write per line: a second launch in the same job appends whole lines after the first's
         self.node_fd = os.open(node_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if node_file else None
+        self.first_output = first_output  # None once written (or when there is none to write)
+
+    def rank_printed(self) -> None:
+        """A rank printed a line: the first time in this run (an earlier launch of the run may have), its time
+        goes to the node's first output file, whole (renamed into place). A failed write costs the ledger its end
+        of startup, never the training its output: one line on stderr says so."""
+        path, self.first_output = self.first_output, None
+        if path is None:
+            return
+        try:
+            if not path.exists():
+                write_private(path, f"{time.time()!r}\n")  # repr: the float itself, read back unrounded
+        except OSError as exc:
+            _write_all(self.out_fds[1], f"[multinode torchrun] first output time not written: {exc}\n".encode())
 
     def feed(self, src: Source, data: bytes) -> None:
         lines = (src.partial + data).split(b"\n")
@@ -171,6 +193,8 @@ class RankFiles:
         data = b""
         while chunk := src.fh.read(1 << 16):  # type: ignore[attr-defined]
             data += chunk
+        if b"\n" in data or (final and (data or src.held or src.partial)):
+            out.rank_printed()  # read as printed, before its line may wait for the rank's label
         if not src.label:
             rank = self.rank(src.local, src.attempt)
             if rank is not None and not self._current(src):
@@ -233,7 +257,7 @@ def run(torchrun: Sequence[str], nproc: int, dynamic: bool, env: dict[str, str],
     root = Path(user_dir) if user_dir else Path(tempfile.mkdtemp(prefix=f"multinode-{node}-"))
     shown = option_value(torchrun, "--local-ranks-filter", "--local_ranks_filter")
     shown_ranks = {int(r) for r in shown.split(",") if r.strip().isdigit()} if shown else None
-    out = Labeller(_node_file(env, node), echo)
+    out = Labeller(_node_file(env, node), echo, first_output=_first_output_file(env, node))
     agent = (Source(logline.label(node).encode(), 1), Source(logline.label(node).encode(), 2))
     out.write(agent[1], f"[multinode torchrun] launching on {node}, node_rank={node_rank}\n".encode())
     cmd = torchrun if user_dir else with_rank_logs(torchrun, str(root))
@@ -265,6 +289,11 @@ def _node_file(env: Mapping[str, str], node: str) -> Path | None:
     path = JobFiles(Path(stem)).node_out(node)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _first_output_file(env: Mapping[str, str], node: str) -> Path | None:
+    stem = log_stem(env)
+    return JobFiles(Path(stem)).first_output(node) if stem else None
 
 
 def _handle_signals(proc: subprocess.Popen, stem: str) -> None:

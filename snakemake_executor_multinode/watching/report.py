@@ -190,15 +190,16 @@ def _stalled(log: Path) -> bool:
 
 
 def job_ledger(sub: Submission, runs: Sequence[RunRecord], now: float) -> Ledger | None:
-    """The job's goodput ledger from its runs' Start and End (a running run ends `now`) and its files. The first
-    output time is not read: the job log's lines carry no time, so a job without metrics is startup, then unknown."""
+    """The job's goodput ledger from its runs' Start and End (a running run ends `now`) and its files. Each run's
+    first output time is the earliest its nodes' labellers wrote (`multinode torchrun`): a job without metrics is
+    startup to it, then unknown (all startup when it has none: a launcher of its own)."""
     started = [r for r in runs if r.start is not None]
     if not started or not sub.log:
         return None
     files = JobFiles.from_log(sub.log)
     spans = [
         RunSpan(r.start, max(r.end if r.end is not None else now, r.start), r.nodes, r.gpus // r.nodes, r.submit,
-                _stalled(files.restart(k).log))
+                _stalled(files.restart(k).log), files.restart(k).first_output_time())
         for k, r in enumerate(started)
         if r.start is not None
     ]  # fmt: skip

@@ -247,7 +247,7 @@ def _iso_epoch(text: object) -> float | None:
 def run_spans(files: JobFiles, nodes: int, gpus_per_node: int, now: float) -> list[RunSpan]:
     """A running job's runs as its runs file times them (the job script's start and end lines; squeue has no
     start per run). A run that requeued itself writes no end line: its log's last write ends it; the last run ends
-    now."""
+    now. Each run's first output time is its nodes' earliest (`multinode torchrun` writes it)."""
     starts: dict[int, float] = {}
     ends: dict[int, float] = {}
     for line in json_lines(files.runs):
@@ -265,22 +265,23 @@ def run_spans(files: JobFiles, nodes: int, gpus_per_node: int, now: float) -> li
                 end = files.restart(k).log.stat().st_mtime
             except OSError:
                 end = starts[k]
-        spans.append(RunSpan(starts[k], max(end, starts[k]), nodes, gpus_per_node))
+        spans.append(RunSpan(starts[k], max(end, starts[k]), nodes, gpus_per_node,
+                             first_output=files.restart(k).first_output_time()))  # fmt: skip
     return spans
 
 
 def goodput_so_far(log: str, nodes: int, gpus_per_node: int, now: float) -> str:
-    """'62% of 3.20 GPU-h (startup 8%, checkpoint 3%, ...)', or that it is unknown; "" without a timed run."""
+    """'62% of 3.20 GPU-h (startup 8%, checkpoint 3%, ...)', or that it is unknown (the rest still shown: a job
+    without metrics has startup to its first output line, then unknown); "" without a timed run."""
     files = JobFiles.from_log(log)
     spans = run_spans(files, nodes, gpus_per_node, now)
     if not spans:
         return ""
     led = ledger(spans, [], json_lines(files.metrics))
     size = f"{led.allocated_gpu_h:.2f} GPU-h" if gpus_per_node else f"{led.allocated_node_s / 3600:.2f} node-h"
-    if led.goodput is None:
-        return f"unknown (no metrics) of {size}"
     rest = [f"{c} {100 * share:.0f}%" for c in CATEGORIES if c != "productive" and (share := led.share(c) or 0) > 0]
-    return f"{100 * led.goodput:.0f}% of {size}" + (f" ({', '.join(rest)})" if rest else "")
+    shown = "unknown (no metrics)" if led.goodput is None else f"{100 * led.goodput:.0f}%"
+    return f"{shown} of {size}" + (f" ({', '.join(rest)})" if rest else "")
 
 
 def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: Path) -> list[JobRow]:

@@ -117,3 +117,20 @@ def test_no_module_outside_the_contract_spells_a_job_file_or_state_folder(path):
     tree = ast.parse((REPO / path).read_text())
     offenders = [f"{path}:{c.lineno}: {c.value!r}" for c in literals(tree) if SPELT.search(c.value)]
     assert offenders == []
+
+
+def test_a_runs_first_output_time_is_its_nodes_earliest_and_not_a_later_runs(tmp_path):
+    files = JobFiles.of(tmp_path, "7", 1)
+    assert files.first_output("node1") == tmp_path / "7.attempt1.node1.first"
+    assert files.restart(2).first_output("node1") == tmp_path / "7.attempt1.restart2.node1.first"
+    assert files.first_output_time() is None  # none written: a launcher of the job's own
+    files.first_output("node1").write_text("1800000012.5\n")
+    files.first_output("node2").write_text("1800000010.25\n")
+    files.first_output("node3").write_text("not a time\n")  # half written by hand: passed over, never read as 0
+    files.restart(1).first_output("node1").write_text("1800000001\n")  # a later run's: earlier than none of these
+    (tmp_path / "70.attempt1.node1.first").write_text("1800000000\n")  # another job's
+    assert files.first_output_time() == 1800000010.25
+    assert files.restart(1).first_output_time() == 1800000001
+    assert files.restart(2).first_output_time() is None
+    assert files.restart(1).first_output("node1") in files.all_files()
+    assert files.node_outs("node1") == [] and files.gpu_samples_by_node() == {}  # not taken for other node files

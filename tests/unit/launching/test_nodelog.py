@@ -8,7 +8,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import nodelog
 from snakemake_executor_multinode.launching.nodelog import Labeller, Merger, Source, with_rank_logs
 
@@ -187,3 +189,87 @@ def test_a_rank_looked_up_while_the_next_round_replaces_the_file_is_not_trusted(
         "[node1 local_rank0] round 1 line 1",
         "[node1 rank3] round 2 line 1",
     ]
+
+
+def test_the_first_output_time_is_written_once_at_the_first_line_of_a_rank_not_of_the_agent(tmp_path):
+    root, first = tmp_path / "logs", tmp_path / "job.node1.first"
+    files = nodelog.RankFiles(root, "node1", lambda local, attempt: local, lambda _: True)
+    out = Labeller(tmp_path / "node1.out", first_output=first)
+    agent = Source(b"[node1] ", 2)
+    out.write(agent, b"[multinode torchrun] launching on node1, node_rank=0\n")
+    out.feed(agent, b"torchrun's own line\n")
+    rank = rank_file(root, 0, 0)
+    rank.write_text("no newline yet")  # a line being printed: not a line yet
+    files.poll(out)
+    assert not first.exists()
+    before = time.time()
+    with open(rank, "a") as fh:
+        fh.write(", now whole\n")
+    files.poll(out)
+    after = time.time()
+    written = float(first.read_text())
+    assert before <= written <= after
+    with open(rank, "a") as fh:
+        fh.write("a later line\n")
+    files.poll(out)
+    files.close(out)
+    assert float(first.read_text()) == written  # once: the first line's time
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # renamed into place, no temp left
+
+
+def test_an_earlier_launch_of_the_run_keeps_its_first_output_time(tmp_path):
+    first = tmp_path / "job.node1.first"
+    first.write_text("1800000000.000\n")
+    out = Labeller(tmp_path / "node1.out", first_output=first)
+    files = nodelog.RankFiles(tmp_path / "logs", "node1", lambda local, attempt: local, lambda _: True)
+    rank_file(tmp_path / "logs", 0, 0).write_text("the second launch's first line\n")
+    files.close(out)
+    assert first.read_text() == "1800000000.000\n"
+
+
+def test_a_first_output_time_that_cannot_be_written_says_so_and_the_lines_still_go_out(tmp_path):
+    read, write = os.pipe()
+    out = Labeller(tmp_path / "node1.out", out_fds=(write, write), first_output=tmp_path / "gone" / "job.node1.first")
+    files = nodelog.RankFiles(tmp_path / "logs", "node1", lambda local, attempt: local, lambda _: True)
+    rank_file(tmp_path / "logs", 0, 0).write_text("line 1\nline 2\n")
+    files.close(out)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        said = fh.read()
+    assert said.startswith("[multinode torchrun] first output time not written: ") and said.count("\n") == 1
+    assert (tmp_path / "node1.out").read_text() == "[node1 rank0] line 1\n[node1 rank0] line 2\n"
+
+
+def test_a_real_torchrun_writes_the_first_output_time_when_its_rank_prints_not_before(tmp_path):
+    """Through the node process as the job runs it: torchrun's agent and the launch line come first and write no
+    time; the worker's first line, printed once the test lets it, does."""
+    worker = tmp_path / "w.py"
+    worker.write_text(
+        "import os, pathlib, time\n"
+        "d = pathlib.Path(os.environ['TEST_DIR'])\n"
+        "(d / 'ready').write_text('')\n"
+        "while not (d / 'go').exists():\n"
+        "    time.sleep(0.05)\n"
+        "print('first rank line', flush=True)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MULTINODE_"))}
+    env |= {"TEST_DIR": str(tmp_path), "SLURMD_NODENAME": "nodeA", "MULTINODE_LOG_STEM": str(tmp_path / "9.attempt1")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(worker)]
+    proc = subprocess.Popen([sys.executable, "-m", nodelog.__name__, "--nproc=1", "--", *cmd], env=env, cwd=tmp_path)
+    files = JobFiles(tmp_path / "9.attempt1")
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "ready").exists():  # the worker runs and has printed nothing
+            assert proc.poll() is None and time.monotonic() < deadline, "the worker never started"
+            time.sleep(0.05)
+        assert "launching on nodeA" in files.node_out("nodeA").read_text()  # a line, but not a rank's
+        assert not files.first_output("nodeA").exists() and files.first_output_time() is None
+        go = time.time()
+        (tmp_path / "go").write_text("")
+        assert proc.wait(timeout=120) == 0
+        ended = time.time()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "[nodeA rank0] first rank line" in files.node_out("nodeA").read_text()
+    assert go <= files.first_output_time() <= ended  # type: ignore[operator]

@@ -309,3 +309,27 @@ def test_a_run_whose_log_says_the_watchdog_ended_it_is_stalled_after_its_last_pr
     row = timed_row("505", "FAILED", 100, 1, 1, start=0, submit=0)
     job = report.job_usage(sub_, report.parse_accounting(rows(row))["505"])
     assert job.ledger is not None and job.ledger.seconds["stalled"] == 50 and job.ledger.seconds["teardown"] == 0
+
+
+def test_a_silent_jobs_startup_ends_at_each_runs_first_output_and_the_rest_is_unknown(tmp_path):
+    """No metrics: each run's startup ends at the first line a rank printed (the earliest of its nodes' first output
+    files, a restart's from its own), the rest is unknown, and so is its productive time."""
+    sub_ = timed_job(tmp_path, "506", "silent", None)
+    files = JobFiles.from_log(sub_.log)
+    files.first_output("node2").write_text(f"{1_800_000_000 + 25}\n")
+    files.first_output("node1").write_text(f"{1_800_000_000 + 20}\n")  # the earliest node's
+    files.restart(1).first_output("node1").write_text(f"{1_800_000_000 + 430}\n")
+    requeued = "\n".join([timed_row("506", "REQUEUED", 300, 2, 1, start=0, submit=0),
+                          timed_row("506", "COMPLETED", 200, 2, 1, start=400, submit=300)])  # fmt: skip
+    job = report.job_usage(sub_, report.parse_accounting(rows(requeued))["506"])
+    assert job.ledger is not None and not job.ledger.known
+    assert [{k: v for k, v in r.seconds.items() if v} for r in job.ledger.runs] == [
+        {"startup": 20, "unknown": 280},
+        {"startup": 30, "unknown": 170},
+    ]
+    assert job.ledger.goodput is None and job.ledger.productive_node_s is None
+    rep = report.Report("run1", [job], [], [])
+    section = report.to_markdown(rep).split("## Where the allocation went")[1]
+    line = next(x for x in section.splitlines() if x.startswith("| silent |"))
+    shares = "| 10% | unknown | 0% | 0% | 0% | 0% | 0% | 90% | unknown |"  # startup to the first lines, then unknown
+    assert line == f"| silent | - | 506 | 0.278 GPU-h {shares} 0:01:40 |"
