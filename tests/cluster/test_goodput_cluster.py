@@ -1,0 +1,277 @@
+"""The goodput ledger of a requeued and resumed 2-node training, on the real local SLURM cluster (issue 36, part 3).
+
+workflows/scripts/train.py (ColossalAI torch_ddp, CPU + gloo, a tiny model, one rank per node) checkpoints every
+CKPT_EVERY steps. A gate the test holds (a wrapper that waits for a file before the step after GATE_AT) stops the
+first run right after it has logged GATE_AT steps, so the work thrown away is known whatever the machine's speed:
+the steps after the last checkpoint. The wrapper also paces steps, saves and the resume's load with fixed sleeps, so
+that every category lasts long enough to be told apart from the report's rounding. The fault is an admin's
+`scontrol requeue`; the second run resumes from the checkpoint and finishes. Then `multinode report`'s CSV is
+checked, category by category, against what the test computes itself from the metrics file (its walls and events)
+and from sacct (every run's Start, End, Elapsed and nodes): never from ledger.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
+from tests.helpers import REPO, Snakemake, figures, multinode, records, sacct_jobs, slurm, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+NODES = 2
+CKPT_EVERY = 5
+GATE_AT = CKPT_EVERY + 3  # the first run stops (held by the gate) once it has logged this step
+STEPS = 20
+CONFIG = {
+    "n_layer": 2,
+    "n_head": 4,
+    "d_model": 64,
+    "seq_len": 64,
+    "micro_batch": 4,
+    "warmup": 2,
+    "steps": STEPS,
+    "log_every": 1,
+    "ckpt_every": CKPT_EVERY,
+}
+
+# train.py unchanged but paced (the same on every rank), so that each category lasts long enough to be measured in
+# the report's tenths of node-seconds whatever the machine's speed: every step takes STEP_S more, every checkpoint
+# save SAVE_S more, the resume's load LOAD_S more. Its step GATE_AT + 1 waits for the file `gate`: run 1 never passes
+# it (the requeue ends it there), run 2 once the test has seen it resume.
+STEP_S, SAVE_S, LOAD_S = 0.25, 1.0, 1.5
+GATED = """
+import os, sys, time
+sys.path.insert(0, {scripts!r})
+import checkpoint
+import train
+
+_step, _save, _load = train.train_step, checkpoint.Checkpointer.save, checkpoint.Checkpointer.load
+
+
+def step(run, at):
+    if at == {gate_at}:
+        while not os.path.exists({gate!r}):
+            time.sleep(0.05)
+    time.sleep({step_s})
+    return _step(run, at)
+
+
+def save(self, state):
+    time.sleep({save_s})
+    return _save(self, state)
+
+
+def load(self, path):
+    time.sleep({load_s})
+    return _load(self, path)
+
+
+train.train_step, checkpoint.Checkpointer.save, checkpoint.Checkpointer.load = step, save, load
+sys.exit(train.main())
+"""
+
+SNAKEFILE = """
+rule train:
+    output: "model.pt"
+    params: cfg={config!r}
+    resources: nodes={nodes}, gpus=1, cpus_per_task=1, mem_mb=3000, runtime=30
+    shell:
+        "multinode torchrun gated_train.py --data-dir data --out {{output}} --ckpt-dir ckpt "
+        "--metrics ckpt/metrics.jsonl --config-json {{params.cfg:q}}"
+"""
+
+
+def training_workflow(tmp_path: Path) -> Path:
+    wd = tmp_path / "goodput"
+    wd.mkdir()
+    scripts = wd / "scripts"
+    shutil.copytree(REPO / "workflows" / "scripts", scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    (wd / "gated_train.py").write_text(
+        GATED.format(
+            scripts=str(scripts), gate_at=GATE_AT, gate=str(wd / "gate"), step_s=STEP_S, save_s=SAVE_S, load_s=LOAD_S
+        )
+    )
+    (wd / "Snakefile").write_text(SNAKEFILE.format(nodes=NODES, config=json.dumps(CONFIG)))
+    data = subprocess.run(
+        [sys.executable, str(scripts / "preprocess.py"), "--out-dir", str(wd / "data"), "--num-docs", "300"]
+        + ["--seed", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert data.returncode == 0, data.stdout + data.stderr
+    return wd
+
+
+def metrics(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of the metrics file (training may be appending to it)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n") and line.strip()]
+
+
+def step_lines(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in recs if "event" not in r]
+
+
+def event(recs: list[dict[str, Any]], name: str, step: int | None = None) -> list[dict[str, Any]]:
+    return [r for r in recs if r.get("event") == name and (step is None or r["step"] == step)]
+
+
+def epoch(text: str) -> float:
+    """sacct's local time (no zone, as this process's) as epoch seconds; parsed here, not by the plugin."""
+    return datetime.fromisoformat(text).timestamp()
+
+
+def sacct_runs(cl, job: str) -> list[dict[str, Any]]:
+    """Every run of the job (--duplicates), oldest first: start, end, submit, elapsed seconds, nodes, state."""
+    out = slurm(cl, "sacct", "-X", "-n", "-P", "--duplicates", "-j", job,
+                "-o", "JobIDRaw,State,Submit,Start,End,ElapsedRaw,NNodes")  # fmt: skip
+    runs = []
+    for row in out.splitlines():
+        jobid, state, submit, start, end, elapsed, nodes = row.split("|")
+        if jobid == job:
+            runs.append(
+                {"state": state.split()[0], "submit": epoch(submit), "start": epoch(start), "end": epoch(end),
+                 "elapsed": int(elapsed), "nodes": int(nodes)}
+            )  # fmt: skip
+    return sorted(runs, key=lambda r: r["start"])
+
+
+def within(wall: float, run: dict[str, Any], skew: float = 2.0) -> bool:
+    return run["start"] - skew <= wall <= run["end"] + skew
+
+
+def test_requeued_two_node_training_ledger_adds_up_to_sacct_and_to_the_events_the_test_caused(slurm_cluster, tmp_path):
+    wd = training_workflow(tmp_path)
+    metrics_file = wd / "ckpt" / "metrics.jsonl"
+    sm = Snakemake(wd)
+    try:
+        _, line = sm.wait_line("rule train: SLURM job", timeout=180)
+        job = line.split("SLURM job ")[1].split()[0]
+
+        def held_at_the_gate() -> bool:
+            recs = metrics(metrics_file)
+            return bool(event(recs, "checkpoint_end", CKPT_EVERY)) and any(
+                r["step"] == GATE_AT for r in step_lines(recs)
+            )
+
+        wait_for(held_at_the_gate, f"checkpoint {CKPT_EVERY} and step line {GATE_AT} of run 1", 600, sm.proc)
+        before = metrics(metrics_file)
+        assert max(r["step"] for r in step_lines(before)) == GATE_AT  # held: nothing beyond the gate
+        requeued_at = time.time()
+        slurm(slurm_cluster, "scontrol", "requeue", job)  # the fault: an admin's requeue
+        wait_for(lambda: event(metrics(metrics_file), "resume"), "run 2 resuming from its checkpoint", 600, sm.proc)
+        (wd / "gate").touch()  # run 2 may pass where run 1 was held
+        rc = sm.wait(timeout=600)
+    finally:
+        (wd / "gate").touch()
+        sm.stop()
+    assert rc == 0, sm.text
+    (rec,) = records(wd)
+    assert rec["jobid"] == job  # one submission: the requeue was no failure and nothing was resubmitted
+    states = sacct_jobs(slurm_cluster, {rec["job_name"]}, {job})
+    assert states[job][-1] == "COMPLETED", states
+
+    # --- what the test knows on its own: the metrics file and sacct ---------------------------------------------
+    recs = metrics(metrics_file)
+    runs = wait_for(lambda: r if len(r := sacct_runs(slurm_cluster, job)) == 2 else None, "sacct's 2 runs", 120)
+    first, second = runs
+    assert [r["state"] for r in runs] == ["REQUEUED", "COMPLETED"] and all(r["nodes"] == NODES for r in runs), runs
+    assert first["end"] <= second["start"] and first["end"] >= int(requeued_at) - 1, (runs, requeued_at)
+    allocated = sum(r["elapsed"] * r["nodes"] for r in runs)
+
+    superseded = event(recs, "superseded")
+    lost_steps = [r["step"] for r in superseded]
+    assert lost_steps == list(range(CKPT_EVERY + 1, GATE_AT + 1)), lost_steps  # the steps after the checkpoint
+    (ckpt_end,) = [r for r in event(recs, "checkpoint_end", CKPT_EVERY) if within(r["wall"], first)]
+    assert all(within(r["wall"], first) for r in superseded)
+    lost = (superseded[-1]["wall"] - ckpt_end["wall"]) * NODES
+
+    (resume,) = event(recs, "resume")
+    assert resume["step"] == CKPT_EVERY and within(resume["wall"], second), (resume, runs)
+    restore = resume["restore_s"] * NODES
+
+    begins, ends = event(recs, "checkpoint_begin"), event(recs, "checkpoint_end")
+    assert [b["step"] for b in begins] == [e["step"] for e in ends] == [5, 10, 15, 20], (begins, ends)
+    checkpoint = sum(
+        (e["wall"] - b["wall"]) * NODES
+        for b, e in zip(begins, ends, strict=True)
+        if any(within(b["wall"], r) and within(e["wall"], r) for r in runs)
+    )
+    # productive: run 1's steps up to the checkpoint (its first line by its own step_ms), run 2's from the resume
+    # to its last line, less the checkpoints in between
+    kept = step_lines(recs)
+    assert [r["step"] for r in kept] == list(range(1, STEPS + 1))
+    run1 = [r for r in kept if within(r["wall"], first)]
+    run2 = [r for r in kept if within(r["wall"], second)]
+    assert [r["step"] for r in run1] == list(range(1, CKPT_EVERY + 1)), run1
+    assert [r["step"] for r in run2] == list(range(CKPT_EVERY + 1, STEPS + 1)), run2
+    # each run's training ends where its last checkpoint begins (run 1: step CKPT_EVERY's; run 2: the final one)
+    begin5, last = (next(b for b in begins if b["step"] == s) for s in (CKPT_EVERY, STEPS))
+    between = [(b, e) for b, e in zip(begins, ends, strict=True) if resume["wall"] <= b["wall"] < last["wall"]]
+    productive = NODES * (
+        run1[0]["step_ms"] / 1000
+        + (begin5["wall"] - run1[0]["wall"])
+        + (last["wall"] - resume["wall"])
+        - sum(e["wall"] - b["wall"] for b, e in between)
+    )
+    queue_wait = sum(r["start"] - r["submit"] for r in runs)
+    held = (requeued_at - superseded[-1]["wall"]) * NODES  # run 1 idle at the gate: its tail, not lost work
+
+    # --- what the report says ----------------------------------------------------------------------------------
+    run_id = rec["run_id"]
+    text = multinode(wd, "report", "--run", run_id).stdout
+    assert "## Where the allocation went" in text, text
+    (row,) = [r for r in text.split("## Where the allocation went")[1].splitlines() if f"| {job} |" in r]
+    assert "unknown" not in row, row  # the job wrote timed metrics: its productive time is known
+    rows = list(csv.DictReader(io.StringIO((StateFolders(wd).reports / f"{run_id}.csv").read_text())))
+    (got,) = [r for r in rows if r["scope"] == "job" and r["jobid"] == job]
+    node_s = {c: float(got[f"{c}_node_s"]) for c in
+              ("startup", "productive", "checkpoint", "restore", "lost", "stalled", "teardown", "unknown")}  # fmt: skip
+
+    assert got["runs"] == "2" and got["nodes"] == str(NODES), got
+    assert float(got["alloc_node_s"]) == pytest.approx(allocated, rel=0.02), (got, runs)
+    assert sum(node_s.values()) == pytest.approx(allocated, rel=0.02), (node_s, runs)
+    # the file's own figures include the pacing (else the test would compare noise with tenths of node-seconds)
+    assert lost >= (GATE_AT - CKPT_EVERY) * STEP_S * NODES and restore >= LOAD_S * NODES, (lost, restore)
+    assert checkpoint >= 4 * SAVE_S * NODES and productive >= STEPS * STEP_S * NODES, (checkpoint, productive)
+    assert lost > 0 and node_s["lost"] == pytest.approx(lost, abs=0.2), (node_s, lost)
+    assert restore > 0 and node_s["restore"] == pytest.approx(restore, abs=0.2), (node_s, restore)
+    assert checkpoint > 0 and node_s["checkpoint"] == pytest.approx(checkpoint, abs=0.2), (node_s, checkpoint)
+    assert productive > 0 and node_s["productive"] == pytest.approx(productive, abs=0.3), (node_s, productive)
+    assert node_s["stalled"] == 0 and node_s["unknown"] == 0, node_s
+    assert node_s["teardown"] >= held - 2 * NODES, (node_s, held)  # sacct's whole seconds
+    assert node_s["startup"] > 0, node_s
+    assert got["queue_wait_s"] != "" and float(got["queue_wait_s"]) == pytest.approx(queue_wait, abs=1.0), got
+    assert float(got["goodput"]) == pytest.approx(node_s["productive"] / sum(node_s.values()), abs=0.002), got
+    figures(
+        "goodput of a requeued 2-node training",
+        job=job,
+        runs=len(runs),
+        sacct_node_s=allocated,
+        ledger_node_s=round(sum(node_s.values()), 1),
+        lost_steps=len(lost_steps),
+        lost_node_s=f"{node_s['lost']:.2f}/{lost:.2f}",
+        restore_node_s=f"{node_s['restore']:.2f}/{restore:.2f}",
+        checkpoint_node_s=f"{node_s['checkpoint']:.2f}/{checkpoint:.2f}",
+        productive_node_s=f"{node_s['productive']:.2f}/{productive:.2f}",
+        startup_node_s=node_s["startup"],
+        teardown_node_s=node_s["teardown"],
+        queue_wait_s=f"{got['queue_wait_s']}/{queue_wait:.0f}",
+        goodput=got["goodput"],
+    )
