@@ -52,6 +52,8 @@ def test_a_stalled_job_under_on_stall_requeue_is_requeued_and_its_next_run_resum
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0 and (wd / "done.txt").exists(), said
     (job,) = jobs_from(slurm_cluster, wd)  # one submission: the requeue is the job's own
+    # Snakemake's news line gives the stall as the reason, not a time-limit checkpoint that never happened
+    assert f"SLURM job {job} (train): requeued (stalled: ended by the progress watchdog, on_stall requeue)" in said
     logdir = StateFolders(wd).logs / "rule_train"
     first, rerun = (next(logdir.rglob(name)).read_text() for name in run_log_names(job, 1))
     assert re.search(

@@ -189,7 +189,9 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
         MULTINODE_REQUEUED=1
         rm -f "$MULTINODE_PREEMPT_FILE"
         echo "$((MULTINODE_SELF_REQUEUES + 1))" >"$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.self-requeues"
-        printf '%s checkpointed before the time limit\n' "$((${SLURM_RESTART_COUNT:-0} + 1))" >"$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.requeued"
+        MULTINODE_WHY="checkpointed before the time limit"
+        [ -e "$MULTINODE_STALL_FILE" ] && MULTINODE_WHY="stalled: ended by the progress watchdog, on_stall requeue"
+        printf '%s %s\n' "$((${SLURM_RESTART_COUNT:-0} + 1))" "$MULTINODE_WHY" >"$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.requeued"
         if scontrol requeue "$SLURM_JOB_ID"; then
             echo "[multinode] requeued; the next run resumes from the checkpoint"
             sleep 600 & wait  # slurmctld ends this run

@@ -149,7 +149,9 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
         MULTINODE_REQUEUED=1
         rm -f "$MULTINODE_PREEMPT_FILE"
         echo "$((MULTINODE_SELF_REQUEUES + 1))" >{{self_requeue_marker}}
-        printf '%s checkpointed before the time limit\n' "$((${SLURM_RESTART_COUNT:-0} + 1))" >{{requeue_marker}}
+        MULTINODE_WHY="checkpointed before the time limit"
+        [ -e "$MULTINODE_STALL_FILE" ] && MULTINODE_WHY="stalled: ended by the progress watchdog, on_stall requeue"
+        printf '%s %s\n' "$((${SLURM_RESTART_COUNT:-0} + 1))" "$MULTINODE_WHY" >{{requeue_marker}}
         if scontrol requeue "$SLURM_JOB_ID"; then
             echo "[multinode] requeued; the next run resumes from the checkpoint"
             sleep 600 & wait  # slurmctld ends this run
