@@ -59,6 +59,7 @@ ENDED_VAR = "MULTINODE_ENDED"  # internal to the job script: this run's end (epo
 NOW_VAR = "MULTINODE_NOW"  # internal to the job script: the time, as `date -Is` writes it
 STALE_VAR = "MULTINODE_STALE"  # internal to the job script: markers a new run removes
 REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run handed over to its requeued rerun
+REQUEUE_WHY_VAR = "MULTINODE_WHY"  # internal to the job script: why it requeues itself (the requeue marker's text)
 COMMAND_VAR = "MULTINODE_COMMAND"  # internal to the job script: the rule's command (its process group's id)
 STALL_TIMEOUT_VAR = "MULTINODE_STALL_TIMEOUT"  # the launcher's watchdog: seconds without progress; 0 or unset: off
 ON_STALL_VAR = "MULTINODE_ON_STALL"  # fail | requeue
@@ -117,6 +118,7 @@ VARIABLES = (
     CPUS_PER_TASK_VAR,
     OMP_THREADS_VAR,
     REQUEUED_VAR,
+    REQUEUE_WHY_VAR,
     SELF_REQUEUES_VAR,
     STARTED_VAR,
     CRASHES_VAR,

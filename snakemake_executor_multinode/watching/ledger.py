@@ -14,7 +14,8 @@ time is cut at the records' times, so the parts add up to the run's allocated ti
 - stalled / teardown: the last record to the run's end: stalled when the watchdog ended the run (the caller
   decides), else teardown (and SLURM's tail);
 - unknown: a job with no metrics at all: startup to its first output line when the caller knows it, the rest
-  unknown; its productive time is unknown, never guessed.
+  unknown; without a first output line (a command with its own launcher) the whole run is unknown. Its productive
+  time is unknown, never guessed.
 """
 
 from __future__ import annotations
@@ -175,6 +176,9 @@ def _run_seconds(
 ) -> dict[str, float]:
     seconds = dict.fromkeys(CATEGORIES, 0.0)
     if not recs:
+        if not known and span.first_output is None:  # no metrics and no output line seen (its own launcher)
+            seconds["unknown"] += span.end - span.start
+            return seconds
         output = span.end if span.first_output is None else min(max(span.first_output, span.start), span.end)
         seconds["startup"] += output - span.start
         rest = span.end - output

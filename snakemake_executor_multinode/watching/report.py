@@ -192,7 +192,7 @@ def _stalled(log: Path) -> bool:
 def job_ledger(sub: Submission, runs: Sequence[RunRecord], now: float) -> Ledger | None:
     """The job's goodput ledger from its runs' Start and End (a running run ends `now`) and its files. Each run's
     first output time is the earliest its nodes' labellers wrote (`multinode torchrun`): a job without metrics is
-    startup to it, then unknown (all startup when it has none: a launcher of its own)."""
+    startup to it, then unknown (all unknown when it has none: a launcher of its own)."""
     started = [r for r in runs if r.start is not None]
     if not started or not sub.log:
         return None

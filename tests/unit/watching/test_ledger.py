@@ -96,9 +96,9 @@ def test_a_job_without_metrics_has_startup_to_its_first_output_line_and_the_rest
     assert not result.known and result.goodput is None and result.productive_node_s is None
 
 
-def test_a_job_without_metrics_or_a_first_output_time_is_all_startup_and_its_goodput_unknown():
+def test_a_job_without_metrics_or_a_first_output_time_is_all_unknown_never_startup_by_guess():
     result = ledger([RunSpan(0, 1000, nodes=1)], [], [{"step": 3}])  # a line without a time says nothing
-    assert seconds(result) == {"startup": 1000}
+    assert seconds(result) == {"unknown": 1000}
     assert result.goodput is None
 
 

@@ -272,7 +272,8 @@ def test_the_markdown_says_where_each_training_jobs_allocation_went_and_the_runs
     train = next(x for x in section.splitlines() if x.startswith("| train |"))
     assert train == "| train | - | 501 | 1.111 GPU-h | 28% | 30% | 4% | 2% | 6% | 0% | 30% | 0% | 30% | 0:02:40 |"
     silent = next(x for x in section.splitlines() if x.startswith("| silent |"))
-    assert "| unknown |" in silent and silent.endswith("| 0% | unknown | 0:00:00 |")  # all startup, never guessed
+    # no metrics and no first output line: all unknown, neither startup nor productive by guess
+    assert silent.endswith("| 0% | unknown | 0% | 0% | 0% | 0% | 0% | 100% | unknown | 0:00:00 |"), silent
     assert "| prep |" not in section  # no GPU, no metrics: not a training job
     total = next(x for x in section.splitlines() if x.startswith("| all training jobs |"))
     assert "| 2 job(s) | 1.139 GPU-h |" in total and "| 30% | 0:02:40 |" in total  # goodput of the jobs it knows
@@ -286,7 +287,8 @@ def test_the_csv_has_the_ledgers_node_seconds_per_category_and_productive_empty_
     assert float(train["lost_node_s"]) == 60 and float(train["goodput"]) == pytest.approx(0.3)
     assert float(train["queue_wait_s"]) == 160
     silent = next(x for x in lines if x["scope"] == "job" and x["rule"] == "silent")
-    assert silent["productive_node_s"] == "" and silent["goodput"] == "" and float(silent["startup_node_s"]) == 100
+    assert silent["productive_node_s"] == "" and silent["goodput"] == "" and float(silent["startup_node_s"]) == 0
+    assert float(silent["unknown_node_s"]) == 100
     prep = next(x for x in lines if x["scope"] == "job" and x["rule"] == "prep")
     assert prep["alloc_node_s"] == ""
     run = lines[-1]
