@@ -81,7 +81,7 @@ def test_a_script_without_metrics_has_startup_to_its_first_rank_line_and_the_res
         assert files.first_output_time() is None
         shown = rf"^  silent \(job {jobid}\): unknown \(no metrics\) of \S+ GPU-h "
         paragraph = goodput_paragraph(wd)
-        assert re.search(shown + r"\(startup 100%\)$", paragraph, re.M), paragraph  # no rank line: all startup yet
+        assert re.search(shown + r"\(unknown 100%\)$", paragraph, re.M), paragraph  # no rank line yet: unknown
         released = time.time()
         (wd / "release").touch()
         first = wait_for(files.first_output_time, "the first output time", 120, sm.proc)
