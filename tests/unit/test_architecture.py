@@ -151,6 +151,7 @@ def test_the_adapter_enters_the_core_through_the_session():
 BENCHMARK_MODULES = [
     "benchmarks/chain_overhead.py",
     "benchmarks/fanout.py",
+    "benchmarks/goodput.py",
     "benchmarks/launch.py",
     "benchmarks/loss_parity.py",
     "benchmarks/gpu/plain_torch.py",

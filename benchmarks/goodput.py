@@ -1,0 +1,578 @@
+"""Goodput through a schedule of faults: the seed's hand-written recipe against `--executor multinode`, side by side.
+
+One 2-node x 2-rank CPU training (workflows/scripts/train.py, torch_ddp + gloo, checkpoint every N steps) per
+variant, all of one scenario at once on one local cluster (`multinode cluster up`, 6 nodes of 2 CPUs and 2 fake
+GPUs: a job fills its nodes, so a node's death touches one job). Each variant meets the same faults, each injected by
+pid (or by SLURM's own command) once its training has logged the step the schedule names:
+
+  node_death         the job's second node: its slurmd (pid file) and every process of its network namespace
+                     SIGKILLed; it comes back (`restart_node`) once SLURM has marked it DOWN (SlurmdTimeout)
+  hang               one rank of the second node SIGSTOPped (the highest global rank; found by pid in that node's
+                     namespace, by the RANK its environment carries)
+  admin_requeue      `scontrol requeue JOB`
+  time_limit_signal  the running job's time limit cut to 125-185 s from now: SLURM's own `--signal=USR2@120` comes;
+                     a requeued job gets its limit back while it waits
+
+Variants:
+  recipe     shared/seed-blog.md's train.sh: sbatch, one `srun -w NODE torchrun --node_rank=K` per node, the last in
+             the foreground, `--signal=USR2@120`, `--open-mode=append`; its time limit is its only guard. The user is
+             modelled as resubmitting the same script the moment a job of it has ended without the final model (no
+             human is that fast: the recipe's best case). SLURM itself requeues it on an admin requeue and a node
+             failure (JobRequeue's default).
+  multinode  `snakemake --executor multinode --retries 3` on the same training: `multinode torchrun`,
+             stall_timeout 60 s with on_stall requeue, the same signal and time limit.
+
+Scenarios: `quiet` (only these jobs) and `busy` (another user keeps one 1-node job of `--busy-job-s` seconds
+pending at all times, so any node that is freed is taken: a requeued or resubmitted job waits for two nodes).
+
+Reported per variant: goodput = productive step time (the steps the final model is made of, by the goodput ledger,
+watching/ledger.py, over sacct's runs) / wall time from the first submission to the final model; the ledger's
+other categories (stalled: a run that a hang or a dead node stopped, from its last step to its end); and per fault:
+the step at the fault, the step resumed from, the steps lost (the last step logged before the resume minus the step
+resumed from; every step is logged) and the time from the fault to the first step logged after the resume. Load
+averages are recorded at the start and the end.
+
+    python benchmarks/goodput.py [--scenarios quiet busy] [--steps 600] [--out benchmarks/results-goodput.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from string import Template
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from snakemake_executor_multinode.sandbox import cluster  # noqa: E402
+from snakemake_executor_multinode.sandbox.spec import ClusterSpec  # noqa: E402
+from snakemake_executor_multinode.slurm.formats import clock_to_seconds, epoch  # noqa: E402
+from snakemake_executor_multinode.watching.ledger import RunSpan, ledger  # noqa: E402
+
+TRAIN = REPO / "workflows" / "scripts" / "train.py"
+PREPROCESS = REPO / "workflows" / "scripts" / "preprocess.py"
+FAULTS = ("node_death", "hang", "admin_requeue", "time_limit_signal")
+AT = (0.15, 0.35, 0.55, 0.7)  # each fault once the training has logged this share of its steps
+NODES, RANKS, CPUS = 2, 2, 2  # per job: nodes, ranks per node, CPUs per node (a node's all)
+SIGNAL_LEAD_S = 120
+POLL_S = 0.5
+
+# shared/seed-blog.md's train.sh, with this machine's paths; its NCCL block does not apply to gloo on CPU.
+RECIPE = Template("""#!/bin/bash
+#SBATCH --job-name=$name
+#SBATCH --nodes=$nodes
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=$cpus
+#SBATCH --gres=gpu:$ranks
+#SBATCH --time=$minutes
+#SBATCH --open-mode=append
+#SBATCH --signal=USR2@$lead
+
+export OMP_NUM_THREADS=1
+
+NODELIST=$$(scontrol show hostname $$SLURM_JOB_NODELIST)
+MASTER_ADDR=$$(echo "$$NODELIST" | head -n 1)
+LAST_NODE=$$(echo "$$NODELIST" | tail -n 1)
+NODE_NUM=$$(echo "$$NODELIST" | wc -l)
+NODE_COUNT=0
+echo "NODE_NUM=$$NODE_NUM MASTER_ADDR=$$MASTER_ADDR"
+
+for NODE in $$NODELIST; do
+    echo "Launching on $$NODE, node_rank=$$NODE_COUNT"
+    if [ "$$NODE" = "$$LAST_NODE" ]; then
+        srun --nodes=1 --ntasks=1 -w $$NODE $torchrun --nproc_per_node=$ranks --nnodes=$$NODE_NUM \\
+            --node_rank=$$NODE_COUNT --master_addr=$$MASTER_ADDR --master_port=34567 $train
+    else
+        srun --nodes=1 --ntasks=1 -w $$NODE $torchrun --nproc_per_node=$ranks --nnodes=$$NODE_NUM \\
+            --node_rank=$$NODE_COUNT --master_addr=$$MASTER_ADDR --master_port=34567 $train &
+    fi
+    ((NODE_COUNT++))
+done
+""")
+
+SNAKEFILE = Template("""rule train:
+    output: "model.pt"
+    resources:
+        nodes=$nodes, gpus=$ranks, cpus_per_task=$cpus, runtime=$minutes, signal="USR2@$lead",
+        stall_timeout="60s", on_stall="requeue",
+    shell: "multinode torchrun $train"
+""")
+
+
+# --- what the training and SLURM say ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """The metrics file read whole (train.py rewrites it when a run resumes: lost lines become "superseded")."""
+
+    lines: list[tuple[int, float]] = field(default_factory=list)  # (step, wall) of step lines, file order
+    resumes: list[tuple[int, float]] = field(default_factory=list)  # (step resumed from, wall)
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def step(self) -> int:
+        return self.lines[-1][0] if self.lines else 0
+
+
+def read_progress(path: Path) -> Progress:
+    progress = Progress()
+    try:
+        text = path.read_text()
+    except OSError:
+        return progress
+    for raw in text.splitlines():
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue  # a line being written
+        if not isinstance(rec, dict) or "wall" not in rec or "step" not in rec:
+            continue
+        progress.records.append(rec)
+        event = rec.get("event")
+        if event is None:
+            progress.lines.append((int(rec["step"]), float(rec["wall"])))
+        elif event == "resume":
+            progress.resumes.append((int(rec["step"]), float(rec["wall"])))
+    return progress
+
+
+@dataclass
+class FaultResult:
+    fault: str
+    job: str
+    injected_at: float
+    step: int  # the last step logged when the fault came
+    detail: str = ""
+    resumed_from: int | None = None
+    first_resumed_step_at: float | None = None
+    steps_lost: int | None = None
+    time_to_first_resumed_step_s: float | None = None
+
+
+def settle(fault: FaultResult, progress: Progress, records: list[dict[str, Any]]) -> None:
+    """The fault's outcome from the metrics: the first resume after it, the steps computed again, the first step
+    logged after that resume. Step lines a resume superseded still carry their step and wall (`records`)."""
+    resume = next(((s, w) for s, w in progress.resumes if w > fault.injected_at), None)
+    if resume is None:
+        return
+    step, wall = resume
+    before = [int(r["step"]) for r in records if r.get("event") in (None, "superseded") and float(r["wall"]) < wall]
+    after = next((w for s, w in progress.lines if w > wall and s > step), None)
+    fault.resumed_from = step
+    fault.steps_lost = max(max(before, default=step) - step, 0)
+    if after is not None:
+        fault.first_resumed_step_at = after
+        fault.time_to_first_resumed_step_s = round(after - fault.injected_at, 2)
+
+
+def slurm(spec: ClusterSpec, *argv: str, check: bool = True) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, env=cluster.slurm_env(spec), timeout=60)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+@dataclass
+class Job:
+    id: str
+    state: str
+    nodes: list[str]
+
+
+def jobs_in(spec: ClusterSpec, workdir: Path) -> list[Job]:
+    """This variant's jobs in squeue: those whose working directory is its folder."""
+    out = slurm(spec, "squeue", "-h", "-o", "%i|%T|%N|%Z", check=False)
+    found = []
+    for line in out.splitlines():
+        jobid, state, nodelist, wd = line.split("|", 3)
+        if Path(wd) == workdir:
+            nodes = slurm(spec, "scontrol", "show", "hostnames", nodelist).split() if nodelist else []
+            found.append(Job(jobid, state, nodes))
+    return found
+
+
+def accounted_runs(spec: ClusterSpec, jobs: list[str]) -> list[RunSpan]:
+    """Every run (requeues too) of these jobs as sacct accounted it."""
+    out = slurm(spec, "sacct", "-X", "-D", "-n", "-P", "-j", ",".join(jobs), "-o", "Start,End,Submit,NNodes")
+    spans = []
+    for line in out.splitlines():
+        start, end, submit, nodes = line.split("|")
+        s, e = epoch(start), epoch(end)
+        if s is not None and e is not None:
+            spans.append(RunSpan(s, e, int(nodes), RANKS, epoch(submit)))
+    return spans
+
+
+# --- faults, by pid ---------------------------------------------------------------------------------------------------
+
+
+def node_index(spec: ClusterSpec, name: str) -> int:
+    return next(i for i in spec.node_indices if spec.node_name(i) == name)
+
+
+def netns_pids(spec: ClusterSpec, i: int) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", spec.netns(i)], capture_output=True, text=True, check=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def kill_node(spec: ClusterSpec, name: str) -> str:
+    i = node_index(spec, name)
+    slurmd = int((spec.dir / "run" / f"slurmd-{name}.pid").read_text().split()[0])
+    if Path(f"/proc/{slurmd}/comm").read_text().strip() != "slurmd":
+        raise RuntimeError(f"the pid file of {name} names no slurmd")
+    victims = [slurmd, *(p for p in netns_pids(spec, i) if p != slurmd)]
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return f"{name}: {len(victims)} processes"
+
+
+def environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def stop_a_rank(spec: ClusterSpec, name: str) -> str | None:
+    """SIGSTOP the highest global rank on the node (a worker: its environment has RANK and LOCAL_RANK)."""
+    workers = []
+    for pid in netns_pids(spec, node_index(spec, name)):
+        env = environ(pid)
+        if "LOCAL_RANK" in env and env.get("RANK", "").isdigit():
+            workers.append((int(env["RANK"]), pid))
+    if not workers:
+        return None
+    rank, pid = max(workers)
+    os.kill(pid, signal.SIGSTOP)
+    return f"rank {rank} (pid {pid}) on {name}"
+
+
+def cut_time_limit(spec: ClusterSpec, job: str) -> str:
+    used = clock_to_seconds(slurm(spec, "squeue", "-h", "-j", job, "-o", "%M").strip()) or 0
+    minutes = math.ceil((used + SIGNAL_LEAD_S + 5) / 60)
+    slurm(spec, "scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}")
+    return f"after {used} s: limit {minutes} min"
+
+
+# --- one variant through the schedule ---------------------------------------------------------------------------------
+
+
+@dataclass
+class VariantResult:
+    scenario: str
+    variant: str
+    steps: int
+    submitted_at: float
+    final_output_at: float | None = None
+    wall_s: float | None = None
+    productive_s: float | None = None
+    goodput: float | None = None
+    ledger_s: dict[str, float] = field(default_factory=dict)
+    runs: int = 0
+    jobs: list[str] = field(default_factory=list)
+    resubmissions: int = 0
+    faults: list[FaultResult] = field(default_factory=list)
+    error: str | None = None
+
+
+class Variant(threading.Thread):
+    def __init__(self, spec: ClusterSpec, scenario: str, name: str, root: Path, data: Path, args: argparse.Namespace):
+        super().__init__(name=f"{scenario}-{name}", daemon=True)
+        self.spec, self.args = spec, args
+        self.wd = root / scenario / name
+        shutil.rmtree(self.wd, ignore_errors=True)
+        self.wd.mkdir(parents=True)
+        self.metrics, self.model = self.wd / "metrics.jsonl", self.wd / "model.pt"
+        cfg = {"steps": args.steps, "ckpt_every": args.ckpt_every, "log_every": 1, "keep_ckpts": 2}
+        self.train = " ".join(shlex.quote(w) for w in [
+            str(TRAIN), "--data-dir", str(data), "--out", str(self.model), "--ckpt-dir", str(self.wd / "ckpt"),
+            "--metrics", str(self.metrics), "--config-json", json.dumps(cfg),
+        ])  # fmt: skip
+        self.result = VariantResult(scenario, name, args.steps, 0.0)
+        self.seen: set[str] = set()
+        self.helpers: list[threading.Thread] = []
+
+    # the variants differ in how they start and what happens after a job ends
+    def submit(self) -> None:
+        raise NotImplementedError
+
+    def tick(self, jobs: list[Job]) -> bool:
+        """One poll's own work; True once the variant has ended."""
+        raise NotImplementedError
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception as e:  # noqa: BLE001  (a benchmark reports, it does not crash its neighbours)
+            self.result.error = f"{type(e).__name__}: {e}"
+
+    def _run(self) -> None:
+        r = self.result
+        r.submitted_at = time.time()
+        self.submit()
+        deadline = time.monotonic() + self.args.deadline_s
+        pending = list(zip(FAULTS, AT, strict=True))
+        while time.monotonic() < deadline:
+            jobs = jobs_in(self.spec, self.wd)
+            self.seen.update(j.id for j in jobs)
+            progress = read_progress(self.metrics)
+            for f in r.faults:
+                if f.first_resumed_step_at is None:
+                    settle(f, progress, progress.records)
+            running = [j for j in jobs if j.state == "RUNNING" and len(j.nodes) == NODES]
+            recovered = all(f.first_resumed_step_at is not None for f in r.faults)
+            if pending and recovered and running and progress.step >= pending[0][1] * self.args.steps:
+                if self.inject(pending[0][0], running[0], progress):
+                    pending.pop(0)
+            if self.tick(jobs):
+                break
+            time.sleep(POLL_S)
+        else:
+            r.error = f"not done within {self.args.deadline_s} s"
+        for h in self.helpers:
+            h.join(timeout=600)
+        self.account()
+
+    def inject(self, fault: str, job: Job, progress: Progress) -> bool:
+        now = time.time()
+        if fault == "node_death":
+            detail = kill_node(self.spec, job.nodes[-1])
+            self.helpers.append(threading.Thread(target=self.restore_when_down, args=(job.nodes[-1],), daemon=True))
+            self.helpers[-1].start()
+        elif fault == "hang":
+            found = stop_a_rank(self.spec, job.nodes[-1])
+            if found is None:
+                return False  # workers not up yet on that node: the next poll
+            detail = found
+        elif fault == "admin_requeue":
+            detail = slurm(self.spec, "scontrol", "requeue", job.id) or "requeued"
+        else:
+            detail = cut_time_limit(self.spec, job.id)
+            self.helpers.append(threading.Thread(target=self.give_limit_back, args=(job.id,), daemon=True))
+            self.helpers[-1].start()
+        self.result.faults.append(FaultResult(fault, job.id, now, progress.step, detail.strip()))
+        print(f"[{self.name}] {fault} at step {progress.step}: {detail.strip()}", flush=True)
+        return True
+
+    def restore_when_down(self, node: str) -> None:
+        """The dead node comes back once SLURM has noticed (DOWN after SlurmdTimeout): a repaired node."""
+        while "down" not in slurm(self.spec, "sinfo", "-h", "-n", node, "-o", "%T", check=False):
+            time.sleep(2)
+        cluster.restart_node(self.spec, node_index(self.spec, node))
+
+    def give_limit_back(self, job: str) -> None:
+        """Once the cut run has ended: a requeued (pending) job gets the rule's time limit back."""
+        while True:
+            state = slurm(self.spec, "squeue", "-h", "-j", job, "-o", "%T", check=False).strip()
+            if state != "RUNNING":
+                break
+            time.sleep(1)
+        if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING"):
+            slurm(self.spec, "scontrol", "update", f"JobId={job}", f"TimeLimit={self.args.limit_min}", check=False)
+
+    def account(self) -> None:
+        r = self.result
+        r.jobs = sorted(self.seen, key=int)
+        r.resubmissions = len(r.jobs) - 1  # the recipe's user or Snakemake's retries (a requeue keeps its job id)
+        if self.model.exists():
+            r.final_output_at = self.model.stat().st_mtime
+            r.wall_s = round(r.final_output_at - r.submitted_at, 2)
+        if not r.jobs:
+            return
+        spans = accounted_runs(self.spec, r.jobs)
+        stopped = [f.injected_at for f in r.faults if f.fault in ("hang", "node_death")]
+        # a run a hang or a dead node stopped: its time from the last step to its end is stalled, not teardown (the
+        # ledger of `multinode report` knows only the watchdog's stalls)
+        spans = [
+            RunSpan(s.start, s.end, s.nodes, s.gpus_per_node, s.submit, any(s.start <= t <= s.end for t in stopped))
+            for s in spans
+        ]
+        progress = read_progress(self.metrics)
+        book = ledger(spans, [], progress.records)
+        r.runs = len(book.runs)
+        r.ledger_s = {k: round(v, 2) for k, v in book.seconds.items()}
+        r.productive_s = round(book.seconds["productive"], 2)
+        if r.wall_s:
+            r.goodput = round(r.productive_s / r.wall_s, 4)
+
+
+class Recipe(Variant):
+    def submit(self) -> None:
+        script = self.wd / "train.sh"
+        if not script.exists():
+            torchrun = f"{shlex.quote(sys.executable)} -m torch.distributed.run"
+            script.write_text(RECIPE.substitute(
+                name=f"recipe-{self.result.scenario}", nodes=NODES, cpus=CPUS, ranks=RANKS,
+                minutes=self.args.limit_min, lead=SIGNAL_LEAD_S,
+                torchrun=torchrun, train=self.train,
+            ))  # fmt: skip
+        out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, cwd=self.wd,
+                             env=cluster.slurm_env(self.spec), check=True)  # fmt: skip
+        self.seen.add(out.stdout.strip().split(";")[0])
+
+    def tick(self, jobs: list[Job]) -> bool:
+        if jobs:
+            return False
+        if self.model.exists():
+            return True
+        self.submit()  # the user: resubmits the moment the job is gone without the model
+        return False
+
+
+class Multinode(Variant):
+    def submit(self) -> None:
+        (self.wd / "Snakefile").write_text(SNAKEFILE.substitute(
+            nodes=NODES, ranks=RANKS, cpus=CPUS, minutes=self.args.limit_min, lead=SIGNAL_LEAD_S,
+            train=self.train.replace("\\", "\\\\").replace('"', '\\"').replace("{", "{{").replace("}", "}}"),
+        ))  # fmt: skip
+        cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--retries", "3",
+               "--latency-wait", "10"]  # fmt: skip
+        self.log = (self.wd / "snakemake.log").open("w")
+        self.proc = subprocess.Popen(cmd, cwd=self.wd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=cluster.slurm_env(self.spec))  # fmt: skip
+
+    def tick(self, jobs: list[Job]) -> bool:
+        code = self.proc.poll()
+        if code is None:
+            return False
+        if code != 0:
+            self.result.error = f"snakemake exited {code}; see {self.wd / 'snakemake.log'}"
+        return True
+
+
+VARIANTS = {"recipe": Recipe, "multinode": Multinode}
+
+
+# --- the busy cluster's other user ----------------------------------------------------------------------------------
+
+
+class OtherUser(threading.Thread):
+    """Keeps one 1-node job pending at all times: any node that is freed is taken for `seconds`."""
+
+    def __init__(self, spec: ClusterSpec, workdir: Path, seconds: int) -> None:
+        super().__init__(name="other-user", daemon=True)
+        self.spec, self.wd, self.seconds = spec, workdir, seconds
+        self.stopped = threading.Event()
+        self.submitted = 0
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            if not any(j.state == "PENDING" for j in jobs_in(self.spec, self.wd)):
+                slurm(self.spec, "sbatch", "-N1", "-n1", f"-c{CPUS}", "-t", "10", "-o", "/dev/null", "-D", str(self.wd),
+                      "--wrap", f"sleep {self.seconds}")  # fmt: skip
+                self.submitted += 1
+            self.stopped.wait(POLL_S)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+        for job in jobs_in(self.spec, self.wd):
+            slurm(self.spec, "scancel", job.id, check=False)
+
+
+# --- the run --------------------------------------------------------------------------------------------------------
+
+
+def bring_up(directory: Path) -> ClusterSpec:
+    cmd = [sys.executable, "-m", "snakemake_executor_multinode.cli", "cluster", "up", "--dir", str(directory),
+           "--nodes", "6", "--cpus", str(CPUS), "--gpus", str(RANKS)]  # fmt: skip
+    subprocess.run(cmd, check=True)
+    spec = ClusterSpec.load(directory)
+    assert spec is not None
+    return spec
+
+
+def loads() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def scenario_run(name: str, spec: ClusterSpec, root: Path, data: Path, args: argparse.Namespace) -> dict[str, Any]:
+    variants = [VARIANTS[v](spec, name, v, root, data, args) for v in args.variants]
+    other = OtherUser(spec, root / name / "other-user", args.busy_job_s) if name == "busy" else None
+    for v in variants:
+        v.start()
+    if other is not None:  # from the moment every variant runs: it takes what is freed after
+        while not all(read_progress(v.metrics).lines for v in variants) and any(v.is_alive() for v in variants):
+            time.sleep(POLL_S)
+        other.start()
+    for v in variants:
+        v.join()
+    if other is not None:
+        other.stop()
+    out: dict[str, Any] = {"variants": [asdict(v.result) for v in variants]}
+    if other is not None:
+        out["other_user"] = {"job_s": args.busy_job_s, "jobs": other.submitted}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scenarios", nargs="+", default=["quiet", "busy"], choices=["quiet", "busy"])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--steps", type=int, default=600, help="training steps (about 8 minutes here: 4 jobs at once)")
+    ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--limit-min", type=int, default=15, help="every job's time limit in minutes (the recipe's guard)")
+    ap.add_argument("--busy-job-s", type=int, default=120, help="the busy cluster's other user's job length")
+    ap.add_argument("--deadline-s", type=int, default=5400, help="a variant not done by then is reported unfinished")
+    ap.add_argument("--root", type=Path, default=Path("/var/tmp/mn-goodput"))
+    ap.add_argument("--keep", action="store_true", help="leave the clusters up")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results-goodput.json")
+    args = ap.parse_args(argv)
+    args.root.mkdir(parents=True, exist_ok=True)
+    data = args.root / "data"
+    if not (data / "train.bin").exists():
+        subprocess.run([sys.executable, str(PREPROCESS), "--out-dir", str(data), "--num-docs", "2000"], check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+    specs = {s: bring_up(args.root / f"cluster-{s}") for s in args.scenarios}
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "config": {k: v for k, v in vars(args).items() if k not in ("root", "out", "keep")},
+        "schedule": dict(zip(FAULTS, AT, strict=True)),
+        "load_before": loads(),
+        "cpus": os.cpu_count(),
+        "slurm": {s: spec.slurm for s, spec in specs.items()},
+    }
+    found: dict[str, Any] = {}
+    threads = [threading.Thread(target=lambda s=s: found.__setitem__(s, scenario_run(s, specs[s], args.root, data,
+                                                                                       args)))
+               for s in args.scenarios]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    result["load_after"] = loads()
+    result["scenarios"] = found
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for s, sc in found.items():
+        for v in sc["variants"]:
+            print(f"{s:6} {v['variant']:10} goodput {v['goodput']} wall {v['wall_s']} s productive {v['productive_s']}"
+                  f" s runs {v['runs']} error {v['error']}")  # fmt: skip
+            for f in v["faults"]:
+                print(f"    {f['fault']:18} step {f['step']:4} resumed {f['resumed_from']} lost {f['steps_lost']}"
+                      f" first resumed step after {f['time_to_first_resumed_step_s']} s")  # fmt: skip
+    if not args.keep:
+        for spec in specs.values():
+            cluster.down(spec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
