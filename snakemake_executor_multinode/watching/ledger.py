@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 CATEGORIES = ("startup", "productive", "checkpoint", "restore", "lost", "stalled", "teardown", "unknown")
 # sacct's Start and End are whole seconds and the nodes' clocks drift: a record this close outside a run is the run's
 # (clamped into it); one further away belongs to another job sharing the training's metrics file.
 SKEW_S = 2.0
+# sacct cuts Start and End down to the whole second: a run lasted up to this long past its End. A record written in
+# that second extends the run to it; clamped to End, the time before it would drop out of every category.
+TRUNCATION_S = 1.0
 
 _LINE, _BEGIN, _END, _RESUME = "line", "checkpoint_begin", "checkpoint_end", "resume"
 
@@ -144,6 +147,16 @@ def _assign(records: list[_Record], spans: Sequence[RunSpan]) -> list[list[_Reco
     return per_run
 
 
+def _extended(spans: list[RunSpan], records: list[_Record]) -> list[RunSpan]:
+    """Each run's end moved to its last record within TRUNCATION_S after sacct's End (never into the next run)."""
+    out = []
+    for i, span in enumerate(spans):
+        limit = min(span.end + TRUNCATION_S, spans[i + 1].start if i + 1 < len(spans) else math.inf)
+        late = [r.wall for r in records if span.end < r.wall <= limit]
+        out.append(replace(span, end=max(late)) if late else span)
+    return out
+
+
 def _resumed_from(per_run: list[list[_Record]]) -> list[float | None]:
     """The step each run resumed from: its resume event's, or inferred (no event) as the last step earlier runs
     logged below its first line's step (0 when none). None: the run logged no step, so says nothing."""
@@ -242,6 +255,7 @@ def ledger(spans: Sequence[RunSpan], runs_lines: Sequence[Mapping[str, Any]], me
     records (parsed JSON, in the file's order)."""
     ordered = sorted(spans, key=lambda s: s.start)
     records = [r for raw in metrics if (r := _record(raw)) is not None]
+    ordered = _extended(ordered, records)
     per_run = _assign(records, ordered)
     known = any(per_run)
     resumed = _resumed_from(per_run)

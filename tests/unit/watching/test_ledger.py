@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from snakemake_executor_multinode.watching.ledger import CATEGORIES, SKEW_S, RunSpan, ledger
+from snakemake_executor_multinode.watching.ledger import CATEGORIES, SKEW_S, TRUNCATION_S, RunSpan, ledger
 
 
 def line(step: int, wall: float, **extra: Any) -> dict[str, Any]:
@@ -123,7 +123,8 @@ def test_the_queue_wait_is_beside_the_ledger_not_in_it():
 
 
 def test_a_record_just_outside_its_run_is_clamped_into_it_and_one_far_outside_belongs_to_another_job():
-    records = [line(5, 50), line(10, 99), line(20, 200 + SKEW_S / 2)]  # step 5: an earlier job's, long before
+    # step 5: an earlier job's, long before; step 20: past sacct's cut-off second, within the clocks' skew
+    records = [line(5, 50), line(10, 99), line(20, 200 + TRUNCATION_S + (SKEW_S - TRUNCATION_S) / 2)]
     result = ledger([RunSpan(100, 200, nodes=1)], [], records)
     assert seconds(result) == {"productive": 100}
 
@@ -182,10 +183,23 @@ def test_the_parts_add_up_to_the_allocated_time_exactly_for_random_schedules():
         assert all(v >= -1e-9 for r in result.runs for v in r.seconds.values()), (spans, records)
         for run in result.runs:
             assert sum(run.seconds.values()) == pytest.approx(run.span.end - run.span.start, abs=1e-6)
-        assert result.allocated_s == pytest.approx(allocated, abs=1e-6)
-        assert result.allocated_node_s == pytest.approx(node_s, abs=1e-5)
-        assert result.allocated_gpu_h == pytest.approx(gpu_h, abs=1e-8)
+        # sacct's total, plus at most the second it cut off each run's end (a record written in it)
+        late = sum(r.span.end - s.end for r, s in zip(result.runs, sorted(spans, key=lambda x: x.start), strict=True))
+        assert 0 <= late <= TRUNCATION_S * len(spans) + 1e-9
+        assert result.allocated_s == pytest.approx(allocated + late, abs=1e-6)
+        assert result.allocated_node_s >= node_s - 1e-5 and result.allocated_gpu_h >= gpu_h - 1e-8
         if result.known:
             assert result.seconds["unknown"] == 0
         else:
             assert result.goodput is None
+
+
+def test_records_in_the_second_sacct_cut_off_a_runs_end_still_count():
+    """sacct's End 100 means the run ended in [100, 101): steps logged at 100.3 and 100.8 after a checkpoint at 99.9
+    and before a requeue are lost work, not nothing (clamped to 100 they would vanish)."""
+    records = [line(5, 99.0), event("checkpoint_begin", 5, 99.0), event("checkpoint_end", 5, 99.9),
+               line(6, 100.3, event="superseded"), line(7, 100.8, event="superseded"),
+               event("resume", 5, 120.0), line(6, 121.0), line(7, 122.0)]  # fmt: skip
+    result = ledger([RunSpan(0, 100, nodes=1), RunSpan(110, 122, nodes=1)], [], records)
+    assert seconds(result, run=0)["lost"] == 0.9 and result.runs[0].allocated_s == 100.8
+    assert seconds(result, run=1) == {"startup": 10, "productive": 2}
