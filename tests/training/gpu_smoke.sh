@@ -64,7 +64,7 @@ stop_resume() {  # name, plugin config: a straight run, and a run stopped at ste
   # The resumed file's lines up to step 20 come from the stopped run: a second run of the same config.
   python3 - "$OUT/$1_straight/metrics.jsonl" "$OUT/$1/metrics.jsonl" <<'EOF' || FAILED=$((FAILED + 1))
 import json, sys
-a, b = ([json.loads(x) for x in open(p)] for p in sys.argv[1:])
+a, b = ([r for x in open(p) if "event" not in (r := json.loads(x))] for p in sys.argv[1:])  # step lines only
 la, lb = {r["step"]: r["loss"] for r in a}, {r["step"]: r["loss"] for r in b}
 assert sorted(lb) == sorted(la), (sorted(la), sorted(lb))
 diff = {s: abs(la[s] - lb[s]) for s in la}
@@ -80,7 +80,7 @@ compare_pair() {  # label, run A, run B, must match (1/0): the loss on every log
 import json, sys
 import torch
 label, a, b, must = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
-la, lb = ({r["step"]: r["loss"] for r in map(json.loads, open(f"{d}/metrics.jsonl"))} for d in (a, b))
+la, lb = ({r["step"]: r["loss"] for r in map(json.loads, open(f"{d}/metrics.jsonl")) if "event" not in r} for d in (a, b))
 assert la and sorted(la) == sorted(lb), (sorted(la), sorted(lb))
 d = max(abs(la[s] - lb[s]) for s in la)
 first = next((s for s in sorted(la) if la[s] != lb[s]), None)
@@ -142,7 +142,7 @@ EOF
   python3 - "$OUT/$1.log" "$OUT/$1/metrics.jsonl" <<'EOF' || FAILED=$((FAILED + 1))
 import json, math, re, sys
 probe = re.findall(r"fp8 probe: tensorwise: (\d+) Float8Linear, nn.Linear left: (\[.*\])", open(sys.argv[1]).read())
-losses = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2]))}
+losses = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2])) if "event" not in r}  # events: no loss
 print(f"   fp8: {probe[-1][0] if probe else 'no'} Float8Linear layers, nn.Linear left {probe[-1][1] if probe else '?'}; "
       f"loss on steps {sorted(losses)}: {[round(x, 4) for _, x in sorted(losses.items())]}")
 assert len(probe) == 1, "the training run did not report exactly one fp8 conversion (rank 0)"

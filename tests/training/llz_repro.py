@@ -145,7 +145,8 @@ def train(name: str, cfg: dict[str, Any], tokens: Any, steps: int, cuda: bool) -
     if masters:  # where the masters start: on the bf16 grid, or the fp32 init
         flat = {n: masters[id(p)].detach().reshape(-1).float() for n, p in named.items() if id(p) in masters}
         total = sum(v.numel() for v in flat.values())
-        out["masters_equal_fp32_init"] = sum(int((flat[n] == init[n].reshape(-1)).sum()) for n in flat) / total
+        same = (int((flat[n] == init[n].reshape(-1).to(flat[n].device)).sum()) for n in flat)  # init: where built
+        out["masters_equal_fp32_init"] = sum(same) / total
         on_grid = sum(int((v == v.to(torch.bfloat16).float()).sum()) for v in flat.values())
         out["masters_on_bf16_grid"] = on_grid / total
     spec = plugins.spec_of(c)
