@@ -7,11 +7,23 @@
         ranks/rankNNNNN.pt  per-rank state: RNG states; fp32 master weights where they are kept apart from the
                          model checkpoint (plugins.masters_apart): every rank its shard, or rank 0 alone where
                          every rank holds all of them (PluginSpec.replicated)
-        trainer.json     step, tokens, elapsed, world and data-parallel size, config; written last
+        trainer.json     step, tokens, elapsed, world and data-parallel size, config, and the manifest: "files",
+                         every other file's relative path -> size and sha256, and "meta_sha256", the checksum of
+                         trainer.json's own content; written last
 
-Every rank writes into .tmp_step_NNNNNNNN; rank 0 renames it once all ranks are done, so a checkpoint directory
-without the temp prefix is complete. A shared filesystem is assumed. Who writes which files is the plugin's
-checkpoint IO (plugins.PLUGIN_TABLE[...].checkpoint_io).
+Every rank writes into .tmp_step_NNNNNNNN; then every rank fsyncs every file there (the writer's fsync is the one
+that counts on a shared filesystem), rank 0 hashes them into the manifest, writes trainer.json, fsyncs it and the
+folders, renames the temp dir and fsyncs the parent: a checkpoint directory without the temp prefix is complete
+and on disk. A shared filesystem is assumed. Who writes which files is the plugin's checkpoint IO
+(plugins.PLUGIN_TABLE[...].checkpoint_io).
+
+Verified checkpoints: after the rename rank 0 verifies the new checkpoint (sizes, then sha256) before pruning, and
+pruning (keep_ckpts) counts verified checkpoints only, so the newest verified one is never deleted before a newer
+one has verified. A resume (Checkpointer.choose) takes the newest checkpoint whose files all match its manifest;
+a damaged one (a missing, truncated, empty or altered file) is skipped with a line naming the checkpoint, the
+file and what is wrong, and the previous one is tried. One without a manifest (an older train.py) is taken, with
+a line saying it could not be verified, only where nothing newer verifies. Rank 0 decides, every rank loads its
+choice (broadcast).
 
 Resume on the same world size restores everything exactly. On another world size the plugin's IO reshards the
 model and optimizer (where its PluginSpec says resize_ok; else a ConfigError naming both sizes); the per-rank
@@ -22,10 +34,12 @@ restored from rank 0's copy.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +52,8 @@ from lm import RESUME_MUTABLE_KEYS, ConfigError
 FORMAT = "booster-sharded-v1"
 CKPT_PREFIX = "step_"
 MODEL, OPTIMIZER, SCHEDULER, RANKS, META = "model", "optimizer", "lr_scheduler.pt", "ranks", "trainer.json"
+FILES, META_SHA = "files", "meta_sha256"  # trainer.json's manifest and its own checksum
+NO_MANIFEST = "no manifest (written by an older train.py)"
 
 
 @dataclass
@@ -77,6 +93,73 @@ def complete_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path]]:
 def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
     ckpts = complete_checkpoints(ckpt_dir)
     return ckpts[-1][1] if ckpts else None
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def data_files(step_dir: Path) -> list[str]:
+    """Every file of a checkpoint but trainer.json, by relative path, sorted."""
+    return sorted(str(p.relative_to(step_dir)) for p in step_dir.rglob("*") if p.is_file() and p.name != META)
+
+
+def manifest(step_dir: Path) -> dict[str, dict[str, Any]]:
+    return {
+        rel: {"size": (step_dir / rel).stat().st_size, "sha256": file_sha256(step_dir / rel)}
+        for rel in data_files(step_dir)
+    }
+
+
+def meta_sha256(meta: dict[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != META_SHA}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def verify(step_dir: Path) -> str | None:
+    """None where every file matches the manifest (sizes first, then sha256); else what is wrong, naming the file;
+    NO_MANIFEST for a checkpoint written before manifests."""
+    try:
+        meta = json.loads((step_dir / META).read_text())
+    except (OSError, ValueError) as e:
+        return f"{META}: unreadable ({type(e).__name__}: {e})"
+    if not isinstance(meta, dict) or FILES not in meta:
+        return NO_MANIFEST
+    if meta.get(META_SHA) != meta_sha256(meta):
+        return f"{META}: checksum mismatch"
+    files = meta[FILES]
+    for rel, want in files.items():
+        path = step_dir / rel
+        if not path.is_file():
+            return f"{rel}: missing"
+        size = path.stat().st_size
+        if size != want["size"]:
+            return f"{rel}: size {size} != {want['size']} (saved)"
+    for rel, want in files.items():
+        if file_sha256(step_dir / rel) != want["sha256"]:
+            return f"{rel}: checksum mismatch"
+    return None
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (O_RDONLY: Linux flushes either through a read-only descriptor)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path, files: bool = True) -> None:
+    for dirpath, _, names in os.walk(root):
+        if files:
+            for name in names:
+                fsync_path(Path(dirpath) / name)
+        fsync_path(Path(dirpath))
 
 
 def rank_file(path: Path, rank: int) -> Path:
@@ -120,6 +203,8 @@ class Checkpointer:
         self.keep = max(1, cfg["keep_ckpts"])
         self.spec = plugins.spec_of(cfg)
         self.masters_apart = plugins.masters_apart(cfg)
+        self.verified: set[Path] = set()  # checkpoints verified by this process (rank 0): pruning counts these
+        self.save_cost: dict[str, float] = {}  # the last save's fsync_s, manifest_s, verify_s (rank 0)
 
     def log(self, msg: str) -> None:
         if self.rank == 0:
@@ -146,21 +231,91 @@ class Checkpointer:
         }
         torch.save(per_rank, rank_file(tmp, self.rank))
         dist.barrier()
+        # Every rank fsyncs every file: on a shared filesystem only the writer's own fsync flushes its data.
+        t0 = time.perf_counter()
+        fsync_tree(tmp)
+        dist.barrier()
+        fsync_s = time.perf_counter() - t0
         if self.rank == 0:
+            t1 = time.perf_counter()
             meta = {
                 "format": FORMAT,
                 **asdict(state),
                 "world_size": self.world,
                 "dp_size": self.dp_size,
                 "config": self.cfg,
+                FILES: manifest(tmp),
             }
+            meta[META_SHA] = meta_sha256(meta)
+            manifest_s = time.perf_counter() - t1
+            t2 = time.perf_counter()
             (tmp / META).write_text(json.dumps(meta, indent=1))
+            fsync_tree(tmp)  # trainer.json and every folder (the other files again: nothing left to flush)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
-            for _, old in complete_checkpoints(self.root)[: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+            fsync_path(self.root)
+            fsync_s += time.perf_counter() - t2
+            t3 = time.perf_counter()
+            problem = verify(final)
+            verify_s = time.perf_counter() - t3
+            self.save_cost = {
+                "fsync_s": round(fsync_s, 6),
+                "manifest_s": round(manifest_s, 6),
+                "verify_s": round(verify_s, 6),
+            }
+            if problem is None:
+                self.verified.add(final)
+                self._prune()
+            else:  # not counted: the older verified ones stay
+                self.log(f"checkpoint: {final} failed verification right after saving: {problem}; pruning skipped")
         dist.barrier()
         return final
+
+    def _prune(self) -> None:
+        """Delete the checkpoints older than the keep_ckpts-th newest verified one: those kept always include the
+        newest verified checkpoint. Damaged checkpoints newer than it stay (a rerun saves over them)."""
+        present = {path for _, path in complete_checkpoints(self.root)}
+        self.verified &= present
+        verified = sorted(self.verified, key=lambda p: p.name)
+        if len(verified) < self.keep:
+            return
+        oldest_kept = verified[-self.keep].name
+        for _, old in complete_checkpoints(self.root):
+            if old.name < oldest_kept:
+                shutil.rmtree(old, ignore_errors=True)
+                self.verified.discard(old)
+
+    def choose(self) -> tuple[Path | None, float]:
+        """The checkpoint to resume from, and the seconds verification took (rank 0's; every rank gets its choice).
+
+        Newest first: the first that verifies, or that has no manifest (an older train.py: taken with a line, as
+        nothing newer verified); a damaged one is skipped with a line naming the file."""
+        import torch.distributed as dist
+
+        choice: list[Any] = [None, 0.0]
+        if self.rank == 0:
+            t0 = time.perf_counter()
+            for _, path in reversed(complete_checkpoints(self.root)):
+                problem = verify(path)
+                if problem is None:
+                    choice[0] = str(path)
+                    break
+                if problem == NO_MANIFEST:
+                    self.log(f"checkpoint: {path} has {problem}: it could not be verified; resuming from it")
+                    choice[0] = str(path)
+                    break
+                self.log(f"checkpoint: skipping damaged {path}: {problem}")
+            else:
+                if complete_checkpoints(self.root):
+                    self.log(f"checkpoint: no checkpoint in {self.root} verified; starting from step 0")
+            choice[1] = time.perf_counter() - t0
+        if self.world > 1:
+            group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+            dist.broadcast_object_list(choice, src=0, group=group)
+        path = None if choice[0] is None else Path(choice[0])
+        if path is not None:
+            self.verified.add(path)
+        return path, float(choice[1])
 
     def load(self, path: Path) -> TrainState:
         meta = json.loads((path / META).read_text())

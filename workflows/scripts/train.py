@@ -39,7 +39,8 @@ Config keys (--config-json, a JSON object; omitted keys take the defaults printe
 Checkpoints (--ckpt-dir/step_NNNNNNNN, see checkpoint.py): sharded through the Booster (model and optimizer with
 shard=True, the lr scheduler with save_lr_scheduler; which rank writes what is the plugin's checkpoint IO), plus
 per-rank RNG states and, where the plugin keeps them apart from the model (bf16 low_level_zero / hybrid), fp32
-master weights. Written to a temp dir, then renamed; the last keep_ckpts kept. A rerun resumes from the latest one
+master weights. Written to a temp dir, fsynced with a manifest of sizes and sha256, then renamed; the last
+keep_ckpts verified ones kept. A rerun resumes from the latest one that verifies (a damaged one is skipped, named)
 exactly on the same world size; on another world size the plugin's IO reshards model and optimizer and the run
 logs what per-rank state could not follow. The data position is the step (batches are a pure function of seed and
 step). The metrics file keeps its step lines up to the resumed step; later ones (a run that died after its last
@@ -56,7 +57,9 @@ Metrics (--metrics, rank 0, JSON lines): step, steps (the total), loss (mean ove
 last line), lr, tokens, tokens_per_s, mfu (6*N*tokens/s over the GPUs' bf16 peak; null when unknown), elapsed
 (training seconds so far), step_ms, ckpt_s (seconds spent saving checkpoints since the last line), time and wall
 (Unix seconds). Events, also rank 0, with "event", "step" and "wall": checkpoint_begin and checkpoint_end around
-every save, resume (with restore_s, the seconds loading took) after loading a checkpoint. Throughput is wall
+every save (checkpoint_end with fsync_s, manifest_s, verify_s: the seconds fsyncing, hashing the manifest and
+verifying the new checkpoint took), resume (with restore_s, the seconds choosing and loading took, of which
+verify_s verifying) after loading a checkpoint. Throughput is wall
 clock between synchronised points: each line's loss is an all-reduce read back to the host, which waits for
 every kernel queued before it, and the interval since the previous line (minus ckpt_s) is
 what tokens_per_s, step_ms and mfu divide by. So the logged intervals add up to the run's training time, and
@@ -389,7 +392,7 @@ class Logger:
         self.counted = so_far
         save(state)
         synchronize(self.run)
-        write_event(self.run, "checkpoint_end", state.step, time.time())
+        write_event(self.run, "checkpoint_end", state.step, time.time(), **self.run.ckpt.save_cost)
         self.ckpt_s += time.perf_counter() - t0
 
     def emit(self, state: checkpoint.TrainState, lr: float) -> None:
@@ -435,9 +438,9 @@ def synchronize(run: Run) -> None:
 def train(run: Run, preempt: Preemption) -> int:
     cfg = run.cfg
     state = checkpoint.TrainState()
-    latest = checkpoint.latest_checkpoint(run.args.ckpt_dir)
+    t0 = time.time()
+    latest, verify_s = run.ckpt.choose()  # the newest checkpoint that verifies (damaged ones skipped, logged)
     if latest is not None:
-        t0 = time.time()
         state = run.ckpt.load(latest)
         loaded = time.time()
         log0(run.rank, f"resumed from {latest} at step {state.step}")
@@ -445,7 +448,7 @@ def train(run: Run, preempt: Preemption) -> int:
         prepare_metrics(run.args.metrics, state.step)
         link_metrics_file(run.args.metrics)
     if latest is not None:  # after prepare_metrics, which rewrites the file; the time is the load's end
-        write_event(run, "resume", state.step, loaded, restore_s=round(loaded - t0, 6))
+        write_event(run, "resume", state.step, loaded, restore_s=round(loaded - t0, 6), verify_s=round(verify_s, 6))
     dist.barrier()
     end = cfg["stop_after"] or cfg["steps"]
     tokens_per_step = run.dp_size * cfg["micro_batch"] * cfg["grad_accum"] * cfg["seq_len"]
