@@ -16,7 +16,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from .helpers import TINY, events, train
+from tests.helpers import REPO, load_script
+
+from .helpers import TINY, events, records, train
 
 STEPS, STOP, EVERY = 8, 6, 2
 CFG: dict[str, Any] = {**TINY, "plugin": "torch_ddp", "steps": STEPS, "lr": 3e-3, "ckpt_every": EVERY, "keep_ckpts": 3}
@@ -105,6 +107,17 @@ def test_the_cost_of_fsync_manifest_and_verification_is_in_every_checkpoint_end_
     assert [e["step"] for e in ends] == [2, 4, 6]
     for e in ends:
         assert all(isinstance(e[k], float) and e[k] > 0 for k in ("fsync_s", "manifest_s", "verify_s")), e
+
+
+@pytest.mark.slow
+def test_the_cost_benchmark_summarizes_a_runs_events(stopped: Path) -> None:
+    bench = load_script(REPO / "benchmarks" / "checkpoint_cost.py", "checkpoint_cost_under_test")
+    ends = [e for e in events(stopped / "metrics.jsonl") if e["event"] == "checkpoint_end"]
+    summary = bench.summarize(records(stopped / "metrics.jsonl"), 1000)
+    assert summary["checkpoints"] == 3 and summary["checkpoint_bytes"] == 1000
+    assert summary["verify_s"]["max"] == max(e["verify_s"] for e in ends)
+    assert 0 < summary["fsync_share_of_save"] < 1
+    assert "resume" not in summary  # the stopped run started fresh
 
 
 @pytest.mark.slow

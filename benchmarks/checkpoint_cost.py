@@ -1,0 +1,110 @@
+"""What verified checkpoints cost per checkpoint (issue 38, part 1): fsync, the manifest's sha256 and the
+verification, for the example model (workflows/config.yaml's train section) on 2 CPU ranks (torchrun, gloo).
+
+    python benchmarks/checkpoint_cost.py [--ckpt-every 5] [--work-dir /var/tmp] [--out results-checkpoint-verify.json]
+
+It trains the example once in two launches: to half of its steps (checkpoints every --ckpt-every steps), then on to
+the end, which resumes (and so verifies) the newest checkpoint. Everything is read from the metrics events the
+training writes in every run: checkpoint_begin/checkpoint_end (the save's wall time, and its fsync_s, manifest_s and
+verify_s) and resume (verify_s of restore_s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "workflows" / "scripts"
+COSTS = ("fsync_s", "manifest_s", "verify_s")
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    return {
+        "mean": round(statistics.fmean(values), 6),
+        "median": round(statistics.median(values), 6),
+        "max": round(max(values), 6),
+    }
+
+
+def summarize(records: list[dict[str, Any]], checkpoint_bytes: int) -> dict[str, Any]:
+    """Per checkpoint: the save's wall seconds (checkpoint_begin to checkpoint_end) and its fsync, manifest and
+    verification seconds, with their share of the save; the resume's verification of its restore."""
+    begins = {r["step"]: r["wall"] for r in records if r.get("event") == "checkpoint_begin"}
+    ends = [r for r in records if r.get("event") == "checkpoint_end"]
+    saves = [e["wall"] - begins[e["step"]] for e in ends]
+    out: dict[str, Any] = {"checkpoints": len(ends), "checkpoint_bytes": checkpoint_bytes, "save_s": stats(saves)}
+    for key in COSTS:
+        out[key] = stats([e[key] for e in ends])
+        out[f"{key[:-2]}_share_of_save"] = round(sum(e[key] for e in ends) / sum(saves), 4)
+    resumes = [r for r in records if r.get("event") == "resume"]
+    if resumes:
+        out["resume"] = {"verify_s": resumes[-1]["verify_s"], "restore_s": resumes[-1]["restore_s"]}
+    return out
+
+
+def launch(data: Path, work: Path, cfg: dict[str, Any], nproc: int) -> None:
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    argv += [str(SCRIPTS / "train.py"), "--data-dir", str(data), "--out", str(work / "model.pt")]
+    argv += ["--ckpt-dir", str(work / "ckpt"), "--metrics", str(work / "metrics.jsonl"), "--config-json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([*argv, json.dumps(cfg)], capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--work-dir", default="/var/tmp", help="where checkpoints are written (a disk, not tmpfs)")
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results-checkpoint-verify.json"))
+    args = p.parse_args(argv)
+    config = yaml.safe_load((REPO / "workflows" / "config.yaml").read_text())
+    cfg = {**config["train"], "ckpt_every": args.ckpt_every, "keep_ckpts": 2}
+    work = Path(tempfile.mkdtemp(prefix="ckpt-cost-", dir=args.work_dir))
+    try:
+        d = config["data"]
+        subprocess.run(
+            [sys.executable, str(SCRIPTS / "preprocess.py"), "--out-dir", str(work / "data")]
+            + ["--num-docs", str(d["num_docs"]), "--seed", str(d["seed"])],
+            check=True,
+            capture_output=True,
+        )
+        t0 = time.perf_counter()
+        launch(work / "data", work, {**cfg, "stop_after": cfg["steps"] // 2}, args.nproc)
+        launch(work / "data", work, cfg, args.nproc)
+        records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines() if line]
+        newest = sorted((work / "ckpt").glob("step_*"))[-1]
+        size = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())
+        fs = subprocess.run(["stat", "-f", "-c", "%T", str(work)], capture_output=True, text=True).stdout.strip()
+        result = {
+            "what": "verified checkpoints: cost per checkpoint of the example model (workflows/config.yaml train)",
+            "command": "python benchmarks/checkpoint_cost.py",
+            "config": {k: cfg[k] for k in ("plugin", "n_layer", "d_model", "steps", "ckpt_every")},
+            "ranks": args.nproc,
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "filesystem": fs},
+            "wall_s": round(time.perf_counter() - t0, 1),
+            **summarize(records, size),
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
