@@ -89,13 +89,17 @@ def main(argv: list[str] | None = None) -> int:
         records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines() if line]
         newest = sorted((work / "ckpt").glob("step_*"))[-1]
         size = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())
-        fs = subprocess.run(["stat", "-f", "-c", "%T", str(work)], capture_output=True, text=True).stdout.strip()
+        fs = subprocess.run(["findmnt", "-n", "-o", "FSTYPE,SOURCE", "-T", str(work)], capture_output=True, text=True)
         result = {
             "what": "verified checkpoints: cost per checkpoint of the example model (workflows/config.yaml train)",
             "command": "python benchmarks/checkpoint_cost.py",
             "config": {k: cfg[k] for k in ("plugin", "n_layer", "d_model", "steps", "ckpt_every")},
             "ranks": args.nproc,
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "filesystem": fs},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "filesystem": " ".join(fs.stdout.split()),
+            },
             "wall_s": round(time.perf_counter() - t0, 1),
             **summarize(records, size),
         }
