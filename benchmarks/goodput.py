@@ -500,6 +500,11 @@ def bring_up(directory: Path) -> ClusterSpec:
     return spec
 
 
+def git_commit() -> str | None:
+    git = ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]
+    return subprocess.run(git, capture_output=True, text=True).stdout.strip() or None
+
+
 def loads() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -544,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = {s: bring_up(args.root / f"cluster-{s}") for s in args.scenarios}
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
+        "commit": git_commit(),
         "config": {k: v for k, v in vars(args).items() if k not in ("root", "out", "keep")},
         "schedule": dict(zip(FAULTS, AT, strict=True)),
         "load_before": loads(),

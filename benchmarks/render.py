@@ -64,6 +64,7 @@ CHAIN = "benchmarks/results-chain-overhead.json"
 FANOUT = "benchmarks/results-fanout.json"
 STATE = "benchmarks/results-state-scaling.json"
 LAUNCH = "benchmarks/results-launch.json"
+GOODPUT = "benchmarks/results-goodput.json"  # one run of goodput.py: every scenario and variant side by side
 H200 = "benchmarks/gpu/results-h200.jsonl"  # one device run, 2026-12-02
 I14 = "benchmarks/gpu/results-h200-issue14.jsonl"  # runs A-F: key "run", told apart by its letter
 DET = "benchmarks/gpu/results-h200-determinism.jsonl"  # one device run
@@ -1183,6 +1184,157 @@ def readme_i33_default() -> str:
 def issue33_best() -> str:
     best = max((_i33(v) for _, v in I33_VARIANTS), key=lambda r: r["mfu"])
     return pct(best["mfu"])
+
+
+I33_KERNELS = "i33-kernels"  # the second call: FlashAttention for Hopper, the bare loop and its profile
+I33_BEST = "torch_ddp+compile+liger_fused_ce+bf16m+fp8+mb64"
+I33_FA = "torch_ddp+compile+liger_fused_ce+flash_attn_hopper+bf16m+fp8+mb64"
+I33_PLAIN = "plain+compile+liger_fused_ce+mb64+bf16m+fp8"
+I33_PARITY = "i33-parity"
+LLZ_CUDA = "benchmarks/gpu/results-h200-llz-masters.json"
+
+
+def _i33k(variant: str) -> dict[str, Any]:
+    return line(I33, call=I33_KERNELS, variant=variant)
+
+
+@renders("issue33-kernels")
+def issue33_kernels() -> str:
+    base = _i33k(I33_BEST)
+    rows = []
+    for label, variant in [
+        ("train.py: `bf16_master` + `fp8: tensorwise` + `liger_fused_ce`", I33_BEST),
+        ("train.py: the same + `flash_attn_hopper`", I33_FA),
+        ("the bare loop (`plain_torch.py`): `bf16_master` + `fp8: tensorwise` + `liger_fused_ce`", I33_PLAIN),
+    ]:
+        r = _i33k(variant)
+        rows.append([label, f1(r["step_ms"]), n0(r["tokens_per_s"]), bold(pct(r["mfu"], 2)),
+                     change(ratio(r, base, "tokens_per_s", "call"))])  # fmt: skip
+    return table(["micro-batch 64, compiled", "step ms", "tokens/s", "MFU", "tokens/s vs the first row"], rows)
+
+
+@renders("issue33-train-best")
+def issue33_train_best() -> str:
+    return pct(_i33k(I33_FA)["mfu"], 2)
+
+
+@renders("issue33-plain-best")
+def issue33_plain_best() -> str:
+    return pct(_i33k(I33_PLAIN)["mfu"], 2)
+
+
+@renders("issue33-profile")
+def issue33_profile() -> str:
+    prof = field(_i33k(I33_PLAIN), "profile")
+    busy = prof["gpu_busy_ms_per_step"]
+    rows = [[family, f1(share) + "%", f1(busy * share / 100)] for family, share in prof["families_pct_of_busy"].items()]
+    rows.append(["**GPU busy, all kernels**", "100%", f1(busy)])
+    rows.append(["wall clock per step under the profiler", "", f1(prof["wall_ms_per_step"])])
+    return table(["kernel family (bare loop, 3 profiled steps)", "share of GPU busy", "ms per step"], rows)
+
+
+@renders("issue33-parity")
+def issue33_parity() -> str:
+    rows = []
+    for run, label in [
+        ("torch_ddp", "eager `bf16` (the default's numerics, other kernels: the noise floor)"),
+        ("torch_ddp+compile+bf16m", "`bf16_master`"),
+        ("torch_ddp+compile+bf16m+fp8", "`bf16_master` + `fp8: tensorwise`"),
+        ("low_level_zero+compile", "`low_level_zero` bf16, masters re-seeded (`lm.boost`)"),
+    ]:
+        r = line(I33, call=I33_PARITY, baseline="torch_ddp+compile", run=run)
+        final = line(I33, call=I33_PARITY, variant=run)["loss"]
+        rows.append([label, pct(r["max_rel_diff"], 2), str(r["at_step"]), "yes" if r["within"] else "**no**",
+                     f"{final:.4f}"])  # fmt: skip
+    base = line(I33, call=I33_PARITY, variant="torch_ddp+compile")["loss"]
+    rows.append(["compiled `bf16` (the default: the baseline)", "", "", "", f"{base:.4f}"])
+    return table(["run, against compiled bf16", "max rel. difference", "at step", "within 1%", "final loss"], rows)
+
+
+@renders("issue33-llz-cuda")
+def issue33_llz_cuda() -> str:
+    runs = data(LLZ_CUDA, "runs")
+
+    def first10(name: str) -> str:
+        return f"{sum(runs[name]['loss'][:10]) / 10:.4f}"
+
+    return (
+        f"stock LowLevelZero {first10('llz_stock')} = `bf16_master` from bf16-rounded weights "
+        f"{first10('bf16m_rounded')}; re-seeded {first10('llz_reseeded')} = `bf16_master` "
+        f"{first10('bf16_master')} (mean loss of steps 1-10); the first update reaches the weights the model "
+        f"computes with at {pct(runs['llz_stock']['update_realized'])} stock, "
+        f"{pct(runs['llz_reseeded']['update_realized'])} re-seeded"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 36: goodput through a schedule of faults (goodput.py), the seed's recipe against --executor multinode
+
+GOODPUT_SCENARIOS = ("quiet", "busy")
+GOODPUT_VARIANTS = {"recipe": "the seed's recipe", "multinode": "`--executor multinode`"}
+GOODPUT_FAULTS = {
+    "node_death": "a node dies",
+    "hang": "a rank hangs",
+    "admin_requeue": "an admin requeue",
+    "time_limit_signal": "the pre-time-limit signal",
+}
+
+
+def _goodput_variant(scenario: str, variant: str) -> dict[str, Any]:
+    return line(GOODPUT, "scenarios", scenario, "variants", variant=variant)
+
+
+def _or_dash(x: float | None, fmt: Callable[[Any], str]) -> str:
+    return "-" if x is None else fmt(x)
+
+
+@renders("goodput-variants")
+def goodput_variants() -> str:
+    rows = []
+    for scenario in GOODPUT_SCENARIOS:
+        for variant, label in GOODPUT_VARIANTS.items():
+            r = _goodput_variant(scenario, variant)
+            led = field(r, "ledger_s")
+            done = r["goodput"] is not None
+            rows.append([
+                scenario, label, bold(pct(r["goodput"])) if done else f"not finished ({r['error']})",
+                _or_dash(r["wall_s"], f0), f0(r["productive_s"]), str(len(r["jobs"])), str(r["runs"]),
+                f0(led["lost"]), f0(led["stalled"]), f0(led["startup"] + led["restore"]),
+                f0(led["checkpoint"] + led["teardown"] + led["unknown"]),
+            ])  # fmt: skip
+    header = ["cluster", "variant", "goodput", "wall s", "productive s", "SLURM jobs", "runs", "lost s", "stalled s",
+              "startup + restore s", "checkpoint + teardown s"]  # fmt: skip
+    return table(header, rows)
+
+
+@renders("goodput-faults")
+def goodput_faults() -> str:
+    rows = []
+    for scenario in GOODPUT_SCENARIOS:
+        for fault, label in GOODPUT_FAULTS.items():
+            cells = [scenario, label]
+            for variant in GOODPUT_VARIANTS:
+                r = _goodput_variant(scenario, variant)
+                f = next((x for x in r["faults"] if x["fault"] == fault), None)
+                if f is None:
+                    cells += ["not reached", "-"]
+                else:
+                    cells += [f"{f['step']} -> {_or_dash(f['resumed_from'], str)}: {_or_dash(f['steps_lost'], str)}",
+                              _or_dash(f["time_to_first_resumed_step_s"], f0)]  # fmt: skip
+            rows.append(cells)
+    header = ["cluster", "fault", "recipe: step -> resumed: lost", "recipe: s to the first resumed step",
+              "multinode: step -> resumed: lost", "multinode: s to the first resumed step"]  # fmt: skip
+    return table(header, rows)
+
+
+@renders("goodput-setup")
+def goodput_setup() -> str:
+    cfg = data(GOODPUT, "config")
+    load = f"{each(data(GOODPUT, 'load_before'), f1)} before, {each(data(GOODPUT, 'load_after'), f1)} after"
+    return (
+        f"{data(GOODPUT, 'date')}, {cfg['steps']} steps, a checkpoint every {cfg['ckpt_every']}, "
+        f"time limit {cfg['limit_min']} min, the other user's jobs {cfg['busy_job_s']} s; load average {load}"
+    )
 
 
 def render_all(files: Iterable[str] = FILES) -> dict[str, tuple[str, str]]:
