@@ -171,6 +171,6 @@ def spares_note(nodes: int, spares: int) -> list[str]:
     if not spares:
         return []
     return [
-        f"# {spares} spare node(s) beyond the {nodes} the step trains on (--nodelist=<the first {nodes} not known bad>);"
-        " a failed node is replaced by a spare in the same job, the training relaunched from its checkpoint"
+        f"# {spares} spare node(s) beyond the {nodes} the step trains on (--nodelist=<the first {nodes} not known "
+        "bad>); a failed node is replaced by a spare in the same job, the training relaunched from its checkpoint"
     ]
