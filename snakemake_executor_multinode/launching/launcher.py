@@ -30,7 +30,7 @@ from pathlib import Path
 from snakemake_executor_multinode.contract import container_spec, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
-from snakemake_executor_multinode.launching import container, liveness, netcheck, nodelog, stall
+from snakemake_executor_multinode.launching import container, liveness, netcheck, nodelog, spares, stall
 from snakemake_executor_multinode.launching.allocation import (
     Allocation,
     allocation,
@@ -240,10 +240,12 @@ def srun_command(
     script: Sequence[str],
     python: str = sys.executable,
     box: container_spec.ContainerSpec | None = None,
+    nodelist: bool = False,
 ) -> list[str]:
     """The one srun step that starts torchrun on every node: what `run_step` runs, and what tests check.
     Explicit CPUs (srun 22.05 does not inherit --cpus-per-task) and --mem=0: all of the job's memory on each node,
-    not a DefMemPerCPU-sized slice. The step inherits the job's GPUs on every node."""
+    not a DefMemPerCPU-sized slice. The step inherits the job's GPUs on every node. `nodelist`: the step runs on
+    exactly `alloc.nodes`, a part of a job's allocation that holds spare nodes (spares.py)."""
     check_user_flags(alloc, opts)
     n = len(alloc.nodes)
     nproc = nproc_for(alloc, opts)
@@ -265,8 +267,10 @@ def srun_command(
         # failed node also ends the others when the launcher cannot (killed, hung).
         "--kill-on-bad-exit=1",
         "--export=ALL",
-        "--job-name=torchrun",
+        f"--job-name={spares.STEP_NAME}",
     ]
+    if nodelist:  # SLURM numbers the step's nodes in the allocation's order, as the roster lists them
+        srun.append(f"--nodelist={','.join(alloc.nodes)}")
     # --- network preflight (netcheck.py): on every node before torchrun, when $MULTINODE_NETWORK_CHECK is set ---
     preflight = netcheck.command(alloc, nproc, python, contained=box is not None)
     return [*srun, *node.srun_flags, "bash", "-c", agent_script(torchrun, preflight), "multinode-agent"]
@@ -336,7 +340,20 @@ class StepWatch:
         return self.failure
 
 
+@dataclass(frozen=True)
+class StepEnd:
+    """How a step ended: the launcher's exit code, and the node to blame when one failed (not a stall, not a stop
+    from outside)."""
+
+    code: int
+    failure: Failure | None = None
+
+
 def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) -> int:
+    return launch_step(argv, env, nodes).code
+
+
+def launch_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) -> StepEnd:
     """Runs the srun step, its stderr passed through; the first failing node is logged and written to
     $MULTINODE_FAILED_NODE_FILE (first failure wins) as soon as srun reports it, and the step is killed (see
     STOP_WAIT_S)."""
@@ -356,17 +373,20 @@ def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) 
         for sig, handler in before.items():
             signal.signal(sig, handler)
     if code == 0:
-        return 0
+        return StepEnd(0)
     if stalls.verdict is not None:
         log(f"{stalls.verdict}; requeued to resume" if stalls.requeue else f"FAILED: {stalls.verdict}")
-        return protocol.EXIT_STALLED
+        return StepEnd(protocol.EXIT_STALLED)
     if watch.failure is not None:
         f = watch.failure
-        why = "does not answer: the node is down" if f.victim else f"exited with {f.code}"
-        log(f"FAILED: node {f.node} (node_rank {f.rank}) {why}")
-        return f.code
+        log(f"FAILED: node {f.node} (node_rank {f.rank}) {failure_why(f)}")
+        return StepEnd(f.code, f)
     log(f"srun exited with {code}" + (" after the step was stopped" if watch.stopped else ""))
-    return code if code > 0 else 1
+    return StepEnd(code if code > 0 else 1)
+
+
+def failure_why(f: Failure) -> str:
+    return "does not answer: the node is down" if f.victim else f"exited with {f.code}"
 
 
 def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str], stalls: StallCheck) -> int:
@@ -515,6 +535,40 @@ def print_help(python: str = sys.executable) -> int:
     return subprocess.call([python, "-m", "torch.distributed.run", "--help"])
 
 
+def launch_with_spares(
+    alloc: Allocation,
+    opts: Sequence[str],
+    script: Sequence[str],
+    env: Mapping[str, str],
+    box: container_spec.ContainerSpec | None,
+) -> int:
+    """One step on the training's nodes; while a failed step names a node and a spare is left, that node is
+    dropped and a new step starts on the survivors plus the spare (spares.py). Without spares: one step, as ever."""
+    roster = spares.Roster(alloc.nodes, spares.train_nodes(env, len(alloc.nodes)))
+    relaunch = 0
+    while True:
+        step = spares.step_allocation(alloc, roster.chosen(), relaunch)
+        argv_srun = srun_command(step, opts, script, box=box, nodelist=step.nodes != alloc.nodes)
+        nproc = nproc_for(step, opts)
+        chosen = f"; nodes {','.join(step.nodes)}, {roster.spares_left()} spare(s) left" if roster.has_spares else ""
+        log(
+            f"job {step.job_id}: {len(step.nodes)} node(s) x {nproc} process(es), "
+            f"master {step.master_addr}:{step.master_port}; one srun step, node_rank = SLURM_NODEID{chosen}"
+        )
+        step_env = worker_env(step, nproc, env, opts) | {protocol.RELAUNCH_VAR: str(relaunch)}
+        with nodelog.Merger(nodelog.log_stem(env), step.nodes):  # the nodes' labelled lines into the job log
+            end = launch_step(argv_srun, step_env, step.nodes)
+        failed = end.failure
+        if end.code == 0 or failed is None or (spare := roster.drop(failed.node)) is None:
+            return end.code
+        relaunch += 1
+        log(f"replacing node {failed.node} ({failure_why(failed)}) with spare {spare}; relaunch {relaunch}")
+        spares.record(env, failed.node, spare, failure_why(failed), relaunch)
+        spares.forget_failed_node(env, failed.node)
+        if not spares.wait_step_gone(alloc.job_id):
+            log(f"step of job {alloc.job_id} still listed {spares.STEP_GONE_WAIT_S:.0f} s after its end; relaunching")
+
+
 def main(argv: Sequence[str]) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         return print_help()
@@ -548,14 +602,7 @@ def main(argv: Sequence[str]) -> int:
     box = container.from_env(env)  # the profile's container, from the job script's variables (container.py)
     if box is not None:
         log(f"each node's torchrun runs in {container_spec.describe(box)}")
-    argv_srun = srun_command(alloc, opts, script, box=box)
-    nproc = nproc_for(alloc, opts)
-    log(
-        f"job {alloc.job_id}: {len(alloc.nodes)} node(s) x {nproc} process(es), "
-        f"master {alloc.master_addr}:{alloc.master_port}; one srun step, node_rank = SLURM_NODEID"
-    )
-    with nodelog.Merger(nodelog.log_stem(env), alloc.nodes):  # the nodes' labelled lines into the job log
-        code = run_step(argv_srun, worker_env(alloc, nproc, env, opts), alloc.nodes)
+    code = launch_with_spares(alloc, opts, script, env, box)
     preempt = env.get(protocol.PREEMPT_FILE_VAR)
     if code == 0 and preempt and Path(preempt).exists():
         log("training checkpointed on the pre-time-limit signal")
