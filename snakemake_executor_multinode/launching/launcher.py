@@ -241,11 +241,13 @@ def srun_command(
     python: str = sys.executable,
     box: container_spec.ContainerSpec | None = None,
     nodelist: bool = False,
+    overlap: bool = False,
 ) -> list[str]:
     """The one srun step that starts torchrun on every node: what `run_step` runs, and what tests check.
     Explicit CPUs (srun 22.05 does not inherit --cpus-per-task) and --mem=0: all of the job's memory on each node,
     not a DefMemPerCPU-sized slice. The step inherits the job's GPUs on every node. `nodelist`: the step runs on
-    exactly `alloc.nodes`, a part of a job's allocation that holds spare nodes (spares.py)."""
+    exactly `alloc.nodes`, a part of a job's allocation that holds spare nodes (spares.py); `overlap`: it may share
+    the survivors' resources with a failed step that SLURM still holds (its dead node never reports the end)."""
     check_user_flags(alloc, opts)
     n = len(alloc.nodes)
     nproc = nproc_for(alloc, opts)
@@ -271,6 +273,8 @@ def srun_command(
     ]
     if nodelist:  # SLURM numbers the step's nodes in the allocation's order, as the roster lists them
         srun.append(f"--nodelist={','.join(alloc.nodes)}")
+    if overlap:
+        srun.append("--overlap")
     # --- network preflight (netcheck.py): on every node before torchrun, when $MULTINODE_NETWORK_CHECK is set ---
     preflight = netcheck.command(alloc, nproc, python, contained=box is not None)
     return [*srun, *node.srun_flags, "bash", "-c", agent_script(torchrun, preflight), "multinode-agent"]
@@ -545,10 +549,10 @@ def launch_with_spares(
     """One step on the training's nodes; while a failed step names a node and a spare is left, that node is
     dropped and a new step starts on the survivors plus the spare (spares.py). Without spares: one step, as ever."""
     roster = spares.Roster(alloc.nodes, spares.train_nodes(env, len(alloc.nodes)))
-    relaunch = 0
+    relaunch, overlap = 0, False
     while True:
         step = spares.step_allocation(alloc, roster.chosen(), relaunch)
-        argv_srun = srun_command(step, opts, script, box=box, nodelist=step.nodes != alloc.nodes)
+        argv_srun = srun_command(step, opts, script, box=box, nodelist=step.nodes != alloc.nodes, overlap=overlap)
         nproc = nproc_for(step, opts)
         chosen = f"; nodes {','.join(step.nodes)}, {roster.spares_left()} spare(s) left" if roster.has_spares else ""
         log(
@@ -565,8 +569,14 @@ def launch_with_spares(
         log(f"replacing node {failed.node} ({failure_why(failed)}) with spare {spare}; relaunch {relaunch}")
         spares.record(env, failed.node, spare, failure_why(failed), relaunch)
         spares.forget_failed_node(env, failed.node)
-        if not spares.wait_step_gone(alloc.job_id):
-            log(f"step of job {alloc.job_id} still listed {spares.STEP_GONE_WAIT_S:.0f} s after its end; relaunching")
+        # SLURM keeps a step that had a dead node until it marks the node down (SlurmdTimeout), and with it the
+        # survivors' CPUs and memory: a new step would wait for them that long, so it overlaps the old one instead
+        overlap = not spares.wait_step_gone(alloc.job_id)
+        if overlap:
+            log(
+                f"the failed step is still listed {spares.STEP_GONE_WAIT_S:.0f} s after its end (a dead node holds "
+                "it): the new step overlaps it (srun --overlap)"
+            )
 
 
 def main(argv: Sequence[str]) -> int:

@@ -24,8 +24,8 @@ from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching.allocation import Allocation, free_port, head_address
 
 # How long a relaunch waits for SLURM to forget the failed step (srun already ended). A dead node's part of the step
-# may be held until SLURM marks the node down (SlurmdTimeout): the new step, on other nodes, does not wait for that.
-STEP_GONE_WAIT_S = 30.0
+# may be held until SLURM marks the node down (SlurmdTimeout): the new step does not wait for that, it overlaps it.
+STEP_GONE_WAIT_S = 10.0
 STEP_NAME = "torchrun"  # the launcher's step's --job-name
 
 

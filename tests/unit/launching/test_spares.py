@@ -55,17 +55,22 @@ def test_the_step_runs_on_exactly_the_chosen_nodes():
     assert not [a for a in launcher.srun_command(ALLOC, [], ["train.py"]) if a.startswith("--nodelist")]
 
 
-def fake_steps(monkeypatch: pytest.MonkeyPatch, ends: list[StepEnd]) -> list[tuple[tuple[str, ...], str, str]]:
+def fake_steps(
+    monkeypatch: pytest.MonkeyPatch, ends: list[StepEnd], gone: bool = True, argvs: list[list[str]] | None = None
+) -> list[tuple[tuple[str, ...], str, str]]:
     """The launcher's steps replaced: each returns the next of `ends`; what each was started with is recorded
-    (its nodes, its MULTINODE_RELAUNCH, its --master_port)."""
+    (its nodes, its MULTINODE_RELAUNCH, its --master_port; its srun line in `argvs`). `gone`: whether SLURM
+    forgets a failed step in time."""
     started: list[tuple[tuple[str, ...], str, str]] = []
 
     def launch_step(argv: Sequence[str], env: dict[str, str], nodes: Sequence[str]) -> StepEnd:
         started.append((tuple(nodes), env[protocol.RELAUNCH_VAR], env["MASTER_PORT"]))
+        if argvs is not None:
+            argvs.append(list(argv))
         return ends.pop(0)
 
     monkeypatch.setattr(launcher, "launch_step", launch_step)
-    monkeypatch.setattr(spares, "wait_step_gone", lambda job: True)
+    monkeypatch.setattr(spares, "wait_step_gone", lambda job: gone)
     monkeypatch.setattr(spares, "head_address", lambda head, peers: f"addr-of-{head}")
     return started
 
@@ -86,6 +91,17 @@ def test_a_failed_node_is_replaced_by_a_spare_and_the_training_relaunched(tmp_pa
     assert (line["node"], line["spare"], line["relaunch"], line["job"]) == ("node2", "node3", 1, "")
     assert not marker.exists()  # replaced in the job: no node for a retry to exclude
     assert status_view.replacements(str(JobFiles(stem).log)) == "node2 -> node3 (does not answer: the node is down)"
+
+
+@pytest.mark.parametrize("gone", [True, False])
+def test_a_relaunch_overlaps_a_failed_step_that_slurm_still_holds(tmp_path, monkeypatch, capfd, gone):
+    env = {protocol.TRAIN_NODES_VAR: "2", protocol.LOG_STEM_VAR: str(tmp_path / "77.attempt1")}
+    argvs: list[list[str]] = []
+    fake_steps(monkeypatch, [StepEnd(1, Failure("node2", 1, 1, "Exited with exit code 1")), StepEnd(0)], gone, argvs)
+    assert launcher.launch_with_spares(ALLOC, [], ["train.py"], env, None) == 0
+    assert ["--overlap" in argv for argv in argvs] == [False, not gone]
+    assert ["--nodelist=node1,node2" in argvs[0], "--nodelist=node1,node3" in argvs[1]] == [True, True]
+    assert ("the new step overlaps it (srun --overlap)" in capfd.readouterr().err) == (not gone)
 
 
 def test_without_a_spare_left_the_failure_ends_the_launcher_as_before(tmp_path, monkeypatch):
