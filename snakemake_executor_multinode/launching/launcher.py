@@ -357,13 +357,18 @@ def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) 
     return launch_step(argv, env, nodes).code
 
 
-def launch_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) -> StepEnd:
+# What a stalled step's Failure says of the node whose ranks the watchdog found differing (a spare replaces it).
+STALLED_WHAT = "stalled: its ranks differ from the others' in the stall watchdog's stacks"
+
+
+def launch_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str], spare_left: bool = False) -> StepEnd:
     """Runs the srun step, its stderr passed through; the first failing node is logged and written to
     $MULTINODE_FAILED_NODE_FILE (first failure wins) as soon as srun reports it, and the step is killed (see
-    STOP_WAIT_S)."""
+    STOP_WAIT_S). `spare_left`: a stall whose odd ranks are on one node ends with that node blamed, for a spare to
+    replace, instead of the stall's verdict and requeue."""
     proc = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
     assert proc.stderr is not None
-    watch, stalls = StepWatch(nodes), StallCheck(env, nodes)
+    watch, stalls = StepWatch(nodes), StallCheck(env, nodes, replaceable=spare_left)
 
     def forward(signum: int, _frame: object) -> None:
         watch.stopped = watch.stopped or watch.failure is None  # stopped from outside: no node failed
@@ -378,6 +383,10 @@ def launch_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str
             signal.signal(sig, handler)
     if code == 0:
         return StepEnd(0)
+    if stalls.verdict is not None and stalls.odd_node is not None:
+        log(f"{stalls.verdict}; node {stalls.odd_node} holds the rank(s) that differ")
+        odd = Failure(stalls.odd_node, list(nodes).index(stalls.odd_node), protocol.EXIT_STALLED, STALLED_WHAT)
+        return StepEnd(protocol.EXIT_STALLED, odd)
     if stalls.verdict is not None:
         log(f"{stalls.verdict}; requeued to resume" if stalls.requeue else f"FAILED: {stalls.verdict}")
         return StepEnd(protocol.EXIT_STALLED)
@@ -390,6 +399,8 @@ def launch_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str
 
 
 def failure_why(f: Failure) -> str:
+    if f.what == STALLED_WHAT:
+        return f.what
     return "does not answer: the node is down" if f.victim else f"exited with {f.code}"
 
 
@@ -433,7 +444,7 @@ def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str],
 class StallCheck:
     """The progress watchdog on the head node (stall.py), ticked by the supervising loop about once a second."""
 
-    def __init__(self, env: Mapping[str, str], nodes: Sequence[str]) -> None:
+    def __init__(self, env: Mapping[str, str], nodes: Sequence[str], replaceable: bool = False) -> None:
         value = env.get(protocol.STALL_TIMEOUT_VAR, "0")
         self.timeout_s = int(value) if value.isdigit() else 0
         self.on_stall = env.get(protocol.ON_STALL_VAR, "fail")
@@ -445,6 +456,10 @@ class StallCheck:
         self.asked: float | None = None  # when every node was asked for its stacks
         self.verdict: str | None = None
         self.requeue = False  # the stall's requeue was asked for and its request written (stall.record)
+        # A spare can take the place of the node holding the odd ranks: then nothing is recorded (no verdict for
+        # the tracker, no requeue), the launcher relaunches instead.
+        self.replaceable = replaceable
+        self.odd_node: str | None = None
 
     def due(self) -> bool:
         """True once, when the step should end: the stacks of every node are in (or STACKS_WAIT_S passed)."""
@@ -460,9 +475,11 @@ class StallCheck:
         done = all(stall.done_file(self.stem, n).exists() for n in self.nodes)
         if not done and time.monotonic() - self.asked < stall.STACKS_WAIT_S:
             return False
-        recorded = stall.record(
-            self.env, stall.verdict(self.stem, self.nodes, self.timeout_s, f"{self.stem}.log"), self.on_stall
-        )
+        message = stall.verdict(self.stem, self.nodes, self.timeout_s, f"{self.stem}.log")
+        if self.replaceable and (node := stall.odd_node(self.stem, self.nodes)) is not None:
+            self.verdict, self.odd_node = message, node
+            return True
+        recorded = stall.record(self.env, message, self.on_stall)
         for error in recorded.errors:
             log(f"ERROR: {error}")
         self.verdict, self.requeue = recorded.verdict, recorded.requeue
@@ -561,7 +578,7 @@ def launch_with_spares(
         )
         step_env = worker_env(step, nproc, env, opts) | {protocol.RELAUNCH_VAR: str(relaunch)}
         with nodelog.Merger(nodelog.log_stem(env), step.nodes):  # the nodes' labelled lines into the job log
-            end = launch_step(argv_srun, step_env, step.nodes)
+            end = launch_step(argv_srun, step_env, step.nodes, spare_left=roster.spare() is not None)
         failed = end.failure
         if end.code == 0 or failed is None or (spare := roster.drop(failed.node)) is None:
             return end.code

@@ -11,7 +11,7 @@ import pytest
 
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from snakemake_executor_multinode.launching import launcher, spares
+from snakemake_executor_multinode.launching import launcher, spares, stall
 from snakemake_executor_multinode.launching.launcher import Allocation, Failure, StepEnd
 from snakemake_executor_multinode.watching import status_view
 
@@ -63,7 +63,7 @@ def fake_steps(
     forgets a failed step in time."""
     started: list[tuple[tuple[str, ...], str, str]] = []
 
-    def launch_step(argv: Sequence[str], env: dict[str, str], nodes: Sequence[str]) -> StepEnd:
+    def launch_step(argv: Sequence[str], env: dict[str, str], nodes: Sequence[str], spare_left: bool) -> StepEnd:
         started.append((tuple(nodes), env[protocol.RELAUNCH_VAR], env["MASTER_PORT"]))
         if argvs is not None:
             argvs.append(list(argv))
@@ -136,3 +136,73 @@ def test_the_first_run_files_of_a_requeued_run(tmp_path: Path):
     files = JobFiles(tmp_path / "77.attempt1.restart2")
     assert files.first_run == JobFiles(tmp_path / "77.attempt1")
     assert JobFiles(tmp_path / "77.attempt1").first_run == JobFiles(tmp_path / "77.attempt1")
+
+
+# --- a stall: the node holding the ranks that differ is replaced, when a spare is left ------------------------------
+
+BARRIER = "barrier (torch/distributed/distributed_c10d.py:5356)"
+
+
+def write_stacks(stem: str, tops: dict[int, tuple[str, str]]) -> None:
+    """Each rank's stack as the labellers write it: rank -> (node, innermost frame)."""
+    for rank, (node, top) in tops.items():
+        with open(JobFiles(Path(stem)).node_out(node), "a") as fh:
+            fh.write(f'[{node} rank{rank}] stack| Thread 1 (idle): "MainThread"\n')
+            fh.write(f"[{node} rank{rank}] stack|     {top}\n")
+
+
+def test_the_odd_node_holds_every_rank_that_differs(tmp_path):
+    stem = str(JobFiles.of(tmp_path, "7", 1).prefix)
+    write_stacks(stem, {0: ("n1", BARRIER), 1: ("n1", BARRIER), 2: ("n2", BARRIER), 3: ("n2", "get (queue.py:180)")})
+    assert stall.odd_node(stem, ["n1", "n2"]) == "n2"
+    tie = str(JobFiles.of(tmp_path, "8", 1).prefix)
+    write_stacks(tie, {0: ("n1", "a (x.py:1)"), 1: ("n2", "b (y.py:2)")})  # no majority: no node to blame
+    assert stall.odd_node(tie, ["n1", "n2"]) is None
+    alike = str(JobFiles.of(tmp_path, "9", 1).prefix)
+    write_stacks(alike, {0: ("n1", BARRIER), 1: ("n2", BARRIER)})
+    assert stall.odd_node(alike, ["n1", "n2"]) is None
+
+
+def stalled(tmp_path: Path, spare_left: bool) -> tuple[StepEnd, Path, Path]:
+    """A step that makes no progress under on_stall requeue, whose rank 2 on node2 differs: how it ended, its
+    stall marker and its requeue request."""
+    stem = str(JobFiles.of(tmp_path, "9", 1).prefix)
+    nodes = ["node1", "node2"]
+    write_stacks(stem, {0: ("node1", BARRIER), 1: ("node1", BARRIER), 2: ("node2", "sleep (t.py:3)")})
+    for node in nodes:
+        stall.done_file(stem, node).write_text("done\n")
+    marker, preempt = tmp_path / "9.stalled", tmp_path / "9.preempted"
+    env = {
+        protocol.LOG_STEM_VAR: stem,
+        protocol.STALL_TIMEOUT_VAR: "1",
+        protocol.ON_STALL_VAR: "requeue",
+        protocol.STALL_FILE_VAR: str(marker),
+        protocol.PREEMPT_FILE_VAR: str(preempt),
+    }
+    srun = tmp_path / "srun"
+    srun.write_text("#!/bin/bash\ntrap 'exit 1' USR1; while :; do sleep 0.1; done\n")
+    srun.chmod(0o755)
+    return launcher.launch_step([str(srun)], env, nodes, spare_left=spare_left), marker, preempt
+
+
+def test_a_stall_with_a_spare_left_blames_the_odd_node_and_records_no_verdict(tmp_path, capfd):
+    end, marker, preempt = stalled(tmp_path, spare_left=True)
+    assert end.code == protocol.EXIT_STALLED and end.failure is not None
+    assert (end.failure.node, end.failure.rank, end.failure.what) == ("node2", 1, launcher.STALLED_WHAT)
+    assert not marker.exists() and not preempt.exists()  # neither the tracker's verdict nor a requeue
+    assert "node node2 holds the rank(s) that differ" in capfd.readouterr().err
+
+
+def test_a_stall_without_a_spare_is_recorded_and_requeued_as_before(tmp_path):
+    end, marker, preempt = stalled(tmp_path, spare_left=False)
+    assert end.code == protocol.EXIT_STALLED and end.failure is None
+    assert marker.read_text().startswith("stalled: no progress") and preempt.read_text() == "stalled\n"
+
+
+def test_a_stalled_node_is_replaced_saying_why(tmp_path, monkeypatch, capfd):
+    env = {protocol.TRAIN_NODES_VAR: "2", protocol.LOG_STEM_VAR: str(tmp_path / "77.attempt1")}
+    odd = Failure("node2", 1, protocol.EXIT_STALLED, launcher.STALLED_WHAT)
+    started = fake_steps(monkeypatch, [StepEnd(protocol.EXIT_STALLED, odd), StepEnd(0)])
+    assert launcher.launch_with_spares(ALLOC, [], ["train.py"], env, None) == 0
+    assert [s[0] for s in started] == [("node1", "node2"), ("node1", "node3")]
+    assert f"replacing node node2 ({launcher.STALLED_WHAT}) with spare node3; relaunch 1" in capfd.readouterr().err
