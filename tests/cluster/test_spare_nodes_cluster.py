@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -162,3 +163,60 @@ def test_a_dead_node_is_replaced_by_the_spare_in_the_same_job(slurm_cluster, tmp
     )  # fmt: skip
     assert f"{other} -> {spare} (does not answer: the node is down)" in status.stdout, status.stdout + status.stderr
     figures("spare node", kill_to_relaunched_ranks_s=round(relaunched - killed, 1), dead=other, spare=spare)
+
+
+# The first launch deadlocks: ranks 0-2 wait in a barrier that rank 3 (on the second node) never joins; a relaunch
+# finishes. Each rank writes where it starts (launch-<rank>.txt: relaunch, host).
+STALL = """
+import os, pathlib, socket, sys, time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, host, relaunch = dist.get_rank(), socket.gethostname(), os.environ.get("MULTINODE_RELAUNCH", "unset")
+with open(f"launch-{rank}.txt", "a") as fh:
+    fh.write(f"{relaunch} {host}\\n")
+print(f"rank {rank} on {host}: relaunch {relaunch}", flush=True)
+if relaunch == "0" and rank == 3:
+    time.sleep(3600)  # the blocking line
+dist.barrier()
+if rank == 0:
+    pathlib.Path(sys.argv[1]).write_text(os.environ["SLURM_JOB_ID"] + "\\n")
+dist.destroy_process_group()
+"""
+
+STALL_SNAKEFILE = """
+rule train:
+    output: "out.txt"
+    resources: nodes=2, gpus=2, cpus_per_task=2, spare_nodes=1, stall_timeout="20s"
+    shell: "multinode torchrun stall.py {output}"
+"""
+
+
+def test_the_node_of_a_stalled_rank_is_replaced_by_the_spare_in_the_same_job(slurm_cluster, tmp_path):
+    wd = tmp_path / "wf"
+    wd.mkdir()
+    (wd / "stall.py").write_text(STALL)
+    (wd / "Snakefile").write_text(STALL_SNAKEFILE)
+    sm = Snakemake(wd)
+    try:
+        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
+        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        rc = sm.wait(600)
+    finally:
+        sm.stop()
+    assert rc == 0, sm.text
+    log = joblog.read_text()
+    starts = {rank: (wd / f"launch-{rank}.txt").read_text().split() for rank in range(4)}
+    first = {rank: lines[1] for rank, lines in starts.items()}  # relaunch 0's host of each rank
+    second = {rank: lines[3] for rank, lines in starts.items() if len(lines) == 4}
+    assert all(lines[0] == "0" and lines[2] == "1" for lines in starts.values()), starts
+    head, stalled = first[0], first[3]
+    (spare,) = {slurm_cluster.spec.node_name(i) for i in slurm_cluster.spec.node_indices} - {head, stalled}
+    assert sorted(set(second.values())) == sorted({head, spare}), starts
+    assert re.search(rf"stalled: no progress for 20s on any rank; .*rank 3 differs: .*; node {stalled} holds", log)
+    assert f"replacing node {stalled} (stalled: its ranks differ" in log and f"with spare {spare}; relaunch 1" in log
+    assert (wd / "out.txt").read_text().split() == [job]
+    recs = records(wd)
+    assert [r["jobid"] for r in recs] == [job], recs
+    assert sacct_jobs(slurm_cluster, {r["job_name"] for r in recs}, {job}) == {job: ["COMPLETED"]}
+    assert "stalled: no progress" not in sm.text, sm.text  # no stall verdict (marker) reached Snakemake
