@@ -586,6 +586,7 @@ def launch_with_spares(
         log(f"replacing node {failed.node} ({failure_why(failed)}) with spare {spare}; relaunch {relaunch}")
         spares.record(env, failed.node, spare, failure_why(failed), relaunch)
         spares.forget_failed_node(env, failed.node)
+        spares.clear_stall_exchange(nodelog.log_stem(env), alloc.nodes)
         # SLURM keeps a step that had a dead node until it marks the node down (SlurmdTimeout), and with it the
         # survivors' CPUs and memory: a new step would wait for them that long, so it overlaps the old one instead
         overlap = not spares.wait_step_gone(alloc.job_id)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
+from snakemake_executor_multinode.launching import stall
 from snakemake_executor_multinode.launching.allocation import Allocation, free_port, head_address
 
 # How long a relaunch waits for SLURM to forget the failed step (srun already ended). A dead node's part of the step
@@ -117,6 +118,16 @@ def forget_failed_node(env: Mapping[str, str], node: str) -> None:
             Path(path).unlink()
     except OSError:
         pass
+
+
+def clear_stall_exchange(stem: str, nodes: Sequence[str]) -> None:
+    """A stalled step's requests to the nodes (stacks, gentle stop) and their answers, removed before a relaunch:
+    the new step's labellers would answer a stale stack request at once, turn a user's USR1 checkpoint signal into
+    a stop, and the next stall would find every node's stacks already "done"."""
+    if not stem:
+        return
+    for path in (stall.request_file(stem), stall.stop_file(stem), *(stall.done_file(stem, n) for n in nodes)):
+        path.unlink(missing_ok=True)
 
 
 def step_present(job_id: str) -> bool:

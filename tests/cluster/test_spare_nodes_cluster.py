@@ -215,6 +215,8 @@ def test_the_node_of_a_stalled_rank_is_replaced_by_the_spare_in_the_same_job(slu
     assert sorted(set(second.values())) == sorted({head, spare}), starts
     assert re.search(rf"stalled: no progress for 20s on any rank; .*rank 3 differs: .*; node {stalled} holds", log)
     assert f"replacing node {stalled} (stalled: its ranks differ" in log and f"with spare {spare}; relaunch 1" in log
+    # the relaunched step's labellers found no stale stack request: no stack was taken after the replacement
+    assert "] stack| " not in log.split("replacing node", 1)[1], log
     assert (wd / "out.txt").read_text().split() == [job]
     recs = records(wd)
     assert [r["jobid"] for r in recs] == [job], recs

@@ -200,9 +200,14 @@ def test_a_stall_without_a_spare_is_recorded_and_requeued_as_before(tmp_path):
 
 
 def test_a_stalled_node_is_replaced_saying_why(tmp_path, monkeypatch, capfd):
-    env = {protocol.TRAIN_NODES_VAR: "2", protocol.LOG_STEM_VAR: str(tmp_path / "77.attempt1")}
+    stem = str(tmp_path / "77.attempt1")
+    env = {protocol.TRAIN_NODES_VAR: "2", protocol.LOG_STEM_VAR: stem}
+    exchange = [stall.request_file(stem), stall.stop_file(stem), *(stall.done_file(stem, n) for n in ALLOC.nodes)]
+    for path in exchange:  # what the stalled step left
+        path.write_text("x\n")
     odd = Failure("node2", 1, protocol.EXIT_STALLED, launcher.STALLED_WHAT)
     started = fake_steps(monkeypatch, [StepEnd(protocol.EXIT_STALLED, odd), StepEnd(0)])
     assert launcher.launch_with_spares(ALLOC, [], ["train.py"], env, None) == 0
     assert [s[0] for s in started] == [("node1", "node2"), ("node1", "node3")]
     assert f"replacing node node2 ({launcher.STALLED_WHAT}) with spare node3; relaunch 1" in capfd.readouterr().err
+    assert not [p for p in exchange if p.exists()]  # the relaunched step starts with no stale request
