@@ -110,6 +110,9 @@ RUNS = ".runs.jsonl"  # each run's start and end line: job id, restart, nodes, G
 NODE_OUT = ".out"  # <stem>.<node>.out: a node's labelled output (.out: the job's own logs are the .log files)
 GPU_SAMPLES = ".gpu.csv"  # <stem>.<node>.gpu.csv: a node's nvidia-smi samples
 FIRST_OUTPUT = ".first"  # <stem>.<node>.first: epoch seconds of the first line a rank of the node printed in the run
+# The nodes `multinode torchrun` dropped and the spares it swapped in (resource spare_nodes), one JSON line each; the
+# first run's file, which every run appends to.
+REPLACEMENTS = ".replacements.jsonl"
 RESTART = ".restart"  # <stem>.restart<k>: the k-th requeued run's own log and node files
 CODE_MANIFEST = ".code.sha256"  # <job name>.code.sha256: what a restart checks when nothing is frozen
 # The progress watchdog's exchange between the launcher (head node) and every node's labeller (launching/stall.py).
@@ -164,6 +167,15 @@ class JobFiles:
     @property
     def runs(self) -> Path:
         return self._file(RUNS)
+
+    @property
+    def replacements(self) -> Path:
+        return self._file(REPLACEMENTS)
+
+    @property
+    def first_run(self) -> JobFiles:
+        """The first run's files of a requeued run's (<stem>.restart<k>); the same files for the first run."""
+        return JobFiles(self.prefix.with_name(_RESTART_END.sub("", self.stem)))
 
     def node_out(self, node: str) -> Path:
         return self._file(f".{node}{NODE_OUT}")
@@ -234,6 +246,7 @@ class JobFiles:
 
 
 _RESTART_SUFFIX = re.compile(re.escape(RESTART) + r"\d+")
+_RESTART_END = re.compile(re.escape(RESTART) + r"\d+$")
 _RESTART_LOG = re.compile(re.escape(RESTART) + r"(\d+)" + re.escape(LOG))
 _RESTART_NODE = re.compile(re.escape(RESTART) + r"\d+\.")  # what follows a stem in a later run's node file
 

@@ -63,6 +63,12 @@ REQUEUE_WHY_VAR = "MULTINODE_WHY"  # internal to the job script: why it requeues
 COMMAND_VAR = "MULTINODE_COMMAND"  # internal to the job script: the rule's command (its process group's id)
 STALL_TIMEOUT_VAR = "MULTINODE_STALL_TIMEOUT"  # the launcher's watchdog: seconds without progress; 0 or unset: off
 ON_STALL_VAR = "MULTINODE_ON_STALL"  # fail | requeue
+# The nodes `multinode torchrun` trains on when the job has spare nodes (resource spare_nodes): the first this many of
+# the allocation's nodes not known bad; unset: all of them.
+TRAIN_NODES_VAR = "MULTINODE_TRAIN_NODES"
+# Training: which launch of the training this is within one run of the job: 0 the first, K after the K-th
+# replacement of a failed node by a spare (resume from your checkpoint; docs/training-contract.md).
+RELAUNCH_VAR = "MULTINODE_RELAUNCH"
 RUNS_FILE_VAR = "MULTINODE_RUNS_FILE"  # internal to the job script: where each run's start and end are recorded
 CHANGED_VAR = "MULTINODE_CHANGED"  # internal to the job script: the files a restart found changed
 # Training: write your metrics JSON lines here, or make this path a link to your own metrics file. It lies beside
@@ -104,7 +110,9 @@ NETWORK_CHECK_DEFAULT_S = 60
 NETWORK_CHECK_VARIABLES = (NETWORK_CHECK_VAR,)  # set by the environment section, not by the template itself
 # The rule's resources that `multinode torchrun` reads: set from the request (JobRequest.launcher_variables), not by
 # the template itself.
-LAUNCHER_VARIABLES = (STALL_TIMEOUT_VAR, ON_STALL_VAR)
+LAUNCHER_VARIABLES = (STALL_TIMEOUT_VAR, ON_STALL_VAR, TRAIN_NODES_VAR)
+# Set by `multinode torchrun` for the training (each launch of its step), not by the template.
+TRAINING_VARIABLES = (RELAUNCH_VAR,)
 VARIABLES = (
     STATE_DIR_VAR,
     JOB_KEY_VAR,
@@ -129,6 +137,8 @@ VARIABLES = (
     RUNS_FILE_VAR,
     STALL_TIMEOUT_VAR,
     ON_STALL_VAR,
+    TRAIN_NODES_VAR,
+    RELAUNCH_VAR,
     CHANGED_VAR,
     METRICS_FILE_VAR,
     LOG_STEM_VAR,

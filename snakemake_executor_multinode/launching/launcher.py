@@ -30,7 +30,7 @@ from pathlib import Path
 from snakemake_executor_multinode.contract import container_spec, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
-from snakemake_executor_multinode.launching import container, liveness, netcheck, nodelog, stall
+from snakemake_executor_multinode.launching import container, liveness, netcheck, nodelog, spares, stall
 from snakemake_executor_multinode.launching.allocation import (
     Allocation,
     allocation,
@@ -240,10 +240,14 @@ def srun_command(
     script: Sequence[str],
     python: str = sys.executable,
     box: container_spec.ContainerSpec | None = None,
+    nodelist: bool = False,
+    overlap: bool = False,
 ) -> list[str]:
     """The one srun step that starts torchrun on every node: what `run_step` runs, and what tests check.
     Explicit CPUs (srun 22.05 does not inherit --cpus-per-task) and --mem=0: all of the job's memory on each node,
-    not a DefMemPerCPU-sized slice. The step inherits the job's GPUs on every node."""
+    not a DefMemPerCPU-sized slice. The step inherits the job's GPUs on every node. `nodelist`: the step runs on
+    exactly `alloc.nodes`, a part of a job's allocation that holds spare nodes (spares.py); `overlap`: it may share
+    the survivors' resources with a failed step that SLURM still holds (its dead node never reports the end)."""
     check_user_flags(alloc, opts)
     n = len(alloc.nodes)
     nproc = nproc_for(alloc, opts)
@@ -265,8 +269,12 @@ def srun_command(
         # failed node also ends the others when the launcher cannot (killed, hung).
         "--kill-on-bad-exit=1",
         "--export=ALL",
-        "--job-name=torchrun",
+        f"--job-name={spares.STEP_NAME}",
     ]
+    if nodelist:  # SLURM numbers the step's nodes in the allocation's order, as the roster lists them
+        srun.append(f"--nodelist={','.join(alloc.nodes)}")
+    if overlap:
+        srun.append("--overlap")
     # --- network preflight (netcheck.py): on every node before torchrun, when $MULTINODE_NETWORK_CHECK is set ---
     preflight = netcheck.command(alloc, nproc, python, contained=box is not None)
     return [*srun, *node.srun_flags, "bash", "-c", agent_script(torchrun, preflight), "multinode-agent"]
@@ -336,13 +344,31 @@ class StepWatch:
         return self.failure
 
 
+@dataclass(frozen=True)
+class StepEnd:
+    """How a step ended: the launcher's exit code, and the node to blame when one failed (not a stall, not a stop
+    from outside)."""
+
+    code: int
+    failure: Failure | None = None
+
+
 def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) -> int:
+    return launch_step(argv, env, nodes).code
+
+
+# What a stalled step's Failure says of the node whose ranks the watchdog found differing (a spare replaces it).
+STALLED_WHAT = "stalled: its ranks differ from the others' in the stall watchdog's stacks"
+
+
+def launch_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str], spare_left: bool = False) -> StepEnd:
     """Runs the srun step, its stderr passed through; the first failing node is logged and written to
     $MULTINODE_FAILED_NODE_FILE (first failure wins) as soon as srun reports it, and the step is killed (see
-    STOP_WAIT_S)."""
+    STOP_WAIT_S). `spare_left`: a stall whose odd ranks are on one node ends with that node blamed, for a spare to
+    replace, instead of the stall's verdict and requeue."""
     proc = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
     assert proc.stderr is not None
-    watch, stalls = StepWatch(nodes), StallCheck(env, nodes)
+    watch, stalls = StepWatch(nodes), StallCheck(env, nodes, replaceable=spare_left)
 
     def forward(signum: int, _frame: object) -> None:
         watch.stopped = watch.stopped or watch.failure is None  # stopped from outside: no node failed
@@ -356,17 +382,26 @@ def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) 
         for sig, handler in before.items():
             signal.signal(sig, handler)
     if code == 0:
-        return 0
+        return StepEnd(0)
+    if stalls.verdict is not None and stalls.odd_node is not None:
+        log(f"{stalls.verdict}; node {stalls.odd_node} holds the rank(s) that differ")
+        odd = Failure(stalls.odd_node, list(nodes).index(stalls.odd_node), protocol.EXIT_STALLED, STALLED_WHAT)
+        return StepEnd(protocol.EXIT_STALLED, odd)
     if stalls.verdict is not None:
         log(f"{stalls.verdict}; requeued to resume" if stalls.requeue else f"FAILED: {stalls.verdict}")
-        return protocol.EXIT_STALLED
+        return StepEnd(protocol.EXIT_STALLED)
     if watch.failure is not None:
         f = watch.failure
-        why = "does not answer: the node is down" if f.victim else f"exited with {f.code}"
-        log(f"FAILED: node {f.node} (node_rank {f.rank}) {why}")
-        return f.code
+        log(f"FAILED: node {f.node} (node_rank {f.rank}) {failure_why(f)}")
+        return StepEnd(f.code, f)
     log(f"srun exited with {code}" + (" after the step was stopped" if watch.stopped else ""))
-    return code if code > 0 else 1
+    return StepEnd(code if code > 0 else 1)
+
+
+def failure_why(f: Failure) -> str:
+    if f.what == STALLED_WHAT:
+        return f.what
+    return "does not answer: the node is down" if f.victim else f"exited with {f.code}"
 
 
 def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str], stalls: StallCheck) -> int:
@@ -409,7 +444,7 @@ def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str],
 class StallCheck:
     """The progress watchdog on the head node (stall.py), ticked by the supervising loop about once a second."""
 
-    def __init__(self, env: Mapping[str, str], nodes: Sequence[str]) -> None:
+    def __init__(self, env: Mapping[str, str], nodes: Sequence[str], replaceable: bool = False) -> None:
         value = env.get(protocol.STALL_TIMEOUT_VAR, "0")
         self.timeout_s = int(value) if value.isdigit() else 0
         self.on_stall = env.get(protocol.ON_STALL_VAR, "fail")
@@ -421,6 +456,10 @@ class StallCheck:
         self.asked: float | None = None  # when every node was asked for its stacks
         self.verdict: str | None = None
         self.requeue = False  # the stall's requeue was asked for and its request written (stall.record)
+        # A spare can take the place of the node holding the odd ranks: then nothing is recorded (no verdict for
+        # the tracker, no requeue), the launcher relaunches instead.
+        self.replaceable = replaceable
+        self.odd_node: str | None = None
 
     def due(self) -> bool:
         """True once, when the step should end: the stacks of every node are in (or STACKS_WAIT_S passed)."""
@@ -436,9 +475,11 @@ class StallCheck:
         done = all(stall.done_file(self.stem, n).exists() for n in self.nodes)
         if not done and time.monotonic() - self.asked < stall.STACKS_WAIT_S:
             return False
-        recorded = stall.record(
-            self.env, stall.verdict(self.stem, self.nodes, self.timeout_s, f"{self.stem}.log"), self.on_stall
-        )
+        message = stall.verdict(self.stem, self.nodes, self.timeout_s, f"{self.stem}.log")
+        if self.replaceable and (node := stall.odd_node(self.stem, self.nodes)) is not None:
+            self.verdict, self.odd_node = message, node
+            return True
+        recorded = stall.record(self.env, message, self.on_stall)
         for error in recorded.errors:
             log(f"ERROR: {error}")
         self.verdict, self.requeue = recorded.verdict, recorded.requeue
@@ -515,6 +556,47 @@ def print_help(python: str = sys.executable) -> int:
     return subprocess.call([python, "-m", "torch.distributed.run", "--help"])
 
 
+def launch_with_spares(
+    alloc: Allocation,
+    opts: Sequence[str],
+    script: Sequence[str],
+    env: Mapping[str, str],
+    box: container_spec.ContainerSpec | None,
+) -> int:
+    """One step on the training's nodes; while a failed step names a node and a spare is left, that node is
+    dropped and a new step starts on the survivors plus the spare (spares.py). Without spares: one step, as ever."""
+    roster = spares.Roster(alloc.nodes, spares.train_nodes(env, len(alloc.nodes)))
+    relaunch, overlap = 0, False
+    while True:
+        step = spares.step_allocation(alloc, roster.chosen(), relaunch)
+        argv_srun = srun_command(step, opts, script, box=box, nodelist=step.nodes != alloc.nodes, overlap=overlap)
+        nproc = nproc_for(step, opts)
+        chosen = f"; nodes {','.join(step.nodes)}, {roster.spares_left()} spare(s) left" if roster.has_spares else ""
+        log(
+            f"job {step.job_id}: {len(step.nodes)} node(s) x {nproc} process(es), "
+            f"master {step.master_addr}:{step.master_port}; one srun step, node_rank = SLURM_NODEID{chosen}"
+        )
+        step_env = worker_env(step, nproc, env, opts) | {protocol.RELAUNCH_VAR: str(relaunch)}
+        with nodelog.Merger(nodelog.log_stem(env), step.nodes):  # the nodes' labelled lines into the job log
+            end = launch_step(argv_srun, step_env, step.nodes, spare_left=roster.spare() is not None)
+        failed = end.failure
+        if end.code == 0 or failed is None or (spare := roster.drop(failed.node)) is None:
+            return end.code
+        relaunch += 1
+        log(f"replacing node {failed.node} ({failure_why(failed)}) with spare {spare}; relaunch {relaunch}")
+        spares.record(env, failed.node, spare, failure_why(failed), relaunch)
+        spares.forget_failed_node(env, failed.node)
+        spares.clear_stall_exchange(nodelog.log_stem(env), alloc.nodes)
+        # SLURM keeps a step that had a dead node until it marks the node down (SlurmdTimeout), and with it the
+        # survivors' CPUs and memory: a new step would wait for them that long, so it overlaps the old one instead
+        overlap = not spares.wait_step_gone(alloc.job_id)
+        if overlap:
+            log(
+                f"the failed step is still listed {spares.STEP_GONE_WAIT_S:.0f} s after its end (a dead node holds "
+                "it): the new step overlaps it (srun --overlap)"
+            )
+
+
 def main(argv: Sequence[str]) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         return print_help()
@@ -548,14 +630,7 @@ def main(argv: Sequence[str]) -> int:
     box = container.from_env(env)  # the profile's container, from the job script's variables (container.py)
     if box is not None:
         log(f"each node's torchrun runs in {container_spec.describe(box)}")
-    argv_srun = srun_command(alloc, opts, script, box=box)
-    nproc = nproc_for(alloc, opts)
-    log(
-        f"job {alloc.job_id}: {len(alloc.nodes)} node(s) x {nproc} process(es), "
-        f"master {alloc.master_addr}:{alloc.master_port}; one srun step, node_rank = SLURM_NODEID"
-    )
-    with nodelog.Merger(nodelog.log_stem(env), alloc.nodes):  # the nodes' labelled lines into the job log
-        code = run_step(argv_srun, worker_env(alloc, nproc, env, opts), alloc.nodes)
+    code = launch_with_spares(alloc, opts, script, env, box)
     preempt = env.get(protocol.PREEMPT_FILE_VAR)
     if code == 0 and preempt and Path(preempt).exists():
         log("training checkpointed on the pre-time-limit signal")

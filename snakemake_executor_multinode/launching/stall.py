@@ -142,10 +142,9 @@ def dump(pid: int) -> list[str]:
     return lines if proc.returncode == 0 else [f"no stack (py-spy exit {proc.returncode}): {' '.join(lines)[:300]}"]
 
 
-def verdict(stem: str, nodes: Sequence[str], timeout_s: float, log: str) -> str:
-    """One line for Snakemake: how long, where the stacks are, and the rank whose innermost frame differs from the
-    others' (the one that did not join), where one does."""
-    tops: dict[int, str] = {}
+def _tops(stem: str, nodes: Sequence[str]) -> dict[int, tuple[str, str]]:
+    """Each rank's innermost frame in its stack, and the node whose file holds it."""
+    tops: dict[int, tuple[str, str]] = {}
     for node in nodes:
         try:
             text = JobFiles(Path(stem)).node_out(node).read_text(errors="replace")
@@ -156,13 +155,35 @@ def verdict(stem: str, nodes: Sequence[str], timeout_s: float, log: str) -> str:
             if m is None or m.rank is None or m.rank in tops or not m.rest.startswith(logline.STACK):
                 continue
             if frame := _FRAME.match(m.rest.removeprefix(logline.STACK)):
-                tops[m.rank] = f"{frame[1]} ({os.path.basename(frame[2])}:{frame[3]})"
+                tops[m.rank] = (f"{frame[1]} ({os.path.basename(frame[2])}:{frame[3]})", node)
+    return tops
+
+
+def _odd(tops: Mapping[int, str]) -> list[int]:
+    """The ranks whose innermost frame differs from the majority's; none without a majority."""
+    if len(set(tops.values())) < 2:
+        return []
+    common, count = Counter(tops.values()).most_common(1)[0]
+    odd = sorted(r for r, top in tops.items() if top != common)
+    return odd if count > len(odd) else []
+
+
+def odd_node(stem: str, nodes: Sequence[str]) -> str | None:
+    """The one node that holds every rank differing from the majority (a spare can replace it); None when no rank
+    differs, or the differing ranks are on several nodes."""
+    found = _tops(stem, nodes)
+    odd_nodes = {found[r][1] for r in _odd({r: top for r, (top, _) in found.items()})}
+    return odd_nodes.pop() if len(odd_nodes) == 1 else None
+
+
+def verdict(stem: str, nodes: Sequence[str], timeout_s: float, log: str) -> str:
+    """One line for Snakemake: how long, where the stacks are, and the rank whose innermost frame differs from the
+    others' (the one that did not join), where one does."""
+    tops = {rank: top for rank, (top, _) in _tops(stem, nodes).items()}
     said = f"stalled: no progress for {_seconds(timeout_s)} on any rank; stacks in {log}"
     if len(set(tops.values())) < 2:
         return said
-    common, count = Counter(tops.values()).most_common(1)[0]
-    odd = sorted(r for r, top in tops.items() if top != common)
-    if count > len(odd):  # most ranks wait in the same place: the others are the ones to look at
+    if odd := _odd(tops):  # most ranks wait in the same place: the others are the ones to look at
         return said + "; " + "; ".join(f"rank {r} differs: {tops[r]}" for r in odd)
     by_top: dict[str, list[int]] = {}
     for rank, top in sorted(tops.items()):

@@ -91,7 +91,7 @@ def resource_options(req: JobRequest) -> list[str]:
     opts = [
         "--open-mode=append",
         "--export=ALL",
-        f"--nodes={req.nodes}",
+        f"--nodes={req.allocated_nodes}",
         "--ntasks-per-node=1",
         f"--cpus-per-task={req.cpus_per_task}",
     ]
@@ -112,6 +112,8 @@ def resource_options(req: JobRequest) -> list[str]:
         ("--signal", req.signal),
     ]
     opts += [f"{flag}={value}" for flag, value in optional if value]
+    if req.spare_nodes:  # a node's failure must not end the allocation: the launcher swaps in a spare
+        opts.append("--no-kill")
     opts.append("--requeue" if req.requeue else "--no-requeue")
     opts += list(req.slurm_extra)
     return opts

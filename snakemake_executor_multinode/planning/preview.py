@@ -158,8 +158,19 @@ def launch_preview(plan: JobPlan, profiles: environment.ProfileSet, command: str
         [
             f"# ==== `multinode torchrun`'s step, as the launcher starts it in the job ({where}); not part of the",
             "# script. Placeholders: <nodeN>, $MASTER_ADDR, $MASTER_PORT (the job's); paths are the job's workdir.",
+            *spares_note(req.nodes, req.spare_nodes),
             f'{shlex.join(argv[:at])} bash -c "$TASK" multinode-agent',
             "# TASK, the line each node's shell runs:",
             task,
         ]
     )
+
+
+def spares_note(nodes: int, spares: int) -> list[str]:
+    """What the preview says of a job with spare nodes: the step trains on `nodes` of the allocation's."""
+    if not spares:
+        return []
+    return [
+        f"# {spares} spare node(s) beyond the {nodes} the step trains on (--nodelist=<the first {nodes} not known "
+        "bad>); a failed node is replaced by a spare in the same job, the training relaunched from its checkpoint"
+    ]

@@ -75,6 +75,7 @@ OWN_RESOURCES = frozenset(
         "stall_timeout",
         "on_stall",
         "own_launcher",
+        "spare_nodes",
     }
 )
 # Resources a profile may set for every rule that uses it (environment.py takes these keys; a rule's own wins).
@@ -315,6 +316,9 @@ class JobRequest:
     stall_timeout_s: int = 0  # the launcher's progress watchdog; 0: off
     on_stall: str = "fail"  # fail | requeue (resumes from the last checkpoint)
     own_launcher: bool = False  # the command starts its ranks itself (srun, mpirun): no launcher check (launch_check)
+    # Nodes asked for beyond `nodes` (--no-kill): `multinode torchrun` trains on `nodes` of the allocation and
+    # replaces a failed node with one of these in the same job (launching/spares.py); 0: none.
+    spare_nodes: int = 0
     attempt: int = 1
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
@@ -325,7 +329,15 @@ class JobRequest:
     def launcher_variables(self) -> dict[str, str]:
         """What `multinode torchrun` reads of this job's resources; the job script exports each (a resource that
         reaches the launcher adds its variable here, and nowhere else in planning)."""
-        return {protocol.STALL_TIMEOUT_VAR: str(self.stall_timeout_s), protocol.ON_STALL_VAR: self.on_stall}
+        out = {protocol.STALL_TIMEOUT_VAR: str(self.stall_timeout_s), protocol.ON_STALL_VAR: self.on_stall}
+        if self.spare_nodes:  # without spares the launcher trains on the whole allocation, as it always did
+            out[protocol.TRAIN_NODES_VAR] = str(self.nodes)
+        return out
+
+    @property
+    def allocated_nodes(self) -> int:
+        """What SLURM is asked for: the training's nodes and the spares."""
+        return self.nodes + self.spare_nodes
 
     @property
     def omp_threads(self) -> int:
@@ -605,6 +617,7 @@ def build_request(
         stall_timeout_s=stall_timeout_s,
         on_stall=_on_stall(rule, r, profile or {}),
         own_launcher=own_launcher,
+        spare_nodes=_spare_nodes(rule, r, nodes),
         attempt=attempt,
         warnings=tuple(warnings),
     )
@@ -618,6 +631,23 @@ def _nodes(rule: str, r: Mapping[str, Any], declared: int | None, warnings: list
             f"--resources nodes=... caps every job; raise it or drop it to run on {declared}"
         )
     return nodes
+
+
+def _spare_nodes(rule: str, r: Mapping[str, Any], nodes: int) -> int:
+    """Extra nodes the launcher may swap in for a failed one; a one-node job has no peer to keep training with a
+    replacement (a requeue or retry moves it to another node anyway), so spares need nodes >= 2."""
+    if not _given(r, "spare_nodes"):
+        return 0
+    spares = _int(rule, "spare_nodes", r["spare_nodes"], 0, "a non-negative integer (nodes kept for replacements)")
+    if spares and nodes < 2:
+        raise RequestError(
+            rule,
+            "spare_nodes",
+            r["spare_nodes"],
+            f"needs nodes >= 2 (this rule has nodes={nodes}): a spare replaces a failed node of a multi-node "
+            "training in the same job; a one-node job is moved to another node by its requeue or retry instead",
+        )
+    return spares
 
 
 def _cpus(rule: str, r: Mapping[str, Any], threads: int, gpus: int) -> int:

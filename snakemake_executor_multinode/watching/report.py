@@ -30,7 +30,7 @@ from snakemake_executor_multinode.watching import gpu_use, progress
 from snakemake_executor_multinode.watching.jsonl import json_lines
 from snakemake_executor_multinode.watching.ledger import CATEGORIES, Ledger, RunSpan, ledger
 from snakemake_executor_multinode.watching.registry import Submission
-from snakemake_executor_multinode.watching.status_view import run_table
+from snakemake_executor_multinode.watching.status_view import replacements, run_table
 
 FIELDS = (
     "JobIDRaw",
@@ -169,6 +169,7 @@ class JobUsage(_UsedOfAsked):
     gpu_hours: float
     gpu_use: str = ""  # each sampled node's mean utilisation and peak memory (gpu_use.py); "": not sampled
     ledger: Ledger | None = None  # where the allocation went; None: sacct gave no run's start
+    replaced: str = ""  # nodes dropped for spares within the job (spare_nodes): "node2 -> node3 (why)"; "": none
 
     @property
     def active(self) -> bool:
@@ -229,6 +230,7 @@ def job_usage(sub: Submission, runs: Sequence[RunRecord], now: float | None = No
         gpu_hours=sum(r.gpus * r.elapsed_s for r in runs) / 3600,
         gpu_use=gpu_use.describe(gpu_use.for_log(sub.log)),
         ledger=job_ledger(sub, runs, time.time() if now is None else now),
+        replaced=replacements(sub.log),
     )
 
 
@@ -605,6 +607,14 @@ def _goodput_markdown(report: Report) -> list[str]:
     lines += _md_table(("rule", "wildcards", "job", "allocated", *CATEGORIES, "goodput", "queue wait"), rows)
     if total.unknown_jobs:
         lines += ["", f"{total.unknown_jobs} job(s) wrote no metrics: the run's goodput leaves them out."]
+    if replaced := [j for j in jobs if j.replaced]:
+        lines += [
+            "",
+            "Nodes replaced by spares within a job (spare_nodes; the relaunch's time is in the shares above):",
+            "",
+        ]
+        lines += _md_table(("rule", "wildcards", "job", "dropped -> spare (why)"),
+                           ((j.rule, j.wildcards or "-", j.jobid, j.replaced) for j in replaced))  # fmt: skip
     return lines
 
 

@@ -75,6 +75,7 @@ class JobRow:
     log: str = ""
     gpu_use: str = ""  # each sampled node's mean utilisation and peak memory so far (gpu_use.py)
     goodput: str = ""  # a running job's goodput so far and where the rest went
+    replaced: str = ""  # the nodes `multinode torchrun` dropped for spares (resource spare_nodes), with why
 
     @property
     def active(self) -> bool:
@@ -284,6 +285,18 @@ def goodput_so_far(log: str, nodes: int, gpus_per_node: int, now: float) -> str:
     return f"{shown} of {size}" + (f" ({', '.join(rest)})" if rest else "")
 
 
+def replacements(log: str) -> str:
+    """'node2 -> node3 (does not answer: the node is down)', one per replacement the launcher recorded; ""
+    without any."""
+    lines = json_lines(JobFiles.from_log(log).replacements) if log else []
+    said = [
+        f"{line['node']} -> {line['spare']} ({line.get('why', '')})"
+        for line in lines
+        if isinstance(line, dict) and line.get("event") == "replaced" and "node" in line and "spare" in line
+    ]
+    return "; ".join(said)
+
+
 def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: Path) -> list[JobRow]:
     rows = []
     for sub in sorted(subs, key=lambda s: s.submitted_at):
@@ -319,6 +332,7 @@ def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: P
                 goodput=goodput_so_far(sub.log, view.nodes or 1, view.gpus_per_node or 0, time.time())
                 if running and view is not None and sub.log
                 else "",
+                replaced=replacements(sub.log),
             )
         )
     return rows
@@ -379,6 +393,7 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
     ]
     gpus = [f"  {_label(r)} (job {r.jobid}): {r.gpu_use}" for r in rows if r.gpu_use]
     goodput = [f"  {_label(r)} (job {r.jobid}): {r.goodput}" for r in rows if r.goodput]
+    replaced = [f"  {_label(r)} (job {r.jobid}): {r.replaced}" for r in rows if r.replaced]
     return "\n".join(
         [
             head,
@@ -386,6 +401,7 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
             *(["", "why they wait:", *waits] if waits else []),
             *(["", "GPU use so far (per node: mean utilisation, peak memory of one GPU):", *gpus] if gpus else []),
             *(["", "goodput so far (productive share of the allocation; the rest):", *goodput] if goodput else []),
+            *(["", "nodes replaced by spares (dropped -> spare):", *replaced] if replaced else []),
         ]
     )
 

@@ -36,8 +36,13 @@ def test_every_multinode_variable_anyone_reads_or_writes_is_defined_once_in_the_
         assert used <= set(protocol.VARIABLES), f"{path.name}: {used - set(protocol.VARIABLES)}"
     template_vars = set(re.findall(r"\bMULTINODE_[A-Z_]+\b", TEMPLATE.read_text()))
     # the job script sets every one; the container's and the network check's come from the profile (environment.py),
-    # the launcher's from the request (JobRequest.launcher_variables)
-    from_elsewhere = {*protocol.CONTAINER_VARIABLES, *protocol.NETWORK_CHECK_VARIABLES, *protocol.LAUNCHER_VARIABLES}
+    # the launcher's from the request (JobRequest.launcher_variables), the training's from the launcher
+    from_elsewhere = {
+        *protocol.CONTAINER_VARIABLES,
+        *protocol.NETWORK_CHECK_VARIABLES,
+        *protocol.LAUNCHER_VARIABLES,
+        *protocol.TRAINING_VARIABLES,
+    }
     assert template_vars == set(protocol.VARIABLES) - from_elsewhere
 
 

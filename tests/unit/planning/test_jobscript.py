@@ -137,3 +137,33 @@ def test_preview_prints_the_same_script_the_executor_submits(tmp_path, capsys):
 def test_preview_refuses_bad_input_with_the_same_message(capsys):
     assert main(["preview", "nodes=2", "gpus=8", "cpus_per_task=4"]) == 2
     assert "resource cpus_per_task=4 is invalid: must be at least gpus=8" in capsys.readouterr().err
+
+
+def spare_script(tmp_path: Path, **resources: object) -> str:
+    req = build_request("train", {"nodes": 2, "gpus": 1, **resources})
+    ctx = jobscript.ScriptContext("true", tmp_path, PurePath("logs"), tmp_path / "state", "n")
+    return jobscript.render(req, ctx, [])
+
+
+def test_spare_nodes_ask_for_more_nodes_with_no_kill_and_the_launcher_trains_on_the_rules_nodes(tmp_path):
+    script = spare_script(tmp_path, spare_nodes=1)
+    header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --nodes=3" in header and "#SBATCH --no-kill" in header
+    exports = next(line for line in script.splitlines() if "MULTINODE_TRAIN_NODES" in line)
+    out = subprocess.run(["bash", "-c", f'{exports}\necho "$MULTINODE_TRAIN_NODES"'], capture_output=True, text=True)
+    assert out.stdout.strip() == "2"
+    assert "MULTINODE_NODES=2 " in script  # the training's nodes, not the allocation's
+
+
+def test_without_spares_the_job_asks_for_its_nodes_and_a_node_failure_ends_it(tmp_path):
+    script = spare_script(tmp_path)
+    assert "#SBATCH --nodes=2" in script
+    assert "--no-kill" not in script and "MULTINODE_TRAIN_NODES" not in script
+
+
+def test_preview_shows_the_spares(tmp_path, capsys):
+    argv = ["preview", "--rule", "train", "--workdir", str(tmp_path), "nodes=2", "gpus=1", "spare_nodes=1"]
+    assert main([*argv, "--", "multinode", "torchrun", "train.py"]) == 0
+    captured = capsys.readouterr()
+    assert "#SBATCH --nodes=3" in captured.out and "#SBATCH --no-kill" in captured.out
+    assert "1 spare node(s) beyond the 2 the step trains on" in captured.err

@@ -745,3 +745,32 @@ def test_a_bad_stall_setting_is_refused_naming_rule_key_and_what_is_allowed(reso
         build_request("train", {"nodes": 2, **resources})
     assert err.value.field == field and "train" in str(err.value)
     assert ("'20m'" in str(err.value)) if field == "stall_timeout" else ("'fail' or 'requeue'" in str(err.value))
+
+
+# --- spare_nodes: nodes + k allocated, k kept to replace a failed node ----------------------------------------------
+
+
+def test_spare_nodes_default_to_none_and_are_read_as_an_integer():
+    assert req(nodes=2, gpus=1).spare_nodes == 0
+    assert req(nodes=2, gpus=1, spare_nodes=1).spare_nodes == 1
+    assert req(nodes=4, gpus=1, spare_nodes="2").spare_nodes == 2
+    assert req(nodes=1, spare_nodes=0).spare_nodes == 0  # no spare: nothing to refuse on one node
+
+
+def test_spares_add_to_the_allocation_and_tell_the_launcher_the_training_nodes():
+    r = req(nodes=2, gpus=1, spare_nodes=1)
+    assert r.nodes == 2 and r.allocated_nodes == 3
+    assert r.launcher_variables()["MULTINODE_TRAIN_NODES"] == "2"
+    assert "MULTINODE_TRAIN_NODES" not in req(nodes=2, gpus=1).launcher_variables()
+
+
+@pytest.mark.parametrize("value", [-1, "-2", 1.5, "one", True])
+def test_spare_nodes_that_are_not_a_non_negative_integer_are_refused(value):
+    message = refused({"nodes": 2, "gpus": 1, "spare_nodes": value})
+    assert "resource spare_nodes=" in message and "is invalid: a non-negative integer" in message
+
+
+def test_spares_on_a_one_node_job_are_refused_saying_why():
+    message = refused({"nodes": 1, "gpus": 1, "spare_nodes": 1})
+    assert "rule 'train': resource spare_nodes=1 is invalid: needs nodes >= 2 (this rule has nodes=1)" in message
+    assert "requeue or retry" in message

@@ -335,3 +335,15 @@ def test_a_silent_jobs_startup_ends_at_each_runs_first_output_and_the_rest_is_un
     line = next(x for x in section.splitlines() if x.startswith("| silent |"))
     shares = "| 10% | unknown | 0% | 0% | 0% | 0% | 0% | 90% | unknown |"  # startup to the first lines, then unknown
     assert line == f"| silent | - | 506 | 0.278 GPU-h {shares} 0:01:40 |"
+
+
+def test_the_markdown_lists_the_nodes_replaced_by_spares_within_a_job(tmp_path):
+    rep = goodput_report(tmp_path)
+    assert "replaced by spares" not in report.to_markdown(rep)
+    train = next(j for j in rep.jobs if j.rule == "train")
+    line = {"event": "replaced", "node": "node2", "spare": "node3", "why": "does not answer", "relaunch": 1}
+    JobFiles(tmp_path / "logs" / "501.attempt1").replacements.write_text(json.dumps(line) + "\n")
+    md = report.to_markdown(report.collect("run1", [timed_job(tmp_path, "501", "train", [{"step": 1, "wall": 1}])],
+                                           FakeAccounting(TIMED)))  # type: ignore[arg-type]  # fmt: skip
+    assert "| train | - | 501 | node2 -> node3 (does not answer) |" in md, md
+    assert train.replaced == ""

@@ -1,0 +1,156 @@
+"""Spare nodes (resource spare_nodes): the allocation holds `nodes + k` nodes (--no-kill), the step trains on `nodes`.
+
+When a step fails and the failure names a node (a dead node, a failing rank's node), the launcher drops that node
+for the rest of the job and starts a new step on the survivors plus the first spare, with the same world size; the
+training resumes from its own checkpoint, told which launch it is by $MULTINODE_RELAUNCH. Without a spare left the
+failure ends the launcher as it always did (the job script's and Snakemake's retry path excludes the node).
+Each replacement is one JSON line in the job's replacements file (contract/jobfiles.py), which `multinode status`
+reads.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+
+from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
+from snakemake_executor_multinode.launching import stall
+from snakemake_executor_multinode.launching.allocation import Allocation, free_port, head_address
+
+# How long a relaunch waits for SLURM to forget the failed step (srun already ended). A dead node's part of the step
+# may be held until SLURM marks the node down (SlurmdTimeout): the new step does not wait for that, it overlaps it.
+STEP_GONE_WAIT_S = 10.0
+STEP_NAME = "torchrun"  # the launcher's step's --job-name
+
+
+def train_nodes(env: Mapping[str, str], allocated: int) -> int:
+    """The nodes the step trains on: $MULTINODE_TRAIN_NODES (the rule's nodes, set when it has spares), else all
+    of the allocation's (a hand-written script, or a job without spares)."""
+    value = env.get(protocol.TRAIN_NODES_VAR, "")
+    return int(value) if value.isdigit() and 1 <= int(value) <= allocated else allocated
+
+
+@dataclass
+class Roster:
+    """The allocation's nodes, in its order, those that failed (never chosen again in this job), and how many
+    the step trains on."""
+
+    nodes: tuple[str, ...]
+    train: int
+    bad: list[str] = field(default_factory=list)
+
+    @property
+    def has_spares(self) -> bool:
+        """Whether the job was given spares at all (the step trains on fewer nodes than it holds)."""
+        return self.train < len(self.nodes)
+
+    def spares_left(self) -> int:
+        return max(0, len(self.usable()) - self.train)
+
+    def usable(self) -> list[str]:
+        return [n for n in self.nodes if n not in self.bad]
+
+    def chosen(self) -> tuple[str, ...]:
+        """The step's nodes: the first `train` of the allocation's nodes not known bad."""
+        return tuple(self.usable()[: self.train])
+
+    def spare(self) -> str | None:
+        """The node a replacement would add: the first usable node not chosen now."""
+        rest = self.usable()[self.train :]
+        return rest[0] if rest else None
+
+    def drop(self, node: str) -> str | None:
+        """Marks `node` bad and returns the spare that takes its place; None (nothing marked) without a spare, or
+        when `node` is no node of the step."""
+        spare = self.spare()
+        if spare is None or node not in self.chosen():
+            return None
+        self.bad.append(node)
+        return spare
+
+
+def step_allocation(alloc: Allocation, nodes: Sequence[str], relaunch: int) -> Allocation:
+    """The allocation a launch's step sees: its nodes, the head's address (a new head when the old one was
+    dropped) and, from the first relaunch on, a port of its own (the failed step's store may linger in TIME_WAIT)."""
+    if relaunch == 0 and tuple(nodes) == alloc.nodes:
+        return alloc
+    addr = alloc.master_addr if nodes[0] == alloc.nodes[0] else head_address(nodes[0], nodes[1:])
+    port = alloc.master_port + relaunch % protocol.PORTS_PER_JOB
+    if socket.gethostname().split(".")[0] == nodes[0]:
+        port = free_port(port)
+    return replace(alloc, nodes=tuple(nodes), master_addr=addr, master_port=port)
+
+
+def record(env: Mapping[str, str], node: str, spare: str, why: str, relaunch: int) -> None:
+    """One line in the job's replacements file (the first run's, beside its log); none outside a job's log."""
+    stem = env.get(protocol.LOG_STEM_VAR)
+    if not stem:
+        return
+    line = {
+        "event": "replaced",
+        "job": env.get("SLURM_JOB_ID", ""),
+        "node": node,
+        "spare": spare,
+        "why": why,
+        "relaunch": relaunch,
+        "time": datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+    try:
+        with open(JobFiles(Path(stem)).first_run.replacements, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+    except OSError:
+        pass  # the log line says it too; a missing record must not end the training
+
+
+def forget_failed_node(env: Mapping[str, str], node: str) -> None:
+    """The failed-node marker names the node a retry excludes; a node replaced in the job is no reason for one,
+    so the marker is removed when it names that node, and a later failure without a spare names its own."""
+    path = env.get(protocol.FAILED_NODE_FILE_VAR, "")
+    try:
+        if path and Path(path).read_text().strip() == node:
+            Path(path).unlink()
+    except OSError:
+        pass
+
+
+def clear_stall_exchange(stem: str, nodes: Sequence[str]) -> None:
+    """A stalled step's requests to the nodes (stacks, gentle stop) and their answers, removed before a relaunch:
+    the new step's labellers would answer a stale stack request at once, turn a user's USR1 checkpoint signal into
+    a stop, and the next stall would find every node's stacks already "done"."""
+    if not stem:
+        return
+    for path in (stall.request_file(stem), stall.stop_file(stem), *(stall.done_file(stem, n) for n in nodes)):
+        path.unlink(missing_ok=True)
+
+
+def step_present(job_id: str) -> bool:
+    """Whether SLURM still lists the launcher's step of this job (squeue -s: steps, by name)."""
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-s", "-j", job_id, "-o", "%j"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return STEP_NAME in out.stdout.split()
+
+
+def wait_step_gone(
+    job_id: str,
+    present: Callable[[str], bool] = step_present,
+    limit_s: float = STEP_GONE_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Waits until SLURM no longer lists the failed step, at most `limit_s`; whether it is gone."""
+    deadline = time.monotonic() + limit_s
+    while present(job_id):
+        if time.monotonic() >= deadline:
+            return False
+        sleep(0.5)
+    return True

@@ -1,0 +1,224 @@
+"""A node dies under a 2-node torch job with a spare (spare_nodes=1): the launcher swaps the spare in, in the same job.
+
+The job holds 3 nodes (--no-kill) and trains on 2. The non-head node is killed by pid, as in
+test_node_death_cluster.py; the launcher blames it, ends the step, and starts a new step on the head and the spare
+with the same world size, MULTINODE_RELAUNCH=1. The training resumes from the step it saved, and the job ends with
+exit 0: one submission, no requeue, no retry. Afterwards the node is brought back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from snakemake_executor_multinode.contract.jobfiles import JobFiles
+from snakemake_executor_multinode.sandbox import cluster
+from tests.helpers import Cluster, Snakemake, alive, figures, records, sacct_jobs, wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+# Every rank says where it starts (launch-<rank>.txt: relaunch, resumed step, host); rank 0 saves the step after every
+# all_reduce (step.txt, by rename) and every rank resumes from it. A launch trains until release-<relaunch> exists.
+CKPT = """
+import os, pathlib, socket, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, host, job = dist.get_rank(), socket.gethostname(), os.environ["SLURM_JOB_ID"]
+relaunch = os.environ.get("MULTINODE_RELAUNCH", "unset")
+saved = pathlib.Path("step.txt")
+start = int(saved.read_text()) if saved.exists() else 0
+print(f"rank {rank} on {host}: relaunch {relaunch}, resuming at step {start}", flush=True)
+with open(f"launch-{rank}.txt", "a") as fh:
+    fh.write(f"{relaunch} {start} {host}\\n")
+pathlib.Path(f"ready-{job}-{relaunch}-{rank}-{host}").touch()
+step, x = start, torch.ones(1)
+while not pathlib.Path(f"release-{relaunch}").exists():
+    dist.all_reduce(x)
+    step += 1
+    if rank == 0:
+        pathlib.Path("step.tmp").write_text(str(step))
+        os.replace("step.tmp", saved)
+    time.sleep(0.1)
+dist.barrier()
+if rank == 0:
+    with open(sys.argv[1], "a") as fh:
+        fh.write(job + "\\n")
+dist.destroy_process_group()
+"""
+
+SNAKEFILE = """
+rule train:
+    output: "out.txt"
+    resources: nodes=2, gpus=1, spare_nodes=1
+    shell: "multinode torchrun ckpt.py {output}"
+"""
+
+
+def node_index(cl: Cluster, name: str) -> int:
+    return next(i for i in cl.spec.node_indices if cl.spec.node_name(i) == name)
+
+
+def kill_node(cl: Cluster, name: str) -> float:
+    """SIGKILL the node's slurmd (its pid file, checked in /proc) and every process of its network namespace;
+    returns when none is left (time.monotonic()). As test_node_death_cluster.py's."""
+    i = node_index(cl, name)
+    slurmd = int((cl.spec.dir / "run" / f"slurmd-{name}.pid").read_text().split()[0])
+    assert alive(slurmd, "slurmd"), f"the pid file of {name} names no running slurmd"
+
+    def pids() -> list[int]:
+        out = subprocess.run(["ip", "netns", "pids", cl.spec.netns(i)], capture_output=True, text=True, check=True)
+        return [int(p) for p in out.stdout.split()]
+
+    victims = [slurmd, *(p for p in pids() if p != slurmd)]
+    assert len(victims) > 2, f"{name} runs no job processes: {victims}"  # slurmd, slurmstepd, workers
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    killed = time.monotonic()
+    wait_for(lambda: not pids(), f"every process of {name} gone", 30, interval=0.05)
+    return killed
+
+
+@pytest.fixture
+def restore_nodes(slurm_cluster: Cluster) -> Iterator[list[str]]:
+    """The test puts the names of the nodes it kills here; each is brought back afterwards."""
+    dead: list[str] = []
+    yield dead
+    for name in dead:
+        cluster.restart_node(slurm_cluster.spec, node_index(slurm_cluster, name))
+
+
+def saved_step(wd: Path) -> int:
+    text = (wd / "step.txt").read_text().strip() if (wd / "step.txt").exists() else ""
+    return int(text) if text.isdigit() else 0
+
+
+def test_a_dead_node_is_replaced_by_the_spare_in_the_same_job(slurm_cluster, tmp_path, restore_nodes):
+    wd = tmp_path / "wf"
+    wd.mkdir()
+    (wd / "ckpt.py").write_text(CKPT)
+    (wd / "Snakefile").write_text(SNAKEFILE)
+    sm = Snakemake(wd)  # no --retries: only the spare can save the job
+    try:
+        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
+        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        first = wait_for(lambda: len(r := sorted(wd.glob(f"ready-{job}-0-*"))) == 2 and r, "both ranks ready", 300)
+        head, other = (p.name.split("-", 4)[4] for p in first)  # ready-<job>-<relaunch>-<rank>-<host>
+        wait_for(lambda: saved_step(wd) >= 5, "five steps saved", 120)
+        restore_nodes.append(other)
+        killed = kill_node(slurm_cluster, other)  # the fault
+        wait_for(lambda: "replacing node" in joblog.read_text(), "the launcher's replacement line", 120)
+        second = wait_for(lambda: len(r := sorted(wd.glob(f"ready-{job}-1-*"))) == 2 and r, "relaunched ranks", 300)
+        relaunched = time.monotonic()
+        (wd / "release-1").touch()
+        rc = sm.wait(600)
+    finally:
+        (wd / "release-0").touch()
+        (wd / "release-1").touch()
+        sm.stop()
+    assert rc == 0, sm.text
+    hosts = sorted(slurm_cluster.spec.node_name(i) for i in slurm_cluster.spec.node_indices)
+    (spare,) = set(hosts) - {head, other}
+    assert [p.name.split("-", 4)[4] for p in second] == [head, spare]  # ranks 0 and 1: the head, then the spare
+    log = joblog.read_text()
+    assert f"replacing node {other} (does not answer: the node is down) with spare {spare}; relaunch 1" in log, log
+    assert f"nodes {head},{spare}, 0 spare(s) left" in log, log
+    # every rank's start: the first launch from step 0, the relaunch from the step saved before the kill, told it is
+    # relaunch 1
+    starts = [line.split() for rank in (0, 1) for line in (wd / f"launch-{rank}.txt").read_text().splitlines()]
+    assert sorted((s[0], s[2]) for s in starts) == sorted([("0", head), ("0", other), ("1", head), ("1", spare)])
+    assert {int(s[1]) for s in starts if s[0] == "0"} == {0}, starts
+    resumed = {int(s[1]) for s in starts if s[0] == "1"}
+    assert len(resumed) == 1 and min(resumed) >= 5, starts
+    # one job, one run: no requeue, no retry
+    recs = records(wd)
+    assert [r["jobid"] for r in recs] == [job], recs
+    assert (wd / "out.txt").read_text().split() == [job]
+    runs = sacct_jobs(slurm_cluster, {r["job_name"] for r in recs}, {job})
+    assert runs == {job: ["COMPLETED"]}, runs
+    # the job script's own record of its runs: one start and one end, restart 0, exit 0; no later run's log
+    files = JobFiles.from_log(joblog)
+    lines = [json.loads(x) for x in files.runs.read_text().splitlines()]
+    assert [(x["event"], x["restart"]) for x in lines] == [("start", 0), ("end", 0)] and lines[1]["exit"] == 0, lines
+    assert files.restart_logs() == []
+    # the replacement is on record, and `multinode status` names it
+    record = [json.loads(x) for x in files.replacements.read_text().splitlines()]
+    assert [(r["node"], r["spare"], r["relaunch"]) for r in record] == [(other, spare, 1)], record
+    status = subprocess.run(
+        [sys.executable, "-m", "snakemake_executor_multinode.cli", "status"],
+        cwd=wd, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert f"{other} -> {spare} (does not answer: the node is down)" in status.stdout, status.stdout + status.stderr
+    figures("spare node", kill_to_relaunched_ranks_s=round(relaunched - killed, 1), dead=other, spare=spare)
+
+
+# The first launch deadlocks: ranks 0-2 wait in a barrier that rank 3 (on the second node) never joins; a relaunch
+# finishes. Each rank writes where it starts (launch-<rank>.txt: relaunch, host).
+STALL = """
+import os, pathlib, socket, sys, time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, host, relaunch = dist.get_rank(), socket.gethostname(), os.environ.get("MULTINODE_RELAUNCH", "unset")
+with open(f"launch-{rank}.txt", "a") as fh:
+    fh.write(f"{relaunch} {host}\\n")
+print(f"rank {rank} on {host}: relaunch {relaunch}", flush=True)
+if relaunch == "0" and rank == 3:
+    time.sleep(3600)  # the blocking line
+dist.barrier()
+if rank == 0:
+    pathlib.Path(sys.argv[1]).write_text(os.environ["SLURM_JOB_ID"] + "\\n")
+dist.destroy_process_group()
+"""
+
+STALL_SNAKEFILE = """
+rule train:
+    output: "out.txt"
+    resources: nodes=2, gpus=2, cpus_per_task=2, spare_nodes=1, stall_timeout="20s"
+    shell: "multinode torchrun stall.py {output}"
+"""
+
+
+def test_the_node_of_a_stalled_rank_is_replaced_by_the_spare_in_the_same_job(slurm_cluster, tmp_path):
+    wd = tmp_path / "wf"
+    wd.mkdir()
+    (wd / "stall.py").write_text(STALL)
+    (wd / "Snakefile").write_text(STALL_SNAKEFILE)
+    sm = Snakemake(wd)
+    try:
+        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
+        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        rc = sm.wait(600)
+    finally:
+        sm.stop()
+    assert rc == 0, sm.text
+    log = joblog.read_text()
+    starts = {rank: (wd / f"launch-{rank}.txt").read_text().split() for rank in range(4)}
+    first = {rank: lines[1] for rank, lines in starts.items()}  # relaunch 0's host of each rank
+    second = {rank: lines[3] for rank, lines in starts.items() if len(lines) == 4}
+    assert all(lines[0] == "0" and lines[2] == "1" for lines in starts.values()), starts
+    head, stalled = first[0], first[3]
+    (spare,) = {slurm_cluster.spec.node_name(i) for i in slurm_cluster.spec.node_indices} - {head, stalled}
+    assert sorted(set(second.values())) == sorted({head, spare}), starts
+    assert re.search(rf"stalled: no progress for 20s on any rank; .*rank 3 differs: .*; node {stalled} holds", log)
+    assert f"replacing node {stalled} (stalled: its ranks differ" in log and f"with spare {spare}; relaunch 1" in log
+    # the relaunched step's labellers found no stale stack request: no stack was taken after the replacement
+    assert "] stack| " not in log.split("replacing node", 1)[1], log
+    assert (wd / "out.txt").read_text().split() == [job]
+    recs = records(wd)
+    assert [r["jobid"] for r in recs] == [job], recs
+    assert sacct_jobs(slurm_cluster, {r["job_name"] for r in recs}, {job}) == {job: ["COMPLETED"]}
+    assert "stalled: no progress" not in sm.text, sm.text  # no stall verdict (marker) reached Snakemake
