@@ -21,6 +21,8 @@ Variants:
              failure (JobRequeue's default).
   multinode  `snakemake --executor multinode --retries 3` on the same training: `multinode torchrun`,
              stall_timeout 60 s with on_stall requeue, the same signal and time limit.
+  spares     the same with `spare_nodes=1` (issue 37): 3 nodes asked for, 2 trained on; a dead node or the node of
+             a stalled rank is replaced by the spare inside the job (the faults target the second training node).
 
 Scenarios: `quiet` (only these jobs) and `busy` (another user keeps one 1-node job of `--busy-job-s` seconds
 pending at all times, so any node that is freed is taken: a requeued or resubmitted job waits for two nodes).
@@ -106,7 +108,7 @@ SNAKEFILE = Template("""rule train:
     output: "model.pt"
     resources:
         nodes=$nodes, gpus=$ranks, cpus_per_task=$cpus, runtime=$minutes, signal="USR2@$lead",
-        stall_timeout="60s", on_stall="requeue",
+        stall_timeout="60s", on_stall="requeue", spare_nodes=$spares,
     shell: "multinode torchrun $train"
 """)
 
@@ -250,13 +252,19 @@ def environ(pid: int) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
 
 
-def stop_a_rank(spec: ClusterSpec, name: str) -> str | None:
-    """SIGSTOP the highest global rank on the node (a worker: its environment has RANK and LOCAL_RANK)."""
+def ranks_on(spec: ClusterSpec, name: str) -> list[tuple[int, int]]:
+    """(global rank, pid) of the training workers on the node: its environment has RANK and LOCAL_RANK."""
     workers = []
     for pid in netns_pids(spec, node_index(spec, name)):
         env = environ(pid)
         if "LOCAL_RANK" in env and env.get("RANK", "").isdigit():
             workers.append((int(env["RANK"]), pid))
+    return workers
+
+
+def stop_a_rank(spec: ClusterSpec, name: str) -> str | None:
+    """SIGSTOP the highest global rank on the node."""
+    workers = ranks_on(spec, name)
     if not workers:
         return None
     rank, pid = max(workers)
@@ -336,7 +344,7 @@ class Variant(threading.Thread):
             for f in r.faults:
                 if f.first_resumed_step_at is None:
                     settle(f, progress, progress.records)
-            running = [j for j in jobs if j.state == "RUNNING" and len(j.nodes) == NODES]
+            running = [j for j in jobs if j.state == "RUNNING" and len(j.nodes) >= NODES]
             recovered = all(f.first_resumed_step_at is not None for f in r.faults)
             if pending and recovered and running and progress.step >= pending[0][1] * self.args.steps:
                 if self.inject(pending[0][0], running[0], progress):
@@ -352,12 +360,16 @@ class Variant(threading.Thread):
 
     def inject(self, fault: str, job: Job, progress: Progress) -> bool:
         now = time.time()
+        # the second training node: a spare holds no rank, and the head runs the job script (its death ends the job)
+        target = next((n for n in reversed(job.nodes[1:]) if ranks_on(self.spec, n)), None)
+        if target is None and fault in ("node_death", "hang"):
+            return False  # the ranks are not up yet: the next poll
         if fault == "node_death":
-            detail = kill_node(self.spec, job.nodes[-1])
-            self.helpers.append(threading.Thread(target=self.restore_when_down, args=(job.nodes[-1],), daemon=True))
+            detail = kill_node(self.spec, target)
+            self.helpers.append(threading.Thread(target=self.restore_when_down, args=(target,), daemon=True))
             self.helpers[-1].start()
         elif fault == "hang":
-            found = stop_a_rank(self.spec, job.nodes[-1])
+            found = stop_a_rank(self.spec, target)
             if found is None:
                 return False  # workers not up yet on that node: the next poll
             detail = found
@@ -437,9 +449,11 @@ class Recipe(Variant):
 
 
 class Multinode(Variant):
+    spares = 0
+
     def submit(self) -> None:
         (self.wd / "Snakefile").write_text(SNAKEFILE.substitute(
-            nodes=NODES, ranks=RANKS, cpus=CPUS, minutes=self.args.limit_min, lead=SIGNAL_LEAD_S,
+            nodes=NODES, ranks=RANKS, cpus=CPUS, minutes=self.args.limit_min, lead=SIGNAL_LEAD_S, spares=self.spares,
             train=self.train.replace("\\", "\\\\").replace('"', '\\"').replace("{", "{{").replace("}", "}}"),
         ))  # fmt: skip
         cmd = [sys.executable, "-m", "snakemake", "--executor", "multinode", "--jobs", "1", "--retries", "3",
@@ -457,7 +471,11 @@ class Multinode(Variant):
         return True
 
 
-VARIANTS = {"recipe": Recipe, "multinode": Multinode}
+class Spares(Multinode):
+    spares = 1  # issue 37: a dead, failing or stalled node is replaced inside the allocation
+
+
+VARIANTS = {"recipe": Recipe, "multinode": Multinode, "spares": Spares}
 
 
 # --- the busy cluster's other user ----------------------------------------------------------------------------------
