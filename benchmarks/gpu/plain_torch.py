@@ -6,7 +6,7 @@ train.py), fused AdamW, optionally torch.compile; no Booster. One process on one
         [--model-impl native|hf] [--kernels K1,K2] [--inductor-tuning] [--profile]
 
 --model-impl picks lm.py's NativeLlama or transformers' LlamaForCausalLM (same config, same init scheme).
---kernels: train.py's `kernels` config (workflows/scripts/kernels.py: Liger's Triton kernels, FlashAttention for
+--kernels: train.py's `kernels` config (workflows/scripts/fused_kernels.py: Liger's Triton kernels, FlashAttention for
 Hopper; "liger" = Liger's four); needs their packages.
 --inductor-tuning: Inductor's coordinate-descent tuning of its generated Triton kernels (longer first compile).
 --profile adds a torch.profiler summary of 3 steps after the timed ones: CUDA time per kernel family.
@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflows" / "scripts"))
 import fp8  # noqa: E402
-import kernels  # noqa: E402
+import fused_kernels  # noqa: E402
 import lm  # noqa: E402
 import plugins  # noqa: E402
 
@@ -94,20 +94,21 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--log-every", type=int, default=10, help="steps per timed interval (train.py's log_every)")
     ap.add_argument("--model-impl", choices=("native", "hf"), default="native")
-    ap.add_argument("--kernels", default="", help="comma list of kernels.KERNELS, or liger (its four)")
+    ap.add_argument("--kernels", default="", help="comma list of fused_kernels.KERNELS, or liger (its four)")
     ap.add_argument("--inductor-tuning", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script only")
     args = ap.parse_args()
     names = [k for k in args.kernels.split(",") if k]
-    names = kernels.LIGER_KERNELS if names == ["liger"] else names
+    names = fused_kernels.LIGER_KERNELS if names == ["liger"] else names
     overrides = {"plugin": "torch_ddp", "model_impl": args.model_impl, "kernels": names}
     cfg = lm.merge_config(json.loads(args.config_json) | overrides)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     cuda = args.device == "cuda"
     bf16 = plugins.bf16_compute(cfg)
-    problem = kernels.problem(names, cuda, args.model_impl, bf16) or fp8.problem(cfg["fp8"], cuda, bf16, args.compile)
+    problem = fused_kernels.problem(names, cuda, args.model_impl, bf16)
+    problem = problem or fp8.problem(cfg["fp8"], cuda, bf16, args.compile)
     if problem:
         raise SystemExit(problem)
     model = lm.build_model(cfg, cuda=cuda).to(args.device)

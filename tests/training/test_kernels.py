@@ -1,12 +1,13 @@
-"""kernels.py: optional fused kernels. Refused clearly where they cannot run; wired into NativeLlama correctly
+"""fused_kernels.py: optional fused kernels. Refused clearly where they cannot run; wired into NativeLlama correctly
 (checked on CPU with a stand-in liger_kernel.functional made of reference ops, so no package or GPU is needed)."""
 
 from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
-import kernels
+import fused_kernels as kernels
 import lm
 import pytest
 import torch
@@ -148,3 +149,9 @@ def test_flash_attention_for_hopper_is_one_compilable_op_with_sdpa_s_loss_and_gr
     ref.backward()
     for (name, p), q in zip(fused.named_parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_no_training_module_shadows_the_kernels_package_bitsandbytes_imports():
+    """The scripts' folder is first on sys.path: a kernels.py there answers bitsandbytes' `from kernels import
+    get_kernel` (its CPU backend's optional Hub kernels) with our module: broken where the package is installed."""
+    assert not (Path(lm.__file__).parent / "kernels.py").exists()

@@ -7,7 +7,7 @@ for the least time. Opt-in, off by default; measured gain and loss parity: bench
 
 Needs a GPU with FP8 tensor cores (compute capability 8.9+: Ada, Hopper and later), bf16 compute, torch.compile
 (torchao's casts and scales are separate kernels without it) and the package torchao. Checked before anything is
-imported, like kernels.problem.
+imported, like fused_kernels.problem.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Imported by preprocess.py, train.py and evaluate.py (they sit in the same directory) and by the tests. What each
 plugin needs is plugins.py's table; checkpoints are checkpoint.py; version patches compat.py; optional kernels
-kernels.py.
+fused_kernels.py.
 ColossalAI is imported lazily: it costs seconds, and config errors must be reported before it loads.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import fp8
-import kernels
+import fused_kernels
 import numpy as np
 import plugins
 import torch
@@ -161,7 +161,7 @@ def validate_config(cfg: dict[str, Any], cuda: bool, world_size: int) -> None:
             f"plugin {name!r} needs model_impl {' | '.join(spec.model_kinds)} (shardformer only knows transformers "
             f"models), not {cfg['model_impl']!r}"
         )
-    kernel_problem = kernels.problem(cfg["kernels"], cuda, model_impl(cfg), plugins.bf16_compute(cfg))
+    kernel_problem = fused_kernels.problem(cfg["kernels"], cuda, model_impl(cfg), plugins.bf16_compute(cfg))
     if kernel_problem:
         raise ConfigError(kernel_problem)
     if cfg["fp8"] is not None and not (spec.fp8 and model_impl(cfg) == "native"):
@@ -232,7 +232,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.kernel: Any = None  # kernels.install: a fused replacement
+        self.kernel: Any = None  # fused_kernels.install: a fused replacement
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel is not None:
@@ -257,8 +257,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.v_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.kernel: Any = None  # kernels.install: a fused RoPE
-        self.attend: Any = None  # kernels.install: causal attention, (b, h, s, d) in and out, like SDPA
+        self.kernel: Any = None  # fused_kernels.install: a fused RoPE
+        self.attend: Any = None  # fused_kernels.install: causal attention, (b, h, s, d) in and out, like SDPA
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -285,7 +285,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
-        self.kernel: Any = None  # kernels.install: a fused silu(gate) * up
+        self.kernel: Any = None  # fused_kernels.install: a fused silu(gate) * up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel is not None:
@@ -334,7 +334,7 @@ class NativeLlama(nn.Module):
         # Non-persistent: the state dict holds only parameters, exactly like LlamaForCausalLM's.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.fused_ce: Any = None  # kernels.install: loss from hidden states, lm_head weight, labels
+        self.fused_ce: Any = None  # fused_kernels.install: loss from hidden states, lm_head weight, labels
         self.apply(init_weights)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **_: Any) -> Output:
@@ -397,7 +397,7 @@ def build_model(train_cfg: dict[str, Any], cuda: bool) -> nn.Module:
     mcfg = ModelConfig.from_train_config(train_cfg)
     if model_impl(train_cfg) == "native":
         model = NativeLlama(mcfg)
-        kernels.install(model, train_cfg["kernels"])
+        fused_kernels.install(model, train_cfg["kernels"])
         if train_cfg["fp8"] is not None:
             fp8.convert(model, train_cfg["fp8"])
         return model
