@@ -209,6 +209,8 @@ def test_verify_names_the_file_and_what_is_wrong(tmp_path: Path) -> None:
     assert checkpoint.verify(path) == f"{checkpoint.META}: checksum mismatch"
     (path / checkpoint.META).write_text("")
     assert (checkpoint.verify(path) or "").startswith(f"{checkpoint.META}: unreadable")
+    (path / checkpoint.META).write_text("[]")
+    assert checkpoint.verify(path) == f"{checkpoint.META}: not a JSON object"
     assert checkpoint.verify(fake_checkpoint(tmp_path, 2, manifest=False)) == checkpoint.NO_MANIFEST
 
 

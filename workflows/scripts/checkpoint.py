@@ -105,7 +105,8 @@ def file_sha256(path: Path) -> str:
 
 def data_files(step_dir: Path) -> list[str]:
     """Every file of a checkpoint but trainer.json, by relative path, sorted."""
-    return sorted(str(p.relative_to(step_dir)) for p in step_dir.rglob("*") if p.is_file() and p.name != META)
+    meta = step_dir / META
+    return sorted(str(p.relative_to(step_dir)) for p in step_dir.rglob("*") if p.is_file() and p != meta)
 
 
 def manifest(step_dir: Path) -> dict[str, dict[str, Any]]:
@@ -127,11 +128,17 @@ def verify(step_dir: Path) -> str | None:
         meta = json.loads((step_dir / META).read_text())
     except (OSError, ValueError) as e:
         return f"{META}: unreadable ({type(e).__name__}: {e})"
-    if not isinstance(meta, dict) or FILES not in meta:
+    if not isinstance(meta, dict):
+        return f"{META}: not a JSON object"
+    if FILES not in meta:
         return NO_MANIFEST
     if meta.get(META_SHA) != meta_sha256(meta):
         return f"{META}: checksum mismatch"
     files = meta[FILES]
+    if not isinstance(files, dict) or not all(
+        isinstance(w, dict) and {"size", "sha256"} <= w.keys() for w in files.values()
+    ):
+        return f"{META}: malformed manifest"
     for rel, want in files.items():
         path = step_dir / rel
         if not path.is_file():
