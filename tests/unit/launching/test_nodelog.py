@@ -248,14 +248,17 @@ def test_a_real_torchrun_writes_the_first_output_time_when_its_rank_prints_not_b
         "import os, pathlib, time\n"
         "d = pathlib.Path(os.environ['TEST_DIR'])\n"
         "(d / 'ready').write_text('')\n"
-        "while not (d / 'go').exists():\n"
+        "end = time.monotonic() + 300\n"  # never outlives the test, whatever fails
+        "while not (d / 'go').exists() and time.monotonic() < end:\n"
         "    time.sleep(0.05)\n"
         "print('first rank line', flush=True)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MULTINODE_"))}
     env |= {"TEST_DIR": str(tmp_path), "SLURMD_NODENAME": "nodeA", "MULTINODE_LOG_STEM": str(tmp_path / "9.attempt1")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(worker)]
-    proc = subprocess.Popen([sys.executable, "-m", nodelog.__name__, "--nproc=1", "--", *cmd], env=env, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", nodelog.__name__, "--nproc=1", "--", *cmd], env=env, cwd=tmp_path, start_new_session=True
+    )
     files = JobFiles(tmp_path / "9.attempt1")
     try:
         deadline = time.monotonic() + 120
@@ -268,8 +271,12 @@ def test_a_real_torchrun_writes_the_first_output_time_when_its_rank_prints_not_b
         (tmp_path / "go").write_text("")
         assert proc.wait(timeout=120) == 0
         ended = time.time()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    finally:  # a failed assertion above must not leave torchrun and its worker waiting: the whole session goes
+        (tmp_path / "go").write_text("")
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
     assert "[nodeA rank0] first rank line" in files.node_out("nodeA").read_text()
     assert go <= files.first_output_time() <= ended  # type: ignore[operator]
