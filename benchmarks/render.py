@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = ("README.md", "CONTRIBUTING.md", "benchmarks/README.md")
+FILES = ("README.md", "CONTRIBUTING.md", "benchmarks/README.md", "docs/reliability.md")
 
 CHAIN_1202 = "benchmarks/results-chain-overhead-2026-12-02.json"  # restored verbatim from commit fbf9502
 CHAIN = "benchmarks/results-chain-overhead.json"
@@ -65,6 +65,7 @@ FANOUT = "benchmarks/results-fanout.json"
 STATE = "benchmarks/results-state-scaling.json"
 LAUNCH = "benchmarks/results-launch.json"
 GOODPUT = "benchmarks/results-goodput.json"  # one run of goodput.py: every scenario and variant side by side
+GOODPUT_SPARES = "benchmarks/results-goodput-spares.json"  # one run: the busy cluster, without and with a spare node
 H200 = "benchmarks/gpu/results-h200.jsonl"  # one device run, 2026-12-02
 I14 = "benchmarks/gpu/results-h200-issue14.jsonl"  # runs A-F: key "run", told apart by its letter
 DET = "benchmarks/gpu/results-h200-determinism.jsonl"  # one device run
@@ -1325,6 +1326,52 @@ def goodput_faults() -> str:
     header = ["cluster", "fault", "recipe: step -> resumed: lost", "recipe: s to the first resumed step",
               "multinode: step -> resumed: lost", "multinode: s to the first resumed step"]  # fmt: skip
     return table(header, rows)
+
+
+@renders("goodput-spares")
+def goodput_spares() -> str:
+    """Wall time and each fault's time to the first resumed step: from the metrics and the clock, not from sacct,
+    which lost a run of the spares job (so no goodput is shown for this run)."""
+    rows = []
+    for variant, label in [("multinode", "`--executor multinode`"), ("spares", "the same + `spare_nodes=1`")]:
+        r = line(GOODPUT_SPARES, "scenarios", "busy", "variants", variant=variant)
+        cells = [label, _or_dash(r["wall_s"], f0), str(len(r["jobs"]))]
+        for fault in GOODPUT_FAULTS:
+            f = next((x for x in r["faults"] if x["fault"] == fault), None)
+            cells.append("not reached" if f is None else _or_dash(f["time_to_first_resumed_step_s"], f0))
+        rows.append(cells)
+    header = ["busy cluster", "wall s to the final model", "SLURM jobs",
+              *(f"{label}: s to the first resumed step" for label in GOODPUT_FAULTS.values())]  # fmt: skip
+    return table(header, rows)
+
+
+@renders("goodput-spares-setup")
+def goodput_spares_setup() -> str:
+    cfg = data(GOODPUT_SPARES, "config")
+    load = (
+        f"{each(data(GOODPUT_SPARES, 'load_before'), f1)} before, {each(data(GOODPUT_SPARES, 'load_after'), f1)} after"
+    )
+    when = f"{data(GOODPUT_SPARES, 'date')}, commit {data(GOODPUT_SPARES, 'commit')}"
+    return f"{when}, {cfg['steps']} steps; load average {load}"
+
+
+CKPT_COST = "benchmarks/results-checkpoint-verify.json"  # one run of benchmarks/checkpoint_cost.py
+
+
+@renders("checkpoint-cost")
+def checkpoint_cost() -> str:
+    def mean(key: str) -> str:
+        return f"{data(CKPT_COST, key, 'mean'):.4f} s"
+
+    return (
+        f"{data(CKPT_COST, 'checkpoints')} checkpoints of {data(CKPT_COST, 'checkpoint_bytes') / 1e6:.1f} MB "
+        f"({data(CKPT_COST, 'machine', 'filesystem')}): a save takes {mean('save_s')} mean, of which fsync "
+        f"{mean('fsync_s')} ({pct(data(CKPT_COST, 'fsync_share_of_save'))}, with the ranks' barrier after it), the "
+        f"manifest's sha256 {mean('manifest_s')} ({pct(data(CKPT_COST, 'manifest_share_of_save'))}), verifying the "
+        f"published checkpoint {mean('verify_s')} ({pct(data(CKPT_COST, 'verify_share_of_save'))}); the resume's "
+        f"verification {data(CKPT_COST, 'resume', 'verify_s'):.4f} s of its "
+        f"{data(CKPT_COST, 'resume', 'restore_s'):.4f} s restore"
+    )
 
 
 @renders("goodput-setup")
