@@ -12,7 +12,7 @@ import pytest
 
 from snakemake_executor_multinode.sandbox import cluster
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
-from tests.helpers import DEFAULT_SLURM, TEST_CLUSTER_DIR, TEST_SLURM, Cluster, cpu_saturated
+from tests.helpers import DEFAULT_SLURM, TEST_CLUSTER_DIR, TEST_SLURM, Cluster, cpu_saturated, node_index
 
 # A suite started in the background (`cmd &`, nohup, some CI runners) inherits SIGINT ignored, and so would every
 # Snakemake it starts: the Ctrl-C tests could not interrupt it. A handled SIGINT here resets to the default in the
@@ -76,3 +76,12 @@ def slurm_cluster() -> Iterator[Cluster]:
     if not was_up:
         left = cluster.down(spec)
         assert not left, f"`multinode cluster down` left {left}"
+
+
+@pytest.fixture
+def restore_nodes(slurm_cluster: Cluster) -> Iterator[list[str]]:
+    """The test puts the names of the nodes it kills here; each is brought back afterwards."""
+    dead: list[str] = []
+    yield dead
+    for name in dead:
+        cluster.restart_node(slurm_cluster.spec, node_index(slurm_cluster, name))

@@ -473,3 +473,45 @@ def load_script(path: Path, name: str) -> types.ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# --- a node's death, as the sandbox can make it (tests/cluster/test_node_death_cluster.py, test_spare_nodes_cluster.py)
+
+
+def node_index(cl: Cluster, name: str) -> int:
+    return next(i for i in cl.spec.node_indices if cl.spec.node_name(i) == name)
+
+
+def kill_node(cl: Cluster, name: str) -> float:
+    """SIGKILL the node's slurmd (its pid file, checked in /proc) and every process of its network namespace;
+    returns when none is left (time.monotonic())."""
+    i = node_index(cl, name)
+    slurmd = int((cl.spec.dir / "run" / f"slurmd-{name}.pid").read_text().split()[0])
+    assert alive(slurmd, "slurmd"), f"the pid file of {name} names no running slurmd"
+
+    def pids() -> list[int]:
+        out = subprocess.run(["ip", "netns", "pids", cl.spec.netns(i)], capture_output=True, text=True, check=True)
+        return [int(p) for p in out.stdout.split()]
+
+    victims = [slurmd, *(p for p in pids() if p != slurmd)]
+    assert len(victims) > 2, f"{name} runs no job processes: {victims}"  # slurmd, slurmstepd, workers
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    killed = time.monotonic()
+    wait_for(lambda: not pids(), f"every process of {name} gone", 30, interval=0.05)
+    return killed
+
+
+def training_folder(wd: Path, num_docs: int = 300, seed: int = 3) -> Path:
+    """A workflow folder for the real training: workflows/scripts copied to <wd>/scripts (a test's job may outlive
+    an edit of the checkout) and a small generated corpus in <wd>/data; returns the scripts' folder."""
+    wd.mkdir(parents=True, exist_ok=True)
+    scripts = wd / "scripts"
+    shutil.copytree(REPO / "workflows" / "scripts", scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    argv = [sys.executable, str(scripts / "preprocess.py"), "--out-dir", str(wd / "data"), "--num-docs", str(num_docs)]
+    data = subprocess.run([*argv, "--seed", str(seed)], capture_output=True, text=True, timeout=300)
+    assert data.returncode == 0, data.stdout + data.stderr
+    return scripts

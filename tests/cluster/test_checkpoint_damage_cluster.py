@@ -7,14 +7,11 @@ damaged checkpoint with a line naming the file, resumes from step 4 and finishes
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, job_logs, snakemake
+from tests.helpers import job_logs, snakemake, training_folder
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -52,18 +49,8 @@ rule train:
 
 def workflow(tmp_path: Path) -> Path:
     wd = tmp_path / "damage"
-    wd.mkdir()
-    scripts = wd / "scripts"
-    shutil.copytree(REPO / "workflows" / "scripts", scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    training_folder(wd)
     (wd / "Snakefile").write_text(SNAKEFILE.format(config=CONFIG, stop=STOP))
-    data = subprocess.run(
-        [sys.executable, str(scripts / "preprocess.py"), "--out-dir", str(wd / "data"), "--num-docs", "300"]
-        + ["--seed", "3"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert data.returncode == 0, data.stdout + data.stderr
     return wd
 
 

@@ -16,9 +16,6 @@ import csv
 import io
 import json
 import math
-import shutil
-import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +24,7 @@ from typing import Any
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
-from tests.helpers import REPO, Snakemake, figures, multinode, records, sacct_jobs, slurm, wait_for
+from tests.helpers import Snakemake, figures, multinode, records, sacct_jobs, slurm, training_folder, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -105,9 +102,7 @@ rule train:
 
 def training_workflow(tmp_path: Path) -> Path:
     wd = tmp_path / "goodput"
-    wd.mkdir()
-    scripts = wd / "scripts"
-    shutil.copytree(REPO / "workflows" / "scripts", scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    scripts = training_folder(wd)
     (wd / "gated_train.py").write_text(
         GATED.format(
             scripts=str(scripts),
@@ -120,14 +115,6 @@ def training_workflow(tmp_path: Path) -> Path:
         )
     )
     (wd / "Snakefile").write_text(SNAKEFILE.format(nodes=NODES, config=json.dumps(CONFIG)))
-    data = subprocess.run(
-        [sys.executable, str(scripts / "preprocess.py"), "--out-dir", str(wd / "data"), "--num-docs", "300"]
-        + ["--seed", "3"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert data.returncode == 0, data.stdout + data.stderr
     return wd
 
 

@@ -9,17 +9,11 @@ Afterwards the node is brought back (its slurmd restarted, resumed), so later te
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.sandbox import cluster
-from tests.helpers import Cluster, Snakemake, alive, figures, records, sacct_jobs, wait_for
+from tests.helpers import Snakemake, figures, kill_node, records, sacct_jobs, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -50,42 +44,6 @@ rule train:
     resources: nodes=2, gpus=1
     shell: "multinode torchrun ring.py {output}"
 """
-
-
-def node_index(cl: Cluster, name: str) -> int:
-    return next(i for i in cl.spec.node_indices if cl.spec.node_name(i) == name)
-
-
-def kill_node(cl: Cluster, name: str) -> float:
-    """SIGKILL the node's slurmd (its pid file, checked in /proc) and every process of its network namespace;
-    returns when none is left (time.monotonic())."""
-    i = node_index(cl, name)
-    slurmd = int((cl.spec.dir / "run" / f"slurmd-{name}.pid").read_text().split()[0])
-    assert alive(slurmd, "slurmd"), f"the pid file of {name} names no running slurmd"
-
-    def pids() -> list[int]:
-        out = subprocess.run(["ip", "netns", "pids", cl.spec.netns(i)], capture_output=True, text=True, check=True)
-        return [int(p) for p in out.stdout.split()]
-
-    victims = [slurmd, *(p for p in pids() if p != slurmd)]
-    assert len(victims) > 2, f"{name} runs no job processes: {victims}"  # slurmd, slurmstepd, workers
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    killed = time.monotonic()
-    wait_for(lambda: not pids(), f"every process of {name} gone", 30, interval=0.05)
-    return killed
-
-
-@pytest.fixture
-def restore_nodes(slurm_cluster: Cluster) -> Iterator[list[str]]:
-    """The test puts the names of the nodes it kills here; each is brought back afterwards."""
-    dead: list[str] = []
-    yield dead
-    for name in dead:
-        cluster.restart_node(slurm_cluster.spec, node_index(slurm_cluster, name))
 
 
 def test_a_dead_node_is_named_and_the_retry_runs_without_it(slurm_cluster, tmp_path, restore_nodes):
