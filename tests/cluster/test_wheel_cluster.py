@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,12 +174,12 @@ def test_the_wheel_holds_both_packages_with_every_file_they_read_and_nothing_els
 def test_the_sdist_holds_the_project_and_nothing_untracked(release):
     with tarfile.open(release.sdist) as sdist:
         members = {m.name.split("/", 1)[1] for m in sdist.getmembers() if m.isfile()}
-    for needed in ("pyproject.toml", "README.md", "CHANGELOG.md", *tracked(*PACKAGES)):
+    for needed in ("pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE", *tracked(*PACKAGES)):
         assert needed in members, needed
     top = {m.split("/")[0] for m in members}
-    allowed = {*PACKAGES, "tests", "docs", "workflows", "scripts", "benchmarks", "PKG-INFO", "pyproject.toml"}
-    allowed.add(".gitignore")  # hatchling always puts it in
-    allowed |= {"README.md", "CHANGELOG.md", "CONTRIBUTING.md", "constraints.txt"}
+    # what pyproject names (its one list), the metadata, and .gitignore (hatchling always puts it in)
+    named = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["sdist"]
+    allowed = {*named["only-include"], "PKG-INFO", ".gitignore"}
     assert top <= allowed, sorted(top - allowed)
     assert release.sdist.stat().st_size < 5_000_000, release.sdist.stat().st_size
 
