@@ -12,23 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import job_logs, snakemake, training_folder
+from tests.training.helpers import TINY
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 STEPS, STOP, EVERY = 8, 6, 2
-CONFIG = {
-    "plugin": "torch_ddp",
-    "n_layer": 2,
-    "n_head": 4,
-    "d_model": 64,
-    "seq_len": 64,
-    "micro_batch": 4,
-    "warmup": 2,
-    "steps": STEPS,
-    "log_every": 1,
-    "ckpt_every": EVERY,
-    "keep_ckpts": 3,
-}
+CONFIG = {**TINY, "plugin": "torch_ddp", "steps": STEPS, "ckpt_every": EVERY, "keep_ckpts": 3}
 SHARD = "model/pytorch_model-00001.bin"
 
 # One --ckpt-dir named here, whatever the target: "stopped" adds stop_after, "final" trains to the end. (The example

@@ -25,6 +25,7 @@ import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from tests.helpers import Snakemake, figures, multinode, records, sacct_jobs, slurm, training_folder, wait_for
+from tests.training.helpers import TINY
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -32,17 +33,7 @@ NODES = 2
 CKPT_EVERY = 5
 GATE_AT = CKPT_EVERY + 3  # the first run stops (held by the gate) once it has logged this step
 STEPS = 20
-CONFIG = {
-    "n_layer": 2,
-    "n_head": 4,
-    "d_model": 64,
-    "seq_len": 64,
-    "micro_batch": 4,
-    "warmup": 2,
-    "steps": STEPS,
-    "log_every": 1,
-    "ckpt_every": CKPT_EVERY,
-}
+CONFIG = {**TINY, "steps": STEPS, "ckpt_every": CKPT_EVERY}
 
 # train.py unchanged but paced (the same on every rank), so that each category lasts long enough to be measured in
 # the report's tenths of node-seconds whatever the machine's speed: every step takes STEP_S more, every checkpoint
