@@ -38,6 +38,7 @@ from snakemake_executor_multinode.watching.progress import ProgressLines, durati
 from snakemake_executor_multinode.watching.reattach import RunReason
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 from snakemake_executor_multinode.watching.settings import WatchSettings
+from snakemake_executor_multinode.watching.status_view import replaced
 from snakemake_executor_multinode.watching.tracker import Outcome, Tracker
 
 # What the adapter hands over and gets back, besides the Session itself.
@@ -344,8 +345,12 @@ class Session:
             return Ended(sub, True)
         if outcome.state is not None and outcome.state.state == "PENDING":  # it can never start: not left queued
             self.cancel([sub.jobid], "it can never start")
-        if outcome.failed_node:
-            self.failed_nodes[sub.outputs] = (*self.failed_nodes.get(sub.outputs, ()), outcome.failed_node)
+        # the nodes a spare replaced are as bad as the one it failed on: a retry on them would meet the same fault
+        bad = [line["node"] for line in replaced(sub.log)] if sub.log else []
+        bad += [outcome.failed_node] if outcome.failed_node else []
+        if bad:
+            known = self.failed_nodes.get(sub.outputs, ())
+            self.failed_nodes[sub.outputs] = (*known, *(n for n in dict.fromkeys(bad) if n not in known))
         return Ended(sub, False, failure_message(sub.jobid, outcome, Path(sub.log) if sub.log else None))
 
     # --- the end --------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 
 from snakemake_executor_multinode.sandbox import cluster
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
-from tests.helpers import DEFAULT_SLURM, TEST_CLUSTER_DIR, TEST_SLURM, Cluster, cpu_saturated, node_index
+from tests.helpers import DEFAULT_SLURM, TEST_CLUSTER_DIR, TEST_NODES, TEST_SLURM, Cluster, cpu_saturated, node_index
 
 # A suite started in the background (`cmd &`, nohup, some CI runners) inherits SIGINT ignored, and so would every
 # Snakemake it starts: the Ctrl-C tests could not interrupt it. A handled SIGINT here resets to the default in the
@@ -64,7 +64,7 @@ def slurm_cluster() -> Iterator[Cluster]:
     stopped at the end."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("the local SLURM cluster needs root and iproute2")
-    spec = ClusterSpec(dir=TEST_CLUSTER_DIR, slurm=TEST_SLURM)
+    spec = ClusterSpec(dir=TEST_CLUSTER_DIR, slurm=TEST_SLURM, nodes=TEST_NODES)
     running = ClusterSpec.load(spec.dir)
     was_up = running is not None and running.same_shape(spec) and cluster.is_up(running)
     cluster.up(spec)

@@ -273,6 +273,8 @@ REPO = Path(__file__).resolve().parents[1]
 # The SLURM release the cluster tests run on (scripts/test.sh runs them on each); each has its own cluster folder, so
 # both can be up at once.
 TEST_SLURM = os.environ.get("MULTINODE_TEST_SLURM", DEFAULT_SLURM)
+# Five nodes: a 2-node job with a spare holds 3, and its retry must still find 3 without the 2 nodes it lost.
+TEST_NODES = 5
 TEST_CLUSTER_DIR = Path(
     os.environ.get(
         "MULTINODE_TEST_CLUSTER_DIR",

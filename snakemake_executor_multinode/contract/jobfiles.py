@@ -281,6 +281,10 @@ class ShellJobFiles:
     def runs(self) -> str:
         return self.prefix + RUNS
 
+    @property
+    def replacements(self) -> str:
+        return self.prefix + REPLACEMENTS
+
     def node_out(self, node_word: str) -> str:
         return f"{self.prefix}.{node_word}{NODE_OUT}"
 

@@ -213,6 +213,7 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "exit_code_changed": str(protocol.EXIT_CODE_CHANGED),
         "versions_in_job": "1" if ctx.versions_in_job else "0",
         "runs_file": kept.runs,
+        "replacements_file": first_run.replacements,
         "gpu_sample_seconds": str(ctx.gpu_sample_s if req.gpus else 0),  # >= 0: the planner refuses less
         "gpu_samples": kept.prefix,
         "gpu_samples_file": ShellJobFiles(f'"${protocol.GPU_SAMPLES_VAR}"').gpu_samples("<node>"),  # a comment: no path

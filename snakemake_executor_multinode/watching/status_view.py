@@ -285,16 +285,20 @@ def goodput_so_far(log: str, nodes: int, gpus_per_node: int, now: float) -> str:
     return f"{shown} of {size}" + (f" ({', '.join(rest)})" if rest else "")
 
 
-def replacements(log: str) -> str:
-    """'node2 -> node3 (does not answer: the node is down)', one per replacement the launcher recorded; ""
-    without any."""
+def replaced(log: str) -> list[dict]:
+    """The replacements the launcher recorded in a job's replacements file (launching/spares.py), in order."""
     lines = json_lines(JobFiles.from_log(log).replacements) if log else []
-    said = [
-        f"{line['node']} -> {line['spare']} ({line.get('why', '')})"
+    return [
+        line
         for line in lines
         if isinstance(line, dict) and line.get("event") == "replaced" and "node" in line and "spare" in line
     ]
-    return "; ".join(said)
+
+
+def replacements(log: str) -> str:
+    """'node2 -> node3 (does not answer: the node is down)', one per replacement the launcher recorded; ""
+    without any."""
+    return "; ".join(f"{line['node']} -> {line['spare']} ({line.get('why', '')})" for line in replaced(log))
 
 
 def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: Path) -> list[JobRow]:

@@ -1,5 +1,5 @@
 """Bad input is refused before the first submission, and `multinode check` / `multinode preview --rule` say so
-without running anything: on the real local SLURM cluster (3 nodes in partition `gpu`, the default; accounting on).
+without running anything: on the real local SLURM cluster (5 nodes in partition `gpu`, the default; accounting on).
 
 Each bad case is given to a real `snakemake --executor multinode` run (upstream rule fine, downstream rule bad: the
 run stops before the upstream job is submitted) and to `multinode check` with the same arguments (same message,
@@ -71,8 +71,8 @@ def assert_no_stack(text: str) -> None:
 
 BAD = {
     "nodes": (
-        ["--set-resources", "down:nodes=5"],
-        "rule 'down': resource nodes=5 is invalid: partition 'gpu' has 3 nodes (SLURM: Node count specification "
+        ["--set-resources", "down:nodes=9"],
+        "rule 'down': resource nodes=9 is invalid: partition 'gpu' has 5 nodes (SLURM: Node count specification "
         "invalid)",
     ),
     "partition": (

@@ -1,4 +1,4 @@
-"""`snakemake --executor multinode` on the real local SLURM cluster (3 namespaced nodes, fake GPUs)."""
+"""`snakemake --executor multinode` on the real local SLURM cluster (5 namespaced nodes, fake GPUs)."""
 
 from __future__ import annotations
 
@@ -341,13 +341,13 @@ def test_more_nodes_than_the_partition_has_is_refused_by_slurm_before_any_submis
     (wd / "Snakefile").write_text(
         'rule all:\n    input: "x"\n'
         'rule first:\n    output: "w"\n    shell: "touch {output}"\n'
-        'rule big:\n    input: "w"\n    output: "x"\n    resources: nodes=5, own_launcher=True\n'
+        'rule big:\n    input: "w"\n    output: "x"\n    resources: nodes=9, own_launcher=True\n'
         '    shell: "touch {output}"\n'
     )
     proc = snakemake(wd, check=False)
     assert proc.returncode != 0
     text = proc.stderr + proc.stdout
-    assert "rule 'big': resource nodes=5 is invalid: partition 'gpu' has 3 nodes" in text
+    assert "rule 'big': resource nodes=9 is invalid: partition 'gpu' has 5 nodes" in text
     assert "Node count specification invalid" in text  # SLURM's own words, asked with sbatch --test-only
     assert jobs_from(slurm_cluster, wd) == set() and not (wd / "w").exists()  # not even the upstream job ran
 

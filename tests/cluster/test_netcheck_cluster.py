@@ -125,7 +125,7 @@ def test_a_node_with_a_broken_interface_ends_the_job_at_once_naming_it(slurm_clu
 
 
 def test_the_fault_hook_leaves_every_node_answering(slurm_cluster):
-    """After the tests above, no node is left without its interface: later tests keep three nodes."""
+    """After the tests above, no node is left without its interface: later tests keep every node."""
     for i in slurm_cluster.spec.node_indices:
         link = subprocess.run(
             ["ip", "netns", "exec", slurm_cluster.spec.netns(i), "ip", "-o", "link", "show", "eth0"],

@@ -90,9 +90,9 @@ def test_a_dead_node_is_replaced_by_the_spare_in_the_same_job(slurm_cluster, tmp
         (wd / "release-1").touch()
         sm.stop()
     assert rc == 0, sm.text
-    hosts = sorted(slurm_cluster.spec.node_name(i) for i in slurm_cluster.spec.node_indices)
-    (spare,) = set(hosts) - {head, other}
-    assert [p.name.split("-", 4)[4] for p in second] == [head, spare]  # ranks 0 and 1: the head, then the spare
+    relaunch_hosts = [p.name.split("-", 4)[4] for p in second]
+    spare = relaunch_hosts[1]
+    assert relaunch_hosts[0] == head and spare not in (head, other)  # ranks 0 and 1: the head, then the spare
     log = joblog.read_text()
     assert f"replacing node {other} (does not answer: the node is down) with spare {spare}; relaunch 1" in log, log
     assert f"nodes {head},{spare}, 0 spare(s) left" in log, log
@@ -171,8 +171,8 @@ def test_the_node_of_a_stalled_rank_is_replaced_by_the_spare_in_the_same_job(slu
     second = {rank: lines[3] for rank, lines in starts.items() if len(lines) == 4}
     assert all(lines[0] == "0" and lines[2] == "1" for lines in starts.values()), starts
     head, stalled = first[0], first[3]
-    (spare,) = {slurm_cluster.spec.node_name(i) for i in slurm_cluster.spec.node_indices} - {head, stalled}
-    assert sorted(set(second.values())) == sorted({head, spare}), starts
+    (spare,) = set(second.values()) - {head}
+    assert spare != stalled and len(set(second.values())) == 2, starts
     assert re.search(rf"stalled: no progress for 20s on any rank; .*rank 3 differs: .*; node {stalled} holds", log)
     assert f"replacing node {stalled} (stalled: its ranks differ" in log and f"with spare {spare}; relaunch 1" in log
     # the relaunched step's labellers found no stale stack request: no stack was taken after the replacement
@@ -182,3 +182,54 @@ def test_the_node_of_a_stalled_rank_is_replaced_by_the_spare_in_the_same_job(slu
     assert [r["jobid"] for r in recs] == [job], recs
     assert sacct_jobs(slurm_cluster, {r["job_name"] for r in recs}, {job}) == {job: ["COMPLETED"]}
     assert "stalled: no progress" not in sm.text, sm.text  # no stall verdict (marker) reached Snakemake
+
+
+def test_with_its_spare_used_up_a_second_dead_node_ends_the_job_and_the_retry_resumes_without_both(
+    slurm_cluster, tmp_path, restore_nodes
+):
+    """Spares used up: the first dead node is replaced in the job, the second ends it (today's path). The retry is
+    a new job that leaves out both nodes (the one it failed on and the one the spare replaced) and resumes from the
+    step saved before the second death: no step is lost."""
+    wd = tmp_path / "wf"
+    wd.mkdir()
+    (wd / "ckpt.py").write_text(CKPT)
+    (wd / "Snakefile").write_text(SNAKEFILE)
+    sm = Snakemake(wd, "--retries", "1")
+    try:
+        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
+        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        first = wait_for(lambda: len(r := sorted(wd.glob(f"ready-{job}-0-*"))) == 2 and r, "both ranks ready", 300)
+        head, dead = (p.name.split("-", 4)[4] for p in first)
+        wait_for(lambda: saved_step(wd) >= 3, "three steps saved", 120)
+        restore_nodes.append(dead)
+        kill_node(slurm_cluster, dead)  # replaced by the spare
+        second = wait_for(lambda: len(r := sorted(wd.glob(f"ready-{job}-1-*"))) == 2 and r, "relaunched ranks", 300)
+        spare = second[1].name.split("-", 4)[4]
+        wait_for(lambda: saved_step(wd) >= 6, "steps saved after the relaunch", 120)
+        restore_nodes.append(spare)
+        kill_node(slurm_cluster, spare)  # no spare left: the job fails
+        before = saved_step(wd)  # the training is stopped by now: its last step stays saved
+        _, line = sm.wait_line("rule train: SLURM job", ".attempt2.", timeout=300)
+        retry = line.split("SLURM job ")[1].split()[0]
+        third = wait_for(lambda: len(r := sorted(wd.glob(f"ready-{retry}-0-*"))) == 2 and r, "the retry's ranks", 300)
+        (wd / "release-0").touch()
+        rc = sm.wait(600)
+    finally:
+        for k in (0, 1):
+            (wd / f"release-{k}").touch()
+        sm.stop()
+    assert rc == 0, sm.text
+    log = joblog.read_text()
+    assert f"replacing node {dead} (does not answer: the node is down) with spare {spare}; relaunch 1" in log, log
+    assert f"node {spare} (node_rank 1) does not answer" in log, log
+    # the retry runs on neither node, as its script's exclude says
+    retry_hosts = {p.name.split("-", 4)[4] for p in third}
+    assert not retry_hosts & {dead, spare}, (retry_hosts, dead, spare)
+    [script] = [Path(r["script"]).read_text() for r in records(wd) if r["jobid"] == retry]
+    assert re.search(rf"^#SBATCH --exclude=({dead},{spare}|{spare},{dead})$", script, re.M), script
+    # nothing lost: the retry resumed from the step saved before the second death
+    starts = {rank: [line.split() for line in (wd / f"launch-{rank}.txt").read_text().splitlines()] for rank in (0, 1)}
+    assert [len(lines) for lines in starts.values()] == [3, 3], starts  # launch, relaunch, retry
+    resumed = {int(lines[-1][1]) for lines in starts.values()}
+    assert min(resumed) >= before >= 6, (starts, before)
+    assert (wd / "out.txt").read_text().split() == [retry]

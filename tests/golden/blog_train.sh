@@ -185,7 +185,11 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
     # The job's own requeues only: SLURM's restart count also counts preemptions and admin requeues, which must not
     # use up the budget (a job preempted 3 times still requeues itself at its time limit).
     MULTINODE_SELF_REQUEUES=$(cat "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.self-requeues" 2>/dev/null || echo 0)
-    if [ "$MULTINODE_SELF_REQUEUES" -lt 3 ]; then  # at most 3 requeue(s) of its own
+    if [ -s .snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1.replacements.jsonl ]; then
+        # SLURM 22.05 cannot start a step in a job with spares requeued after it lost a node ("Invalid generic
+        # resource (gres) specification"), and a requeue could not leave the replaced nodes out: the retry can
+        echo "[multinode] not requeued by itself: a spare replaced a node in this job (multinode status names it)"
+    elif [ "$MULTINODE_SELF_REQUEUES" -lt 3 ]; then  # at most 3 requeue(s) of its own
         MULTINODE_REQUEUED=1
         rm -f "$MULTINODE_PREEMPT_FILE"
         echo "$((MULTINODE_SELF_REQUEUES + 1))" >"$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.self-requeues"

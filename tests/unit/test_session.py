@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, StateFolders, marker
+from snakemake_executor_multinode.contract.jobfiles import (
+    EXIT_MARKER,
+    FAILED_NODE_MARKER,
+    JobFiles,
+    StateFolders,
+    marker,
+)
 from snakemake_executor_multinode.planning.plan import RuleJob
 from snakemake_executor_multinode.planning.request import RequestError
 from snakemake_executor_multinode.session import Session, Settings, SubmitRefused
@@ -59,6 +66,23 @@ def test_a_job_is_planned_submitted_watched_and_ended_with_its_records(tmp_path)
     rec = provenance.find(tmp_path, "out.txt")
     assert rec is not None and rec["rule"] == "train" and rec["code"]["snapshot"] is None
     assert json.dumps(rec).count(str(tmp_path / "train.py")) == 1  # its hash is recorded
+
+
+def test_a_retry_avoids_the_node_a_job_failed_on_and_every_node_a_spare_replaced_in_it(tmp_path):
+    s, _ = session(tmp_path, Slurm())
+    job = RuleJob("train", {"nodes": 2, "spare_nodes": 1, "own_launcher": True}, "python t.py", key="0.1")
+    sub = s.submit(s.plan(job, ["out.txt"]), ["out.txt"], RunReason())
+    replacements = JobFiles.from_log(sub.log).replacements
+    replacements.parent.mkdir(parents=True, exist_ok=True)
+    replacements.write_text(
+        '{"event": "replaced", "node": "node2", "spare": "node3", "why": "exited with 1"}\n'
+        '{"event": "replaced", "node": "node3", "spare": "node4", "why": "exited with 1"}\n'
+    )
+    StateFolders(tmp_path).marker("41", EXIT_MARKER).write_text(f"1 0 {sub.job_name}\n")
+    StateFolders(tmp_path).marker("41", FAILED_NODE_MARKER).write_text("node4\n")
+    assert not s.end(sub, s.poll([(sub, "train")])["41"]).success
+    retry = s.plan(replace(job, attempt=2), ["out.txt"])
+    assert "#SBATCH --exclude=node2,node3,node4" in retry.script
 
 
 def test_the_session_refuses_a_multi_node_job_whose_command_leaves_nodes_idle(tmp_path):

@@ -145,7 +145,11 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
     # The job's own requeues only: SLURM's restart count also counts preemptions and admin requeues, which must not
     # use up the budget (a job preempted 3 times still requeues itself at its time limit).
     MULTINODE_SELF_REQUEUES=$(cat {{self_requeue_marker}} 2>/dev/null || echo 0)
-    if [ "$MULTINODE_SELF_REQUEUES" -lt {{max_requeues}} ]; then  # at most {{max_requeues}} requeue(s) of its own
+    if [ -s {{replacements_file}} ]; then
+        # SLURM 22.05 cannot start a step in a job with spares requeued after it lost a node ("Invalid generic
+        # resource (gres) specification"), and a requeue could not leave the replaced nodes out: the retry can
+        echo "[multinode] not requeued by itself: a spare replaced a node in this job (multinode status names it)"
+    elif [ "$MULTINODE_SELF_REQUEUES" -lt {{max_requeues}} ]; then  # at most {{max_requeues}} requeue(s) of its own
         MULTINODE_REQUEUED=1
         rm -f "$MULTINODE_PREEMPT_FILE"
         echo "$((MULTINODE_SELF_REQUEUES + 1))" >{{self_requeue_marker}}
