@@ -286,15 +286,19 @@ def goodput_so_far(log: str, nodes: int, gpus_per_node: int, now: float) -> str:
 
 
 def replacements(log: str) -> str:
-    """'node2 -> node3 (does not answer: the node is down)', one per replacement the launcher recorded; ""
-    without any."""
+    """'node2 -> node3 (does not answer: the node is down)', one per replacement the launcher recorded, and
+    'node3 (failed its node check: ...)' for a node that failed its check with no spare taking its place (a spare
+    itself, or none left); "" without any."""
     lines = json_lines(JobFiles.from_log(log).replacements) if log else []
-    said = [
-        f"{line['node']} -> {line['spare']} ({line.get('why', '')})"
-        for line in lines
-        if isinstance(line, dict) and line.get("event") == "replaced" and "node" in line and "spare" in line
-    ]
-    return "; ".join(said)
+    said = [_dropped(line) for line in lines if isinstance(line, dict) and "node" in line and "spare" in line]
+    return "; ".join(s for s in said if s)
+
+
+def _dropped(line: dict) -> str:
+    if line.get("event") not in ("replaced", "check_failed"):  # the launcher's events (spares.py)
+        return ""
+    spare = f" -> {line['spare']}" if line["spare"] else ""
+    return f"{line['node']}{spare} ({line.get('why', '')})"
 
 
 def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: Path) -> list[JobRow]:
@@ -401,7 +405,7 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
             *(["", "why they wait:", *waits] if waits else []),
             *(["", "GPU use so far (per node: mean utilisation, peak memory of one GPU):", *gpus] if gpus else []),
             *(["", "goodput so far (productive share of the allocation; the rest):", *goodput] if goodput else []),
-            *(["", "nodes replaced by spares (dropped -> spare):", *replaced] if replaced else []),
+            *(["", "nodes replaced by spares, or failing their node check:", *replaced] if replaced else []),
         ]
     )
 
