@@ -108,6 +108,14 @@ CONTAINER_VARIABLES = (
 NETWORK_CHECK_VAR = "MULTINODE_NETWORK_CHECK"
 NETWORK_CHECK_DEFAULT_S = 60
 NETWORK_CHECK_VARIABLES = (NETWORK_CHECK_VAR,)  # set by the environment section, not by the template itself
+# The node check (nodecheck.py): on every node before each launch of the training, its GPUs visible and the site's
+# own command passing. The job script exports them from the profile's `node_check:` key (environment.py); unset: on,
+# GPUs only, with the default limit (a hand-written sbatch script gets the same check).
+NODE_CHECK_VAR = "MULTINODE_NODE_CHECK"  # 1: on, 0: off
+NODE_CHECK_COMMAND_VAR = "MULTINODE_NODE_CHECK_COMMAND"  # the site's command, run by bash on every node; "": none
+NODE_CHECK_TIMEOUT_VAR = "MULTINODE_NODE_CHECK_TIMEOUT"  # seconds for one node's whole check
+NODE_CHECK_DEFAULT_S = 120
+NODE_CHECK_VARIABLES = (NODE_CHECK_VAR, NODE_CHECK_COMMAND_VAR, NODE_CHECK_TIMEOUT_VAR)  # the environment section's
 # The rule's resources that `multinode torchrun` reads: set from the request (JobRequest.launcher_variables), not by
 # the template itself.
 LAUNCHER_VARIABLES = (STALL_TIMEOUT_VAR, ON_STALL_VAR, TRAIN_NODES_VAR)
@@ -146,6 +154,7 @@ VARIABLES = (
     GPU_SAMPLER_VAR,
     *CONTAINER_VARIABLES,
     *NETWORK_CHECK_VARIABLES,
+    *NODE_CHECK_VARIABLES,
 )
 
 # Rendezvous port: derived from the job id, so two jobs sharing a head node pick different ports without talking to

@@ -30,7 +30,7 @@ from pathlib import Path
 from snakemake_executor_multinode.contract import container_spec, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
-from snakemake_executor_multinode.launching import container, liveness, netcheck, nodelog, spares, stall
+from snakemake_executor_multinode.launching import container, liveness, netcheck, nodecheck, nodelog, spares, stall
 from snakemake_executor_multinode.launching.allocation import (
     Allocation,
     allocation,
@@ -556,6 +556,37 @@ def print_help(python: str = sys.executable) -> int:
     return subprocess.call([python, "-m", "torch.distributed.run", "--help"])
 
 
+def check_nodes(roster: spares.Roster, gpus_per_node: int, env: Mapping[str, str], relaunch: int) -> int | None:
+    """The node check (nodecheck.py) over every usable node before a launch: a failing node is dropped like a dead
+    one, before the training starts there. None: launch; else the launcher's exit code, the first failing node in
+    $MULTINODE_FAILED_NODE_FILE for the retry to exclude (too few good nodes left)."""
+    wanted = nodecheck.settings(env)
+    if not nodecheck.wanted(wanted, gpus_per_node):
+        return None
+    nodes = roster.usable()
+    t0 = time.monotonic()
+    argv = nodecheck.srun_command(nodes, gpus_per_node)
+    limit = wanted.timeout + nodecheck.STEP_GRACE_S
+    bad, code = nodecheck.run_step(argv, env, nodes, limit, lambda line: print(line, file=sys.stderr, flush=True))
+    if not bad and code != 0:  # no node said anything: srun could not run the step, which blames no node
+        log(f"the node check's step failed (srun exit {code}) before any node reported: no node is blamed")
+    log(f"node check: {len(nodes) - len(bad)} of {len(nodes)} node(s) ok in {time.monotonic() - t0:.1f} s")
+    chosen = roster.chosen()
+    for node, spare in roster.exclude(list(bad)).items():
+        took = f"spare {spare} takes its place" if spare else "no spare left" if node in chosen else "a spare: unused"
+        log(f"node {node} failed its node check: {bad[node]}; {took}")
+        spares.record(env, node, spare or "", f"failed its node check: {bad[node]}", relaunch, spares.CHECK_FAILED)
+    if roster.enough():
+        return None
+    first = next(iter(bad))
+    log(
+        f"FAILED: {len(roster.usable())} good node(s) left, the training needs {roster.train}; node {first} is "
+        "named for the retry to exclude"
+    )
+    protocol.record_failed_node(env.get(protocol.FAILED_NODE_FILE_VAR, ""), first)
+    return 1
+
+
 def launch_with_spares(
     alloc: Allocation,
     opts: Sequence[str],
@@ -568,6 +599,8 @@ def launch_with_spares(
     roster = spares.Roster(alloc.nodes, spares.train_nodes(env, len(alloc.nodes)))
     relaunch, overlap = 0, False
     while True:
+        if (code := check_nodes(roster, alloc.gpus_per_node, env, relaunch)) is not None:
+            return code
         step = spares.step_allocation(alloc, roster.chosen(), relaunch)
         argv_srun = srun_command(step, opts, script, box=box, nodelist=step.nodes != alloc.nodes, overlap=overlap)
         nproc = nproc_for(step, opts)

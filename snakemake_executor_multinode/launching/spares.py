@@ -75,6 +75,19 @@ class Roster:
         self.bad.append(node)
         return spare
 
+    def exclude(self, nodes: Sequence[str]) -> dict[str, str | None]:
+        """Marks `nodes` bad wherever they are (training nodes or spares: nodes that failed their node check);
+        each one's replacement, in order: a spare that now fills the step in a training node's place, None for a
+        spare and for a training node no spare was left for."""
+        before = self.chosen()
+        self.bad += [n for n in nodes if n not in self.bad]
+        incoming = iter([n for n in self.chosen() if n not in before])
+        return {n: next(incoming, None) if n in before else None for n in nodes}
+
+    def enough(self) -> bool:
+        """Whether the usable nodes still fill the step."""
+        return len(self.usable()) >= self.train
+
 
 def step_allocation(alloc: Allocation, nodes: Sequence[str], relaunch: int) -> Allocation:
     """The allocation a launch's step sees: its nodes, the head's address (a new head when the old one was
@@ -88,13 +101,17 @@ def step_allocation(alloc: Allocation, nodes: Sequence[str], relaunch: int) -> A
     return replace(alloc, nodes=tuple(nodes), master_addr=addr, master_port=port)
 
 
-def record(env: Mapping[str, str], node: str, spare: str, why: str, relaunch: int) -> None:
+REPLACED = "replaced"  # a training node dropped after a failed step, a spare in its place
+CHECK_FAILED = "check_failed"  # a node that failed its node check (nodecheck.py): its spare, or "" (none took it)
+
+
+def record(env: Mapping[str, str], node: str, spare: str, why: str, relaunch: int, event: str = REPLACED) -> None:
     """One line in the job's replacements file (the first run's, beside its log); none outside a job's log."""
     stem = env.get(protocol.LOG_STEM_VAR)
     if not stem:
         return
     line = {
-        "event": "replaced",
+        "event": event,
         "job": env.get("SLURM_JOB_ID", ""),
         "node": node,
         "spare": spare,

@@ -17,7 +17,15 @@ import yaml
 
 from snakemake_executor_multinode.contract import container_spec
 from snakemake_executor_multinode.contract.jobfiles import ShellJobFiles
-from snakemake_executor_multinode.contract.protocol import LOG_STEM_VAR, NETWORK_CHECK_DEFAULT_S, NETWORK_CHECK_VAR
+from snakemake_executor_multinode.contract.protocol import (
+    LOG_STEM_VAR,
+    NETWORK_CHECK_DEFAULT_S,
+    NETWORK_CHECK_VAR,
+    NODE_CHECK_COMMAND_VAR,
+    NODE_CHECK_DEFAULT_S,
+    NODE_CHECK_TIMEOUT_VAR,
+    NODE_CHECK_VAR,
+)
 from snakemake_executor_multinode.planning.quoting import shell_quote
 from snakemake_executor_multinode.planning.request import PROFILE_RESOURCES
 
@@ -25,6 +33,7 @@ DEFAULT_VARS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PROFILE_KEYS = {
     "extends", "cuda", "modules", "conda", "venv", "setup", "nccl", "env", "container", "network_check",
+    "node_check",
     *PROFILE_RESOURCES,  # read by the request, like a rule's resources of the same names
 }  # fmt: skip
 # profile key -> NCCL variable; booleans become 1/0 (ib is inverted: NCCL_IB_DISABLE).
@@ -165,6 +174,8 @@ def _check_profile(body: dict[str, Any], where: str) -> None:
             raise EnvProfileError(str(err)) from err
     if "network_check" in body:
         network_check_seconds(body["network_check"], f"{where}.network_check")
+    if "node_check" in body:
+        node_check(body["node_check"], f"{where}.node_check")
     for key in ("nccl", "env"):
         if key in body and not isinstance(body[key], dict):
             raise EnvProfileError(f"{where}.{key}: must be a mapping")
@@ -194,6 +205,51 @@ def network_check_seconds(value: Any, where: str = "network_check") -> int:
     if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= NETWORK_CHECK_MAX_S:
         raise EnvProfileError(f"{where}.timeout: {timeout!r} is not valid; {allowed}")
     return timeout
+
+
+NODE_CHECK_MAX_S = 3600
+
+
+@dataclass(frozen=True)
+class NodeCheck:
+    """The profile's `node_check`: whether every node is checked before each launch, and the site's own command."""
+
+    on: bool = True
+    command: str = ""
+    timeout: int = NODE_CHECK_DEFAULT_S
+
+
+def node_check(value: Any, where: str = "node_check") -> NodeCheck:
+    """`node_check: true | false | {command: "SHELL COMMAND", timeout: SECONDS}` -> the check it asks for; true (and
+    an absent key) is the default check: the node's GPUs visible, where nvidia-smi exists."""
+    allowed = (
+        f"allowed: true, false or {{command: SHELL_COMMAND, timeout: SECONDS}} (both optional; timeout "
+        f"1-{NODE_CHECK_MAX_S}, default {NODE_CHECK_DEFAULT_S})"
+    )
+    if isinstance(value, bool):
+        return NodeCheck(on=value)
+    if not isinstance(value, dict):
+        raise EnvProfileError(f"{where}: {value!r} is not valid; {allowed}")
+    if unknown := set(map(str, value)) - {"command", "timeout"}:
+        raise EnvProfileError(f"{where}: unknown key(s) {sorted(unknown)}; {allowed}")
+    command = value.get("command", "")
+    if not isinstance(command, str) or (not command.strip() and "command" in value):
+        raise EnvProfileError(f"{where}.command: {command!r} is not valid: must be a non-empty string; {allowed}")
+    timeout = value.get("timeout", NODE_CHECK_DEFAULT_S)
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= NODE_CHECK_MAX_S:
+        raise EnvProfileError(f"{where}.timeout: {timeout!r} is not valid; {allowed}")
+    return NodeCheck(on=True, command=command, timeout=timeout)
+
+
+def node_check_lines(check: NodeCheck) -> list[str]:
+    """The node check's exports: all three, so that none is inherited from the submitting shell (--export=ALL)."""
+    said = "its GPUs visible" + (" and the profile's command" if check.command else "")
+    return [
+        f"# node check: every node before each launch, {said} (docs/further.md)" if check.on else "# node check: off",
+        f"export {NODE_CHECK_VAR}={int(check.on)}",
+        f"export {NODE_CHECK_COMMAND_VAR}={shell_quote(check.command)}",
+        f"export {NODE_CHECK_TIMEOUT_VAR}={check.timeout}",
+    ]
 
 
 def resolve(profiles: ProfileSet, selection: str | None) -> dict[str, Any]:
@@ -298,6 +354,8 @@ def render_lines(profile: dict[str, Any]) -> list[str]:
             else "# network preflight: off"
         )
         lines.append(f"export {NETWORK_CHECK_VAR}={seconds}")
+    if "node_check" in profile:  # validated when the file was read; absent: the launcher's default check
+        lines += node_check_lines(node_check(profile["node_check"]))
     variables = {**DEFAULT_VARS, **{str(k): _value(v) for k, v in (profile.get("env") or {}).items()}}
     lines.append("# variables")
     lines += [f"export {k}={q(v)}" for k, v in variables.items()]

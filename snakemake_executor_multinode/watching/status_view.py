@@ -286,19 +286,25 @@ def goodput_so_far(log: str, nodes: int, gpus_per_node: int, now: float) -> str:
 
 
 def replaced(log: str) -> list[dict]:
-    """The replacements the launcher recorded in a job's replacements file (launching/spares.py), in order."""
+    """The nodes the launcher dropped in a job (launching/spares.py), in order: each replaced by a spare, or failing
+    its node check with no spare taking its place (`spare` empty: a spare itself, or none left)."""
     lines = json_lines(JobFiles.from_log(log).replacements) if log else []
     return [
         line
         for line in lines
-        if isinstance(line, dict) and line.get("event") == "replaced" and "node" in line and "spare" in line
-    ]
+        if isinstance(line, dict) and line.get("event") in ("replaced", "check_failed") and "node" in line
+        and "spare" in line
+    ]  # fmt: skip
 
 
 def replacements(log: str) -> str:
-    """'node2 -> node3 (does not answer: the node is down)', one per replacement the launcher recorded; ""
-    without any."""
-    return "; ".join(f"{line['node']} -> {line['spare']} ({line.get('why', '')})" for line in replaced(log))
+    """'node2 -> node3 (does not answer: the node is down)', one per replacement the launcher recorded, and
+    'node3 (failed its node check: ...)' for a node dropped with no spare in its place; "" without any."""
+    said = [
+        f"{line['node']}{f' -> {sp}' if (sp := line['spare']) else ''} ({line.get('why', '')})"
+        for line in replaced(log)
+    ]
+    return "; ".join(said)
 
 
 def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: Path) -> list[JobRow]:
@@ -405,7 +411,7 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
             *(["", "why they wait:", *waits] if waits else []),
             *(["", "GPU use so far (per node: mean utilisation, peak memory of one GPU):", *gpus] if gpus else []),
             *(["", "goodput so far (productive share of the allocation; the rest):", *goodput] if goodput else []),
-            *(["", "nodes replaced by spares (dropped -> spare):", *replaced] if replaced else []),
+            *(["", "nodes replaced by spares, or failing their node check:", *replaced] if replaced else []),
         ]
     )
 

@@ -35,11 +35,13 @@ def test_every_multinode_variable_anyone_reads_or_writes_is_defined_once_in_the_
         used = set(re.findall(r"\bMULTINODE_[A-Z_]+\b", path.read_text()))
         assert used <= set(protocol.VARIABLES), f"{path.name}: {used - set(protocol.VARIABLES)}"
     template_vars = set(re.findall(r"\bMULTINODE_[A-Z_]+\b", TEMPLATE.read_text()))
-    # the job script sets every one; the container's and the network check's come from the profile (environment.py),
-    # the launcher's from the request (JobRequest.launcher_variables), the training's from the launcher
+    # the job script sets every one; the container's and the network and node checks' come from the profile
+    # (environment.py), the launcher's from the request (JobRequest.launcher_variables), the training's from the
+    # launcher
     from_elsewhere = {
         *protocol.CONTAINER_VARIABLES,
         *protocol.NETWORK_CHECK_VARIABLES,
+        *protocol.NODE_CHECK_VARIABLES,
         *protocol.LAUNCHER_VARIABLES,
         *protocol.TRAINING_VARIABLES,
     }
