@@ -610,7 +610,8 @@ def _goodput_markdown(report: Report) -> list[str]:
     if replaced := [j for j in jobs if j.replaced]:
         lines += [
             "",
-            "Nodes replaced by spares within a job (spare_nodes; the relaunch's time is in the shares above):",
+            "Nodes replaced by spares within a job (spare_nodes; the relaunch's time is in the shares above), "
+            "stragglers named:",
             "",
         ]
         lines += _md_table(("rule", "wildcards", "job", "dropped -> spare (why)"),

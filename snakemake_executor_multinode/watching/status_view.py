@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, RUNS_DIR, JobFiles, StateFolders
 from snakemake_executor_multinode.slurm import reasons
@@ -286,15 +287,25 @@ def goodput_so_far(log: str, nodes: int, gpus_per_node: int, now: float) -> str:
 
 
 def replacements(log: str) -> str:
-    """'node2 -> node3 (does not answer: the node is down)', one per replacement the launcher recorded; ""
+    """'node2 -> node3 (does not answer: the node is down)', one per replacement the launcher recorded, and
+    'node2 straggler (5.0x the others' busy s/step; replace)' per straggler it named (launching/straggler.py); ""
     without any."""
     lines = json_lines(JobFiles.from_log(log).replacements) if log else []
-    said = [
-        f"{line['node']} -> {line['spare']} ({line.get('why', '')})"
-        for line in lines
-        if isinstance(line, dict) and line.get("event") == "replaced" and "node" in line and "spare" in line
-    ]
+    said = [text for line in lines if isinstance(line, dict) and (text := _replacement(line))]
     return "; ".join(said)
+
+
+def _replacement(line: Mapping[str, Any]) -> str:
+    if line.get("event") == "replaced" and "node" in line and "spare" in line:
+        return f"{line['node']} -> {line['spare']} ({line.get('why', '')})"
+    figure, median = line.get("figure"), line.get("median")
+    if line.get("event") != "straggler" or "node" not in line:
+        return ""
+    if isinstance(figure, int | float) and isinstance(median, int | float) and median > 0:
+        how = f"{figure / median:.1f}x the others' {line.get('measure', '')}; {line.get('action', '')}"
+    else:
+        how = str(line.get("action", ""))
+    return f"{line['node']} straggler ({how})"
 
 
 def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: Path) -> list[JobRow]:
@@ -401,7 +412,7 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
             *(["", "why they wait:", *waits] if waits else []),
             *(["", "GPU use so far (per node: mean utilisation, peak memory of one GPU):", *gpus] if gpus else []),
             *(["", "goodput so far (productive share of the allocation; the rest):", *goodput] if goodput else []),
-            *(["", "nodes replaced by spares (dropped -> spare):", *replaced] if replaced else []),
+            *(["", "nodes replaced by spares (dropped -> spare), stragglers named:", *replaced] if replaced else []),
         ]
     )
 
