@@ -63,6 +63,11 @@ REQUEUE_WHY_VAR = "MULTINODE_WHY"  # internal to the job script: why it requeues
 COMMAND_VAR = "MULTINODE_COMMAND"  # internal to the job script: the rule's command (its process group's id)
 STALL_TIMEOUT_VAR = "MULTINODE_STALL_TIMEOUT"  # the launcher's watchdog: seconds without progress; 0 or unset: off
 ON_STALL_VAR = "MULTINODE_ON_STALL"  # fail | requeue
+# The launcher's straggler check (launching/straggler.py): what a named straggler does (warn | replace), how many
+# times slower than the other nodes' median a node's ranks must be, and for how many seconds in a row.
+ON_STRAGGLER_VAR = "MULTINODE_ON_STRAGGLER"
+STRAGGLER_FACTOR_VAR = "MULTINODE_STRAGGLER_FACTOR"
+STRAGGLER_WINDOW_VAR = "MULTINODE_STRAGGLER_WINDOW"
 # The nodes `multinode torchrun` trains on when the job has spare nodes (resource spare_nodes): the first this many of
 # the allocation's nodes not known bad; unset: all of them.
 TRAIN_NODES_VAR = "MULTINODE_TRAIN_NODES"
@@ -118,7 +123,14 @@ NODE_CHECK_DEFAULT_S = 120
 NODE_CHECK_VARIABLES = (NODE_CHECK_VAR, NODE_CHECK_COMMAND_VAR, NODE_CHECK_TIMEOUT_VAR)  # the environment section's
 # The rule's resources that `multinode torchrun` reads: set from the request (JobRequest.launcher_variables), not by
 # the template itself.
-LAUNCHER_VARIABLES = (STALL_TIMEOUT_VAR, ON_STALL_VAR, TRAIN_NODES_VAR)
+LAUNCHER_VARIABLES = (
+    STALL_TIMEOUT_VAR,
+    ON_STALL_VAR,
+    TRAIN_NODES_VAR,
+    ON_STRAGGLER_VAR,
+    STRAGGLER_FACTOR_VAR,
+    STRAGGLER_WINDOW_VAR,
+)
 # Set by `multinode torchrun` for the training (each launch of its step), not by the template.
 TRAINING_VARIABLES = (RELAUNCH_VAR,)
 VARIABLES = (
@@ -146,6 +158,9 @@ VARIABLES = (
     STALL_TIMEOUT_VAR,
     ON_STALL_VAR,
     TRAIN_NODES_VAR,
+    ON_STRAGGLER_VAR,
+    STRAGGLER_FACTOR_VAR,
+    STRAGGLER_WINDOW_VAR,
     RELAUNCH_VAR,
     CHANGED_VAR,
     METRICS_FILE_VAR,

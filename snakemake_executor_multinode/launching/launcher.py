@@ -30,7 +30,16 @@ from pathlib import Path
 from snakemake_executor_multinode.contract import container_spec, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
-from snakemake_executor_multinode.launching import container, liveness, netcheck, nodecheck, nodelog, spares, stall
+from snakemake_executor_multinode.launching import (
+    container,
+    liveness,
+    netcheck,
+    nodecheck,
+    nodelog,
+    spares,
+    stall,
+    straggler,
+)
 from snakemake_executor_multinode.launching.allocation import (
     Allocation,
     allocation,
@@ -365,10 +374,11 @@ def launch_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str
     """Runs the srun step, its stderr passed through; the first failing node is logged and written to
     $MULTINODE_FAILED_NODE_FILE (first failure wins) as soon as srun reports it, and the step is killed (see
     STOP_WAIT_S). `spare_left`: a stall whose odd ranks are on one node ends with that node blamed, for a spare to
-    replace, instead of the stall's verdict and requeue."""
+    replace, instead of the stall's verdict and requeue; so does a straggler under on_straggler replace."""
     proc = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
     assert proc.stderr is not None
     watch, stalls = StepWatch(nodes), StallCheck(env, nodes, replaceable=spare_left)
+    stragglers = straggler.StragglerCheck(env, nodes, replaceable=spare_left, log=log)
 
     def forward(signum: int, _frame: object) -> None:
         watch.stopped = watch.stopped or watch.failure is None  # stopped from outside: no node failed
@@ -377,12 +387,16 @@ def launch_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str
 
     before = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        code = _supervise(proc, watch, env, stalls)
+        code = _supervise(proc, watch, env, stalls, stragglers)
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
     if code == 0:
         return StepEnd(0)
+    if (slow := stragglers.blamed) is not None and stalls.verdict is None:
+        what = slow.describe(stragglers.settings.factor, stragglers.settings.window_s)
+        log(f"step ended: {what}")
+        return StepEnd(code if code > 0 else 1, Failure(slow.node, list(nodes).index(slow.node), code, what))
     if stalls.verdict is not None and stalls.odd_node is not None:
         log(f"{stalls.verdict}; node {stalls.odd_node} holds the rank(s) that differ")
         odd = Failure(stalls.odd_node, list(nodes).index(stalls.odd_node), protocol.EXIT_STALLED, STALLED_WHAT)
@@ -399,23 +413,30 @@ def launch_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str
 
 
 def failure_why(f: Failure) -> str:
-    if f.what == STALLED_WHAT:
+    if f.what == STALLED_WHAT or f.what.startswith(straggler.WHAT):
         return f.what
     return "does not answer: the node is down" if f.victim else f"exited with {f.code}"
 
 
-def _supervise(proc: subprocess.Popen, watch: StepWatch, env: Mapping[str, str], stalls: StallCheck) -> int:
+def _supervise(
+    proc: subprocess.Popen,
+    watch: StepWatch,
+    env: Mapping[str, str],
+    stalls: StallCheck,
+    stragglers: straggler.StragglerCheck,
+) -> int:
     assert proc.stderr is not None
     fd, out = proc.stderr.fileno(), sys.stderr.buffer
     give_up: float | None = None  # set by a failure
-    gentle: float | None = None  # a stalled step's gentle end: srun is forced to end it at this time
+    gentle: float | None = None  # a stalled (or straggling) step's gentle end: srun is forced to end it then
     while True:
         if give_up is not None and time.monotonic() >= give_up:
             log(f"srun still waits for the step {STOP_WAIT_S:.0f} s after the failure: not the launcher")
             proc.kill()  # SLURM ends what is left of the step with the job
             break
         wait = 1.0 if give_up is None else max(0.0, min(1.0, give_up - time.monotonic()))
-        if give_up is None and gentle is None and stalls.due():  # no progress for stall_timeout, stacks taken
+        # no progress for stall_timeout (stacks taken), or a straggler for a spare to replace (on_straggler replace)
+        if give_up is None and gentle is None and (stalls.due() or stragglers.due()):
             watch.stopped = True  # the tasks' ends that follow are the launcher's doing, no node's failure
             stall.stop_file(stalls.stem).write_text(f"{time.time()}\n")
             proc.send_signal(signal.SIGUSR1)  # srun passes it to every node's task: SIGTERM to its torchrun

@@ -74,16 +74,24 @@ OWN_RESOURCES = frozenset(
         "slurm_extra",
         "stall_timeout",
         "on_stall",
+        "on_straggler",
+        "straggler_factor",
+        "straggler_window",
         "own_launcher",
         "spare_nodes",
     }
 )
 # Resources a profile may set for every rule that uses it (environment.py takes these keys; a rule's own wins).
-PROFILE_RESOURCES = ("stall_timeout", "on_stall")
+PROFILE_RESOURCES = ("stall_timeout", "on_stall", "on_straggler", "straggler_factor", "straggler_window")
 # A multi-node `multinode torchrun` job with no stall_timeout of its own (rule or profile) is ended once no rank has
 # written a line (and no metrics line came) for this long: a deadlock holds N nodes until the time limit otherwise.
 DEFAULT_STALL_TIMEOUT_S = 30 * 60
 ON_STALL = ("fail", "requeue")
+# The launcher's straggler check (launching/straggler.py): a node whose ranks are busy more than FACTOR times the
+# other nodes' median per step for WINDOW seconds in a row is named; `replace` also swaps in a spare where one is left.
+ON_STRAGGLER = ("warn", "replace")
+DEFAULT_STRAGGLER_FACTOR = 1.5
+DEFAULT_STRAGGLER_WINDOW_S = 120
 # The official SLURM plugin's resources with another meaning here: mapped onto ours, or accepted where they mean
 # what this plugin does anyway (see build_request and docs/resources.md).
 MAPPED_RESOURCES = frozenset(
@@ -315,6 +323,9 @@ class JobRequest:
     crash_loop_s: int = int(PlanningSettings.crash_loop_seconds)
     stall_timeout_s: int = 0  # the launcher's progress watchdog; 0: off
     on_stall: str = "fail"  # fail | requeue (resumes from the last checkpoint)
+    on_straggler: str = "warn"  # warn | replace (a spare takes the slow node's place, where one is left)
+    straggler_factor: float = DEFAULT_STRAGGLER_FACTOR  # > 1: how many times the other nodes' median busy time
+    straggler_window_s: int = DEFAULT_STRAGGLER_WINDOW_S  # that long in a row before a node is named
     own_launcher: bool = False  # the command starts its ranks itself (srun, mpirun): no launcher check (launch_check)
     # Nodes asked for beyond `nodes` (--no-kill): `multinode torchrun` trains on `nodes` of the allocation and
     # replaces a failed node with one of these in the same job (launching/spares.py); 0: none.
@@ -329,7 +340,13 @@ class JobRequest:
     def launcher_variables(self) -> dict[str, str]:
         """What `multinode torchrun` reads of this job's resources; the job script exports each (a resource that
         reaches the launcher adds its variable here, and nowhere else in planning)."""
-        out = {protocol.STALL_TIMEOUT_VAR: str(self.stall_timeout_s), protocol.ON_STALL_VAR: self.on_stall}
+        out = {
+            protocol.STALL_TIMEOUT_VAR: str(self.stall_timeout_s),
+            protocol.ON_STALL_VAR: self.on_stall,
+            protocol.ON_STRAGGLER_VAR: self.on_straggler,
+            protocol.STRAGGLER_FACTOR_VAR: f"{self.straggler_factor:g}",
+            protocol.STRAGGLER_WINDOW_VAR: str(self.straggler_window_s),
+        }
         if self.spare_nodes:  # without spares the launcher trains on the whole allocation, as it always did
             out[protocol.TRAIN_NODES_VAR] = str(self.nodes)
         return out
@@ -616,6 +633,9 @@ def build_request(
         crash_loop_s=math.ceil(defaults.crash_loop_seconds),
         stall_timeout_s=stall_timeout_s,
         on_stall=_on_stall(rule, r, profile or {}),
+        on_straggler=_on_straggler(rule, r, profile or {}),
+        straggler_factor=_straggler_factor(rule, r, profile or {}),
+        straggler_window_s=_straggler_window(rule, r, profile or {}),
         own_launcher=own_launcher,
         spare_nodes=_spare_nodes(rule, r, nodes),
         attempt=attempt,
@@ -757,6 +777,11 @@ def _stall_timeout(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any], 
     if value in (0, "0", "off", "none", False):
         return 0
     allowed = "a duration with its unit, e.g. '20m', '90s' or '1h' (a bare number is ambiguous), or 'off'"
+    return _duration(rule, where, value, allowed)
+
+
+def _duration(rule: str, where: str, value: Any, allowed: str) -> int:
+    """Whole seconds (at least 1) of a duration written with its unit ('20m', '90s', '1h')."""
     if isinstance(value, bool) or not isinstance(value, str) or not re.search(r"[A-Za-z]", value):
         raise RequestError(rule, where, value, allowed)
     try:
@@ -788,3 +813,36 @@ def _on_stall(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any]) -> st
         where = "on_stall" if "on_stall" in r else "env_profile on_stall"
         raise RequestError(rule, where, value, "'fail' or 'requeue' (resume from the last checkpoint)")
     return str(value)
+
+
+def _where(r: Mapping[str, Any], key: str) -> str:
+    """The name a refusal gives a setting: the rule's resource, or the environment profile's key it fell back to."""
+    return key if key in r else f"env_profile {key}"
+
+
+def _on_straggler(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any]) -> str:
+    value = r.get("on_straggler", profile.get("on_straggler", "warn"))
+    if value not in ON_STRAGGLER:
+        allowed = "'warn' (name the slow node in the log and status) or 'replace' (also swap in a spare node)"
+        raise RequestError(rule, _where(r, "on_straggler"), value, allowed)
+    return str(value)
+
+
+def _straggler_factor(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any]) -> float:
+    value = r.get("straggler_factor", profile.get("straggler_factor", DEFAULT_STRAGGLER_FACTOR))
+    allowed = "a number above 1: how many times the other nodes' busy time per step, e.g. 1.5"
+    try:  # --set-resources hands over text
+        factor = float(value) if isinstance(value, int | float | str) and not isinstance(value, bool) else 0.0
+    except ValueError as err:
+        raise RequestError(rule, _where(r, "straggler_factor"), value, allowed) from err
+    if not math.isfinite(factor) or factor <= 1:
+        raise RequestError(rule, _where(r, "straggler_factor"), value, allowed)
+    return factor
+
+
+def _straggler_window(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any]) -> int:
+    value = r.get("straggler_window", profile.get("straggler_window"))
+    if value is None:
+        return DEFAULT_STRAGGLER_WINDOW_S
+    allowed = "a duration with its unit, e.g. '2m' or '90s' (a bare number is ambiguous)"
+    return _duration(rule, _where(r, "straggler_window"), value, allowed)

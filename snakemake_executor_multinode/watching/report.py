@@ -611,7 +611,7 @@ def _goodput_markdown(report: Report) -> list[str]:
         lines += [
             "",
             "Nodes replaced by spares (or failing their node check) within a job (spare_nodes; the relaunch's time is "
-            "in the shares above):",
+            "in the shares above), stragglers named:",
             "",
         ]
         lines += _md_table(("rule", "wildcards", "job", "dropped -> spare (why)"),

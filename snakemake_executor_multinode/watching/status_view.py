@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, RUNS_DIR, JobFiles, StateFolders
 from snakemake_executor_multinode.slurm import reasons
@@ -289,22 +290,34 @@ def replaced(log: str) -> list[dict]:
     """The nodes the launcher dropped in a job (launching/spares.py), in order: each replaced by a spare, or failing
     its node check with no spare taking its place (`spare` empty: a spare itself, or none left)."""
     lines = json_lines(JobFiles.from_log(log).replacements) if log else []
-    return [
-        line
-        for line in lines
-        if isinstance(line, dict) and line.get("event") in ("replaced", "check_failed") and "node" in line
-        and "spare" in line
-    ]  # fmt: skip
+    return [line for line in lines if isinstance(line, dict) and _dropped(line)]
 
 
 def replacements(log: str) -> str:
-    """'node2 -> node3 (does not answer: the node is down)', one per replacement the launcher recorded, and
-    'node3 (failed its node check: ...)' for a node dropped with no spare in its place; "" without any."""
-    said = [
-        f"{line['node']}{f' -> {sp}' if (sp := line['spare']) else ''} ({line.get('why', '')})"
-        for line in replaced(log)
-    ]
+    """'node2 -> node3 (does not answer: the node is down)', one per replacement the launcher recorded,
+    'node3 (failed its node check: ...)' for a node dropped with no spare in its place, and
+    'node2 straggler (5.0x the others' busy s/step; replace)' per straggler it named (launching/straggler.py); ""
+    without any."""
+    lines = json_lines(JobFiles.from_log(log).replacements) if log else []
+    said = [text for line in lines if isinstance(line, dict) and (text := _replacement(line))]
     return "; ".join(said)
+
+
+def _dropped(line: Mapping[str, Any]) -> bool:
+    return line.get("event") in ("replaced", "check_failed") and "node" in line and "spare" in line
+
+
+def _replacement(line: Mapping[str, Any]) -> str:
+    if _dropped(line):
+        return f"{line['node']}{f' -> {sp}' if (sp := line['spare']) else ''} ({line.get('why', '')})"
+    figure, median = line.get("figure"), line.get("median")
+    if line.get("event") != "straggler" or "node" not in line:
+        return ""
+    if isinstance(figure, int | float) and isinstance(median, int | float) and median > 0:
+        how = f"{figure / median:.1f}x the others' {line.get('measure', '')}; {line.get('action', '')}"
+    else:
+        how = str(line.get("action", ""))
+    return f"{line['node']} straggler ({how})"
 
 
 def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: Path) -> list[JobRow]:
@@ -411,7 +424,15 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
             *(["", "why they wait:", *waits] if waits else []),
             *(["", "GPU use so far (per node: mean utilisation, peak memory of one GPU):", *gpus] if gpus else []),
             *(["", "goodput so far (productive share of the allocation; the rest):", *goodput] if goodput else []),
-            *(["", "nodes replaced by spares, or failing their node check:", *replaced] if replaced else []),
+            *(
+                [
+                    "",
+                    "nodes replaced by spares (dropped -> spare) or failing their node check, stragglers named:",
+                    *replaced,
+                ]
+                if replaced
+                else []
+            ),
         ]
     )
 

@@ -126,7 +126,7 @@ export MULTINODE_NODES=2 MULTINODE_GPUS_PER_NODE=8 MULTINODE_CPUS_PER_TASK=64
 export MULTINODE_OMP_NUM_THREADS=8  # CPUs per GPU process, for rules that start their own workers
 # The rule's resources that `multinode torchrun` reads (its progress watchdog: seconds without a new line from any
 # rank or a metrics line, 0: off; what a stall does).
-export MULTINODE_STALL_TIMEOUT=1800 MULTINODE_ON_STALL=fail
+export MULTINODE_STALL_TIMEOUT=1800 MULTINODE_ON_STALL=fail MULTINODE_ON_STRAGGLER=warn MULTINODE_STRAGGLER_FACTOR=1.5 MULTINODE_STRAGGLER_WINDOW=120
 echo "NODE_NUM=$NODE_NUM"
 echo "NODELIST: ${NODELIST//$'\n'/ }"
 echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"

@@ -5,6 +5,7 @@ per-step preemption check, logging, the data batch) falls outside the interval."
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,14 @@ def test_every_save_is_bracketed_by_checkpoint_events_and_every_record_carries_i
     assert all(r["wall"] == r["time"] for r in metrics(tmp_path / "metrics.jsonl"))  # step lines: the same clock
     walls = [e["wall"] for e in events(tmp_path / "metrics.jsonl")]
     assert walls == sorted(walls) and all(isinstance(w, float) for w in walls)
+
+
+@pytest.mark.slow
+def test_every_line_carries_each_nodes_busy_seconds_per_step_below_its_step_time(tmp_path: Path, data_dir: Path):
+    """busy_s (the straggler check's figure): one node here (both ranks on this host), its ranks' mean compute time
+    per step before the gradient sync, which is part of the step's wall-clock time (step_ms)."""
+    train(tmp_path, data_dir, CFG)
+    rows = metrics(tmp_path / "metrics.jsonl")
+    host = socket.gethostname().split(".")[0]
+    assert all(list(r["busy_s"]) == [host] for r in rows), rows
+    assert all(0 < r["busy_s"][host] < r["step_ms"] / 1000 for r in rows[1:]), rows  # the first holds start-up

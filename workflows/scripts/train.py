@@ -66,6 +66,16 @@ what tokens_per_s, step_ms and mfu divide by. So the logged intervals add up to 
 tokens_per_s equals the tokens between two lines over their wall-clock gap less ckpt_s. Under the multinode
 executor, $MULTINODE_METRICS_FILE (beside the job's log) is made a link to that file: `multinode status` and
 Snakemake's progress lines read it there.
+
+Busy time (busy_s on every step line, rank 0 writing each node's figure): in synchronous data parallelism every rank
+runs the same steps at the same rate, the fast ones waiting for the slowest in the gradient sync, so only the time a
+rank spends computing tells a slow node (`multinode torchrun`'s straggler check, on_straggler). Each rank times
+each step from its start (the batch) to just before the last micro step's backward, where torch_ddp starts syncing
+gradients (the earlier micro steps' backwards run under no_sync): CUDA events on the GPU (no synchronisation; read
+at the line's loss read-back, which waits for them), perf_counter on CPU. Plugins that gather or reduce inside the
+forward (gemini, zero, tensor parallelism) have that wait in it: a coarser figure; pipeline runs report none. The
+ranks' host names are gathered once, their per-step means at every line (one all_gather of one number, on the
+gloo side group); busy_s is per node, the mean over its ranks.
 """
 
 from __future__ import annotations
@@ -226,9 +236,49 @@ def check_data(data_dir: str, cfg: dict[str, Any]) -> None:
         raise lm.ConfigError(f"data vocab {stats['vocab_size']} > model vocab {cfg['vocab']}")
 
 
-def train_step(run: Run, step: int) -> torch.Tensor | None:
-    """One optimizer step; returns this rank's loss (None on pipeline stages without one)."""
+class BusyClock:
+    """This rank's busy seconds: from each step's start to just before its first gradient sync (module docstring)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.cpu_s = 0.0
+        self.t0 = 0.0
+        self.opened: Any = None
+        self.spans: list[tuple[Any, Any]] = []  # CUDA: (start, end) events, read at the next line
+        self.steps = 0
+
+    def start(self) -> None:
+        if self.cuda:
+            self.opened = torch.cuda.Event(enable_timing=True)
+            self.opened.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.spans.append((self.opened, end))
+        else:
+            self.cpu_s += time.perf_counter() - self.t0
+        self.steps += 1
+
+    def take(self) -> float:
+        """Busy seconds per step since the last take (0.0 without a step)."""
+        if self.spans:
+            self.spans[-1][1].synchronize()  # done already: the line's loss read-back waited for every kernel
+        total = self.cpu_s + sum(a.elapsed_time(b) for a, b in self.spans) / 1000
+        per_step = total / self.steps if self.steps else 0.0
+        self.cpu_s, self.spans, self.steps = 0.0, [], 0
+        return per_step
+
+
+def train_step(run: Run, step: int, busy: BusyClock | None = None) -> torch.Tensor | None:
+    """One optimizer step; returns this rank's loss (None on pipeline stages without one). `busy` times the step's
+    compute up to its first gradient sync (not on the pipeline path, whose schedule interleaves both)."""
     cfg = run.cfg
+    if busy is not None:
+        busy.start()
     mb, ga = cfg["micro_batch"], cfg["grad_accum"]
     rows = mb * ga
     batch = lm.batch_for_step(
@@ -253,6 +303,8 @@ def train_step(run: Run, step: int) -> torch.Tensor | None:
             with run.booster.no_sync(run.model, run.optimizer) if skip_sync else contextlib.nullcontext():
                 with lm.autocast(cfg, run.device.type):
                     micro_loss = run.model(**lm.model_inputs(ids, cfg, labels=True)).loss / ga
+                if busy is not None and m == ga - 1:
+                    busy.stop()  # this backward syncs the gradients: fast ranks wait for the slowest here
                 run.booster.backward(micro_loss, run.optimizer)
             loss += micro_loss.detach()
     if run.spec.grad_clip == "loop" and cfg["grad_clip"] > 0:
@@ -361,8 +413,13 @@ class Logger:
     back to the host), so no queued GPU work escapes them. Checkpoint saves, bracketed by their own synchronised
     points, are taken out of the interval and reported beside it (ckpt_s)."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, group: Any = None) -> None:
         self.run = run
+        self.group = group  # the gloo side group (Preemption's); None: the default group is gloo
+        # every rank's node, once: busy_s is per node
+        self.hosts: list[Any] = [None] * run.world
+        dist.all_gather_object(self.hosts, socket.gethostname().split(".")[0], group=group)
+        self.busy = None if plugins.uses_pipeline(run.cfg) else BusyClock(run.cuda)
         self.loss_sum = torch.zeros((), device=run.device)
         self.count = 0
         self.steps = 0
@@ -416,6 +473,8 @@ class Logger:
             "time": round(wall, 6),
             "wall": round(wall, 6),
         }
+        if self.busy is not None:
+            rec["busy_s"] = self.busy_by_node(self.busy.take())
         if run.rank == 0:
             with open(run.args.metrics, "a") as f:
                 f.write(json.dumps(rec) + "\n")
@@ -428,6 +487,15 @@ class Logger:
         self.loss_sum.zero_()
         self.count, self.steps, self.tokens, self.ckpt_s, self.counted = 0, 0, 0, 0.0, 0.0
         self.mark = now  # the line's own writing counts toward the next interval
+
+    def busy_by_node(self, mine: float) -> dict[str, float]:
+        """Every rank's busy seconds per step (one all_gather of one number), as each node's mean over its ranks."""
+        every = [torch.zeros(1, dtype=torch.float64) for _ in range(self.run.world)]
+        dist.all_gather(every, torch.tensor([mine], dtype=torch.float64), group=self.group)
+        per_node: dict[str, list[float]] = {}
+        for host, value in zip(self.hosts, every, strict=True):
+            per_node.setdefault(str(host), []).append(value.item())
+        return {host: round(sum(v) / len(v), 6) for host, v in per_node.items()}
 
 
 def synchronize(run: Run) -> None:
@@ -458,13 +526,13 @@ def train(run: Run, preempt: Preemption) -> int:
         f"params {sum(p.numel() for p in run.model.parameters()):,} (this rank) "
         f"tokens/step {tokens_per_step} steps {state.step}->{end}",
     )
-    logger = Logger(run)
+    logger = Logger(run, preempt.group)
     saved_at = state.step if latest is not None else -1
     run.model.train()
     logger.start()
     while state.step < end:
         lr = run.optimizer.param_groups[0]["lr"]
-        loss = train_step(run, state.step)
+        loss = train_step(run, state.step, logger.busy)
         state.step += 1
         state.tokens += tokens_per_step
         logger.add(loss, tokens_per_step)

@@ -447,6 +447,22 @@ def test_bad_resources_stop_the_run_before_submission(tmp_path: Path) -> None:
         plan(tmp_path, snakefile)
 
 
+def test_an_unknown_on_straggler_stops_the_run_before_submission(tmp_path: Path) -> None:
+    snakefile = """
+        rule all:
+            input: "a.txt"
+
+        rule bad:
+            output: "a.txt"
+            resources: nodes=2, on_straggler="evict"
+            shell: "multinode torchrun train.py"
+        """
+    with pytest.raises(
+        WorkflowError, match=r"rule 'bad': resource on_straggler='evict' is invalid: 'warn' .* 'replace'"
+    ):
+        plan(tmp_path, snakefile)
+
+
 class _Renamed:
     """A real job on which a Snakemake release renamed one attribute."""
 

@@ -747,6 +747,49 @@ def test_a_bad_stall_setting_is_refused_naming_rule_key_and_what_is_allowed(reso
     assert ("'20m'" in str(err.value)) if field == "stall_timeout" else ("'fail' or 'requeue'" in str(err.value))
 
 
+def test_the_straggler_settings_default_and_come_from_the_rule_or_the_profile():
+    r = build_request("train", {"nodes": 2})
+    assert (r.on_straggler, r.straggler_factor, r.straggler_window_s) == ("warn", 1.5, 120)
+    r = build_request(
+        "train", {"nodes": 2, "on_straggler": "replace", "straggler_factor": "2.5", "straggler_window": "30s"}
+    )
+    assert (r.on_straggler, r.straggler_factor, r.straggler_window_s) == ("replace", 2.5, 30)
+    profile = {"on_straggler": "replace", "straggler_factor": 3, "straggler_window": "5m"}
+    r = build_request("train", {"nodes": 2, "straggler_factor": 1.2}, profile=profile)  # the rule's own wins
+    assert (r.on_straggler, r.straggler_factor, r.straggler_window_s) == ("replace", 1.2, 300)
+    told = {k: v for k, v in r.launcher_variables().items() if "STRAGGLER" in k}
+    assert told == {
+        "MULTINODE_ON_STRAGGLER": "replace",
+        "MULTINODE_STRAGGLER_FACTOR": "1.2",
+        "MULTINODE_STRAGGLER_WINDOW": "300",
+    }
+
+
+@pytest.mark.parametrize(
+    "resources, field, allowed",
+    [
+        ({"on_straggler": "kill"}, "on_straggler", "'warn' (name the slow node in the log and status) or 'replace'"),
+        ({"on_straggler": True}, "on_straggler", "'warn'"),
+        ({"straggler_factor": 1}, "straggler_factor", "a number above 1"),
+        ({"straggler_factor": "fast"}, "straggler_factor", "a number above 1"),
+        ({"straggler_factor": "nan"}, "straggler_factor", "a number above 1"),
+        ({"straggler_factor": True}, "straggler_factor", "a number above 1"),
+        ({"straggler_window": 60}, "straggler_window", "a duration with its unit"),  # minutes or seconds?
+        ({"straggler_window": "-1m"}, "straggler_window", "a duration with its unit"),
+    ],
+)
+def test_a_bad_straggler_setting_is_refused_naming_rule_key_and_what_is_allowed(resources, field, allowed):
+    with pytest.raises(RequestError) as err:
+        build_request("train", {"nodes": 2, **resources})
+    assert err.value.field == field and "rule 'train'" in str(err.value) and allowed in str(err.value), err.value
+
+
+def test_a_bad_straggler_setting_in_the_profile_is_named_as_the_profiles():
+    with pytest.raises(RequestError) as err:
+        build_request("train", {"nodes": 2}, profile={"on_straggler": "evict"})
+    assert err.value.field == "env_profile on_straggler" and "'evict'" in str(err.value)
+
+
 # --- spare_nodes: nodes + k allocated, k kept to replace a failed node ----------------------------------------------
 
 
