@@ -1301,10 +1301,11 @@ def goodput_variants() -> str:
                 scenario, label, bold(pct(r["goodput"])) if done else f"not finished ({r['error']})",
                 _or_dash(r["wall_s"], f0), f0(r["productive_s"]), str(len(r["jobs"])), str(r["runs"]),
                 f0(led["lost"]), f0(led["stalled"]), f0(led["startup"] + led["restore"]),
+                _or_dash(led.get("relaunch"), f0),  # results older than the relaunch category have none
                 f0(led["checkpoint"] + led["teardown"] + led["unknown"]),
             ])  # fmt: skip
     header = ["cluster", "variant", "goodput", "wall s", "productive s", "SLURM jobs", "runs", "lost s", "stalled s",
-              "startup + restore s", "checkpoint + teardown s"]  # fmt: skip
+              "startup + restore s", "relaunch s", "checkpoint + teardown s"]  # fmt: skip
     return table(header, rows)
 
 

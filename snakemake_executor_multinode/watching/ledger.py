@@ -7,6 +7,9 @@ time is cut at the records' times, so the parts add up to the run's allocated ti
 - startup: the run's start to its first record (less a resume's `restore_s`, and less the first line's own steps
   where it says `step_ms`); a run without any record of a job that writes metrics is all startup;
 - restore: the resume's `restore_s` (the seconds loading the checkpoint took);
+- relaunch: within a run, a spare's replacement of a node (launching/spares.py): the last record before a resume
+  that is not the run's first record, to that resume (less its restore_s): the failure's notice, the node check and
+  the new step's start. Steps above the step it resumed from were computed again: lost, as across runs;
 - checkpoint: checkpoint_begin to checkpoint_end;
 - productive / lost: the interval before a step line (or a checkpoint_begin) covers the steps since the previous
   record. Steps above the step a later run resumed from were computed again: lost. The last run's steps are
@@ -25,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-CATEGORIES = ("startup", "productive", "checkpoint", "restore", "lost", "stalled", "teardown", "unknown")
+CATEGORIES = ("startup", "productive", "checkpoint", "restore", "relaunch", "lost", "stalled", "teardown", "unknown")
 # sacct's Start and End are whole seconds and the nodes' clocks drift: a record this close outside a run is the run's
 # (clamped into it); one further away belongs to another job sharing the training's metrics file.
 SKEW_S = 2.0
@@ -184,6 +187,17 @@ def _split_work(seconds: dict[str, float], gap: float, before: float, after: flo
         seconds["productive"] += gap - lost
 
 
+def _kept_to(recs: Sequence[_Record], keep_to: float) -> list[float]:
+    """For each record, the highest step of its work that counts: `keep_to` (later runs), lowered by every resume
+    after it in the same run (a relaunch computed the steps above it again)."""
+    out, lowest = [keep_to] * len(recs), keep_to
+    for k in range(len(recs) - 1, -1, -1):
+        out[k] = lowest
+        if recs[k].kind == _RESUME and recs[k].step is not None and k > 0:
+            lowest = min(lowest, recs[k].step)
+    return out
+
+
 def _run_seconds(
     span: RunSpan, recs: list[_Record], known: bool, start_step: float, keep_to: float
 ) -> dict[str, float]:
@@ -200,7 +214,7 @@ def _run_seconds(
         else:  # it never trained: its output after the first line is startup still, or the stall that ended it
             seconds["stalled" if span.stalled else "startup"] += rest
         return seconds
-    first = recs[0]
+    first, keep = recs[0], _kept_to(recs, keep_to)
     gap = first.wall - span.start
     step = start_step
     if first.kind == _RESUME:
@@ -212,22 +226,24 @@ def _run_seconds(
     elif first.step is not None and first.step_ms is not None and first.kind in (_LINE, _BEGIN):
         # the first line's own steps, by the time per step it reports; the rest of the gap is startup
         work = min(max(first.step_ms * max(first.step - step, 0.0) / 1000, 0.0), gap)
-        _split_work(seconds, work, step, first.step, keep_to)
+        _split_work(seconds, work, step, first.step, keep[0])
         seconds["startup"] += gap - work
     else:
         seconds["startup"] += gap
     if first.step is not None:
         step = max(step, first.step) if first.kind != _RESUME else first.step
-    for a, b in zip(recs, recs[1:], strict=False):
+    for k, (a, b) in enumerate(zip(recs, recs[1:], strict=False), start=1):
         gap = b.wall - a.wall
         if a.kind == _BEGIN or b.kind == _END:
             seconds["checkpoint"] += gap
-        elif b.kind == _RESUME:
-            seconds["restore"] += gap
+        elif b.kind == _RESUME:  # a relaunch inside the run (a spare took a node's place)
+            restore = min(b.restore_s, gap)
+            seconds["restore"] += restore
+            seconds["relaunch"] += gap - restore
         elif b.step is not None and b.kind in (_LINE, _BEGIN):
-            _split_work(seconds, gap, step, b.step, keep_to)
+            _split_work(seconds, gap, step, b.step, keep[k])
         else:  # an event this ledger does not know, or a line without a step: the work since the last step
-            _split_work(seconds, gap, step, step, keep_to)
+            _split_work(seconds, gap, step, step, keep[k])
         if b.step is not None:
             step = b.step if b.kind == _RESUME else max(step, b.step)
     tail = span.end - recs[-1].wall

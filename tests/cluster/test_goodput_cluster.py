@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
+from snakemake_executor_multinode.watching.ledger import CATEGORIES
 from tests.helpers import Snakemake, figures, multinode, records, sacct_jobs, slurm, training_folder, wait_for
 from tests.training.helpers import TINY
 
@@ -242,8 +243,7 @@ def test_requeued_two_node_training_ledger_adds_up_to_sacct_and_to_the_events_th
     assert "unknown" not in row, row  # the job wrote timed metrics: its productive time is known
     rows = list(csv.DictReader(io.StringIO((StateFolders(wd).reports / f"{run_id}.csv").read_text())))
     (got,) = [r for r in rows if r["scope"] == "job" and r["jobid"] == job]
-    node_s = {c: float(got[f"{c}_node_s"]) for c in
-              ("startup", "productive", "checkpoint", "restore", "lost", "stalled", "teardown", "unknown")}  # fmt: skip
+    node_s = {c: float(got[f"{c}_node_s"]) for c in CATEGORIES}
 
     assert got["runs"] == "2" and got["nodes"] == str(NODES), got
     assert float(got["alloc_node_s"]) == pytest.approx(allocated, rel=0.02), (got, runs)

@@ -52,6 +52,25 @@ def test_restore_is_the_seconds_the_resume_says_loading_took_and_the_time_before
     assert seconds(result) == {"startup": 40, "restore": 20, "productive": 100}
 
 
+def test_a_spares_relaunch_inside_a_run_is_relaunch_time_and_the_steps_it_computed_again_are_lost():
+    # step 40 saved at 210; a node dies at 240 after step 45; the relaunched step resumes from 40 at 300, having
+    # loaded for 15 s; steps 41-45 are computed again
+    records = [
+        line(40, 200), event("checkpoint_begin", 40, 200), event("checkpoint_end", 40, 210), line(45, 240),
+        event("resume", 40, 300, restore_s=15), line(50, 400),
+    ]  # fmt: skip
+    result = ledger([RunSpan(0, 400, nodes=2)], [], records)
+    assert seconds(result) == {"startup": 200, "checkpoint": 10, "lost": 30, "restore": 15, "relaunch": 45,
+                               "productive": 100}  # fmt: skip
+    assert result.goodput == pytest.approx(100 / 400)
+
+
+def test_a_relaunch_that_lost_nothing_leaves_the_steps_before_it_productive():
+    records = [line(40, 200), event("resume", 40, 260, restore_s=10), line(50, 360)]
+    result = ledger([RunSpan(0, 360, nodes=1)], [], records)
+    assert seconds(result) == {"startup": 200, "restore": 10, "relaunch": 50, "productive": 100}
+
+
 def test_a_job_killed_30_s_after_its_checkpoint_at_step_40_and_resumed_from_step_40_loses_the_steps_after_40():
     first = [line(40, 200), event("checkpoint_begin", 40, 200), event("checkpoint_end", 40, 210), line(45, 240)]
     second = [event("resume", 40, 1050, restore_s=10), line(50, 1150)]
