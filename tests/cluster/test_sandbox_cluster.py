@@ -20,16 +20,17 @@ from tests.helpers import TEST_SLURM, wait_for
 pytestmark = pytest.mark.cluster
 
 
-def test_three_nodes_up_each_with_eight_gpus(slurm_cluster):
+def test_every_node_is_up_each_with_eight_gpus(slurm_cluster):
     out = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N %T %G").stdout.split("\n")
     rows = sorted(line.split() for line in out if line.strip())
-    assert [(name, gres) for name, _, gres in rows] == [(f"node{i}", "gpu:8") for i in (1, 2, 3)]
+    assert [(name, gres) for name, _, gres in rows] == [(f"node{i}", "gpu:8") for i in slurm_cluster.spec.node_indices]
     # up and schedulable: idle, or running someone's job (the suite's cluster may be shared by parallel sessions)
     assert {state for _, state, _ in rows} <= {"idle", "mixed", "allocated"}
 
 
 def test_srun_across_three_nodes_sees_three_hostnames_and_addresses(slurm_cluster):
-    out = slurm_cluster.run("srun", "-N3", "bash", "-c", "echo $(hostname) $(hostname -I)").stdout
+    nodes = "node[1-3]"  # three of the suite's nodes, by name
+    out = slurm_cluster.run("srun", "-N3", "-w", nodes, "bash", "-c", "echo $(hostname) $(hostname -I)").stdout
     pairs = sorted(tuple(line.split()) for line in out.splitlines())
     assert [p[0] for p in pairs] == ["node1", "node2", "node3"]
     assert len({p[1] for p in pairs}) == 3
@@ -173,7 +174,7 @@ def test_a_second_cluster_runs_beside_this_one_and_its_down_leaves_this_one_alon
         assert {d.name: d.pid() for d in cluster.daemons(first)} == first_pids
         assert all(Path(f"/run/netns/{first.netns(i)}").exists() for i in first.node_indices)
         assert cluster.network_owner(first) == str(first.dir)
-        assert cluster.nodes_in(first, "idle") == {"node1", "node2", "node3"}
+        assert cluster.nodes_in(first, "idle") == {first.node_name(i) for i in first.node_indices}
 
 
 def test_a_folder_whose_slot_another_cluster_holds_is_refused_without_touching_it(slurm_cluster, spare_dirs):
@@ -183,7 +184,7 @@ def test_a_folder_whose_slot_another_cluster_holds_is_refused_without_touching_i
         cluster.up(clash)
     assert cluster.down(clash) == []  # nothing of its own to stop, and the other's network is not its to remove
     assert cluster.is_up(first) and cluster.network_owner(first) == str(first.dir)
-    assert cluster.nodes_in(first, "idle") == {"node1", "node2", "node3"}
+    assert cluster.nodes_in(first, "idle") == {first.node_name(i) for i in first.node_indices}
 
 
 def _alive(pid: int) -> bool:
