@@ -5,8 +5,8 @@
 #   scripts/test.sh [--slurm RELEASE|both] [PYTEST ARGS]
 # The releases are snakemake_executor_multinode/contract/releases.py's (22.05, the default, and 24.11 today).
 # Arguments go to pytest. With --slurm both (the default) the other releases' tiers run when no test is named (the
-# arguments are options only, like --cpu-load); --slurm 24.11 runs the named tests (by default tests/cluster) on
-# 24.11 alone.
+# arguments are options only, like --cpu-load), at the same time as the default's; --slurm 24.11 runs the named tests
+# (by default tests/cluster) on 24.11 alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # One name a line, the default first: the default runs the whole suite, each other release the cluster tests.
@@ -39,11 +39,33 @@ run() {  # one pytest run; "no tests" is a failure
     [ $code -eq 5 ] && { echo "no tests were collected"; code=1; }
     [ $code -ne 0 ] && rc=$code
 }
+# With --slurm both the other releases' tiers run beside the default's, each on its own cluster (most of a cluster
+# test's time is waiting for SLURM, so two share this machine's cores), their output kept and printed after it.
+declare -A beside=()  # release -> "pid output-file" of its tier
+for release in "${releases[@]:1}"; do
+    if [ "$slurm" = both ] && [ $named = 0 ]; then
+        out=$(mktemp "${TMPDIR:-/tmp}/multinode-tier-$release.XXXXXX")
+        echo "[test] the cluster tests on SLURM $release, beside the $default tier (output: $out, printed at the end)"
+        # a cluster folder of its own also where MULTINODE_TEST_CLUSTER_DIR names one for the default's tier
+        dir=${MULTINODE_TEST_CLUSTER_DIR:+$MULTINODE_TEST_CLUSTER_DIR-$release}
+        (env MULTINODE_TEST_SLURM="$release" ${dir:+MULTINODE_TEST_CLUSTER_DIR="$dir"} \
+            python3 -m pytest -q -ra "$@" tests/cluster >"$out" 2>&1) &
+        beside[$release]="$! $out"
+    fi
+done
 if [ "$slurm" = both ] || [ "$slurm" = "$default" ]; then
     run "$@"
 fi
 for release in "${releases[@]:1}"; do
-    if [ "$slurm" = "$release" ] || { [ "$slurm" = both ] && [ $named = 0 ]; }; then
+    if [ -n "${beside[$release]:-}" ]; then
+        read -r pid out <<<"${beside[$release]}"
+        wait "$pid"
+        code=$?
+        echo "[test] the cluster tests on SLURM $release:"
+        cat "$out"
+        [ $code -eq 5 ] && { echo "no tests were collected"; code=1; }
+        [ $code -ne 0 ] && rc=$code
+    elif [ "$slurm" = "$release" ]; then
         echo "[test] the cluster tests on SLURM $release"
         if [ $named = 1 ]; then
             MULTINODE_TEST_SLURM=$release run "$@"

@@ -140,7 +140,8 @@ def test_a_second_cluster_runs_beside_this_one_and_its_down_leaves_this_one_alon
     """A user's sandbox and the suite's cluster coexist: each folder has its own bridge, subnet, namespaces and
     ports; `down` of one stops exactly its own daemons and links, and `up` right after works again."""
     first = slurm_cluster.spec
-    folder = next(d for _ in range(50) if ClusterSpec(dir=(d := spare_dirs())).slot != first.slot)
+    # a slot no running cluster holds (another release's test tier may be up beside this one)
+    folder = next(d for _ in range(50) if cluster.network_owner(ClusterSpec(dir=(d := spare_dirs()))) is None)
     second = ClusterSpec(dir=folder, nodes=1, cpus=1, gpus=0, accounting=False)
     assert {second.bridge, second.subnet, second.ctld_port} & {first.bridge, first.subnet, first.ctld_port} == set()
     first_pids = {d.name: d.pid() for d in cluster.daemons(first)}
