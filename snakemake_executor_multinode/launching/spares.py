@@ -106,17 +106,19 @@ CHECK_FAILED = "check_failed"  # a node that failed its node check (nodecheck.py
 
 
 def record(env: Mapping[str, str], node: str, spare: str, why: str, relaunch: int, event: str = REPLACED) -> None:
-    """One line in the job's replacements file (the first run's, beside its log); none outside a job's log."""
+    """One line in the job's replacements file: a node dropped, the spare in its place."""
+    append_event(env, {"event": event, "node": node, "spare": spare, "why": why, "relaunch": relaunch})
+
+
+def append_event(env: Mapping[str, str], fields: Mapping[str, object]) -> None:
+    """One JSON line in the job's replacements file (the first run's, beside its log; `multinode status` reads it),
+    with the job and the time; none outside a job's log."""
     stem = env.get(protocol.LOG_STEM_VAR)
     if not stem:
         return
     line = {
-        "event": event,
         "job": env.get("SLURM_JOB_ID", ""),
-        "node": node,
-        "spare": spare,
-        "why": why,
-        "relaunch": relaunch,
+        **fields,
         "time": datetime.now().astimezone().isoformat(timespec="seconds"),
     }
     try:

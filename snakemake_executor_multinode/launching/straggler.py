@@ -32,11 +32,11 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
+from snakemake_executor_multinode.launching import spares
 
 EVENT = "ranks"  # the metrics event with each node's busy time per step
 ON_STRAGGLER = ("warn", "replace")
@@ -273,24 +273,16 @@ class StragglerCheck:
 
 
 def record(env: Mapping[str, str], named: Named, said: str) -> None:
-    """One "straggler" line in the job's replacements file (the first run's, beside its log), which `multinode
-    status` reads; none outside a job's log."""
-    stem = env.get(protocol.LOG_STEM_VAR)
-    if not stem:
-        return
-    line = {
-        "event": WHAT,
-        "job": env.get("SLURM_JOB_ID", ""),
-        "node": named.node,
-        "figure": round(named.figure, 6),
-        "median": round(named.median, 6),
-        "measure": named.measure,
-        "action": "replace" if named.replace else "warn",
-        "why": said,
-        "time": datetime.now().astimezone().isoformat(timespec="seconds"),
-    }
-    try:
-        with open(JobFiles(Path(stem)).first_run.replacements, "a") as fh:
-            fh.write(json.dumps(line) + "\n")
-    except OSError:
-        pass  # the log line says it too; a missing record must not end the training
+    """One "straggler" line in the job's replacements file, which `multinode status` reads."""
+    spares.append_event(
+        env,
+        {
+            "event": WHAT,
+            "node": named.node,
+            "figure": round(named.figure, 6),
+            "median": round(named.median, 6),
+            "measure": named.measure,
+            "action": "replace" if named.replace else "warn",
+            "why": said,
+        },
+    )

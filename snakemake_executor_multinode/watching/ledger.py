@@ -193,8 +193,9 @@ def _kept_to(recs: Sequence[_Record], keep_to: float) -> list[float]:
     out, lowest = [keep_to] * len(recs), keep_to
     for k in range(len(recs) - 1, -1, -1):
         out[k] = lowest
-        if recs[k].kind == _RESUME and recs[k].step is not None and k > 0:
-            lowest = min(lowest, recs[k].step)
+        step = recs[k].step
+        if recs[k].kind == _RESUME and step is not None and k > 0:
+            lowest = min(lowest, step)
     return out
 
 
