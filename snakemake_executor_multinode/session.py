@@ -34,6 +34,7 @@ from snakemake_executor_multinode.slurm.sbatch_flags import table_for
 from snakemake_executor_multinode.slurm.settings import SubmitSettings
 from snakemake_executor_multinode.watching import provenance, reattach, report
 from snakemake_executor_multinode.watching.failure import failure_message
+from snakemake_executor_multinode.watching.notify import Notices, Notifier, command
 from snakemake_executor_multinode.watching.progress import ProgressLines, duration
 from snakemake_executor_multinode.watching.reattach import RunReason
 from snakemake_executor_multinode.watching.registry import Registry, Submission
@@ -91,6 +92,7 @@ class Session:
         if burst < 1:
             raise SettingsError(f"--multinode-submit-burst={burst}: 1 or more sbatch calls")
         self.planner = Planner(self.settings, self.workdir, self.run_id)  # EnvProfileError, SettingsError
+        self.notices = Notices(self._notifier(), self.run_id, self.folders.state)  # SettingsError: no such command
         # Owner-only: job scripts carry profile values (tokens), logs carry what the training prints.
         for private in (self.folders.root, self.workdir / self.settings.logdir):
             private.mkdir(parents=True, exist_ok=True)
@@ -109,6 +111,13 @@ class Session:
         self._cancelled: set[str] = set()  # job ids this run has cancelled
         self._told: set[str] = set()  # pending jobs whose wait was explained
         self.slurm_version: str | None = None  # sbatch --version, asked before the first plan ("": no answer)
+
+    def _notifier(self) -> Notifier | None:
+        if self.settings.notify is None:
+            return None
+        if not self.settings.notify_timeout > 0:
+            raise SettingsError(f"--multinode-notify-timeout={self.settings.notify_timeout}: more than 0 seconds")
+        return Notifier(command(self.settings.notify), self.settings.notify_timeout, self.warning)
 
     # --- planning -------------------------------------------------------------------------------------------
     def plan(
@@ -307,6 +316,7 @@ class Session:
         """One status cycle over (submission, label) pairs: news of running jobs (requeues, progress) is said;
         returns every job's outcome by job id."""
         outcomes = self.tracker.poll([sub.jobid for sub, _ in jobs if sub.jobid is not None])
+        self.notices.cycle([(sub, outcomes[sub.jobid]) for sub, _ in jobs if sub.jobid is not None])
         for sub, label in jobs:
             assert sub.jobid is not None
             outcome = outcomes[sub.jobid]
@@ -332,6 +342,7 @@ class Session:
         """A job's end, recorded (before Snakemake hears of it: a reported end is never adopted by a later run),
         with the failure's message; a retry of the same outputs avoids the node this attempt failed on."""
         assert sub.jobid is not None
+        self.notices.end(sub, outcome)  # before forget(): it reads the job's stall marker
         self.tracker.forget(sub.jobid)
         self.registry.ended(sub, "success" if outcome.success else "failed")
         if outcome.success:
@@ -375,3 +386,7 @@ class Session:
         if self.settings.efficiency_report:
             for line in report.end_of_run(self.workdir, self.run_id, self.client, queued=queued):
                 self.info(line)
+
+    def close(self, why: str = "") -> None:
+        """The run's end: its notice (`why`: how it ended, when not as usual)."""
+        self.notices.run_end(why)

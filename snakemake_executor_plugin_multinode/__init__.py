@@ -255,12 +255,15 @@ class Executor(RemoteExecutor):
         with self.lock:
             left = list(self.active_jobs)
         queued = self.workflow.remote_execution_settings.immediate_submit
+        why = ""
         if left and not queued:
             # Snakemake exits on an executor error (sbatch refused a job) with jobs still running: no one would
             # watch them (snakemake-executor-plugin-slurm #320). Nothing is left after a normal end.
-            self.session.cancel({j.external_jobid for j in left}, "Snakemake is exiting on an error")
+            why = "Snakemake is exiting on an error"
+            self.session.cancel({j.external_jobid for j in left}, why)
         super().shutdown()
         self.session.report(queued)
+        self.session.close(why)
 
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
         """Ctrl-C, or Snakemake ending on an error: cancel exactly this run's jobs (also one whose sbatch was still

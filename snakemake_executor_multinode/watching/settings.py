@@ -1,10 +1,11 @@
 """How a run watches its jobs, as settings (`--multinode-<name>`): the status cycle, the sweeps, reattach, waiting
-notices, progress lines, the efficiency report. Declared by the stage that reads them; session.py composes them into
-the plugin's `Settings`."""
+notices, progress lines, the efficiency report, the notify command. Declared by the stage that reads them; session.py
+composes them into the plugin's `Settings`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR
 
@@ -52,4 +53,17 @@ class WatchSettings:
             "help": "At most one progress line (step, loss, tokens/s, ETA) per running training job every this many "
             "seconds, read from the job's metrics file ($MULTINODE_METRICS_FILE; no SLURM query). 0: none."
         },
+    )
+    notify: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "A command (shell words, run without a shell on the submitting side) run for each event: a job "
+            "started, stalled, requeued, node replaced, failed, finished, and the run finished. It reads one JSON "
+            "object on stdin (event, run, job, rule, nodes, reason, log, time); secrets such as a webhook URL come "
+            "from its environment, never its command line. One that fails or hangs is warned of once; the run goes on."
+        },
+    )
+    notify_timeout: float = field(
+        default=10.0,
+        metadata={"help": "Seconds a --multinode-notify command may take per event before it is killed."},
     )
