@@ -57,7 +57,12 @@ def train_argv(out: Path, data_dir: Path, cfg: dict[str, Any]) -> list[str]:
     ]
 
 
-def run(argv: list[str], timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+# Only stops a hang: a training of a few hundred steps takes seconds here alone, minutes on a loaded 2-core machine
+# (the 24.11 cluster tier runs beside these tests).
+HANG_S = 900
+
+
+def run(argv: list[str], timeout: float = HANG_S, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env or ENV, cwd=REPO)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import TINY, run, torchrun_argv
+from .helpers import HANG_S, TINY, run, torchrun_argv
 
 MODEL = {k: TINY[k] for k in ("n_layer", "n_head", "d_model")} | {"seq_len": 32}
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -33,7 +33,7 @@ CONTROL = {"plugin": "hybrid", "sp": 2, "_control": "sdpa_no_mask"}
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     out = tmp_path_factory.mktemp("causality") / "results.json"
     specs = [f"{name}={json.dumps(MODEL | cfg)}" for name, cfg in {**CONFIGS, "control": CONTROL}.items()]
-    proc = run(torchrun_argv(Path(__file__).with_name("causality_check.py"), str(out), *specs), timeout=180)
+    proc = run(torchrun_argv(Path(__file__).with_name("causality_check.py"), str(out), *specs), timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())
 

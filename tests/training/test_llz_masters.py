@@ -10,7 +10,7 @@ import sys
 import plugins
 import pytest
 
-from .helpers import REPO, run, torchrun_argv
+from .helpers import HANG_S, REPO, run, torchrun_argv
 
 REPRO = REPO / "tests" / "training" / "llz_repro.py"
 
@@ -19,13 +19,13 @@ REPRO = REPO / "tests" / "training" / "llz_repro.py"
 def test_stock_zero_masters_lag_the_reference_and_reseeded_ones_match_it_step_for_step() -> None:
     """ColossalAI's own plugin trains exactly like bf16_master from a bf16-rounded init (its first warm-up update
     mostly rounds away); lm.boost's low_level_zero trains exactly like bf16_master."""
-    proc = run([sys.executable, str(REPRO), "--check"], timeout=300)
+    proc = run([sys.executable, str(REPRO), "--check"], timeout=HANG_S)
     assert proc.returncode == 0 and "check: passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 @pytest.mark.slow
 def test_reseeded_masters_are_each_ranks_padded_shard_of_the_fp32_init() -> None:
-    proc = run(torchrun_argv(REPRO, "--check-shards", nproc=3), timeout=300)
+    proc = run(torchrun_argv(REPRO, "--check-shards", nproc=3), timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("master shards equal the fp32 init") == 3, proc.stdout
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO
+from tests.training.helpers import HANG_S
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +60,7 @@ def test_sigusr2_checkpoints_writes_the_preempt_file_exits_0_and_the_rerun_resum
     workers = psutil.Process(proc.pid).children()
     assert len(workers) == 2
     os.kill(workers[1].pid, signal.SIGUSR2)  # one worker (rank 0 or 1): all ranks agree on the step
-    assert proc.wait(timeout=120) == 0
+    assert proc.wait(timeout=HANG_S) == 0
     stopped = int((tmp_path / "preempted1").read_text())
     assert 5 <= stopped < STEPS
     assert torch.load(tmp_path / "ckpt.pt")["step"] == stopped == steps(tmp_path / "metrics1.jsonl")[-1]
@@ -67,7 +68,7 @@ def test_sigusr2_checkpoints_writes_the_preempt_file_exits_0_and_the_rerun_resum
     assert all(isinstance(r["wall"], float) for r in records(tmp_path / "metrics1.jsonl"))
 
     proc = start(tmp_path, 2)
-    assert proc.wait(timeout=180) == 0
+    assert proc.wait(timeout=HANG_S) == 0
     assert steps(tmp_path / "metrics2.jsonl") == list(range(stopped + 1, STEPS + 1))  # resumed, not restarted
     assert events(tmp_path / "metrics2.jsonl") == [
         ("resume", stopped), ("checkpoint_begin", STEPS), ("checkpoint_end", STEPS),

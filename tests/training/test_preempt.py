@@ -15,7 +15,7 @@ import plugins
 import psutil
 import pytest
 
-from .helpers import ENV, REPO, SCRIPTS, TINY, events, metrics, torchrun_argv, train, train_argv
+from .helpers import ENV, HANG_S, REPO, SCRIPTS, TINY, events, metrics, torchrun_argv, train, train_argv
 
 STEPS = 200
 CPU_PLUGINS = [name for name, spec in plugins.PLUGIN_TABLE.items() if "cpu" in spec.devices]
@@ -66,7 +66,7 @@ def test_sigusr2_checkpoints_writes_the_preempt_file_exits_0_and_the_rerun_compl
         # Like SLURM's --signal: every process of the job step gets it, the agent and the workers (torchrun
         # starts each worker in its own session, so a process-group kill would miss them).
         signal_tree(proc.pid, signal.SIGUSR2)
-        rc = proc.wait(timeout=60)
+        rc = proc.wait(timeout=HANG_S)
     finally:
         if proc.poll() is None:
             signal_tree(proc.pid, signal.SIGKILL)
