@@ -1331,17 +1331,17 @@ def goodput_faults() -> str:
 
 @renders("goodput-spares")
 def goodput_spares() -> str:
-    """Wall time and each fault's time to the first resumed step: from the metrics and the clock, not from sacct,
-    which lost a run of the spares job (so no goodput is shown for this run)."""
+    """Goodput (the ledger's productive time over the wall time), wall time and each fault's time to the first
+    resumed step."""
     rows = []
     for variant, label in [("multinode", "`--executor multinode`"), ("spares", "the same + `spare_nodes=1`")]:
         r = line(GOODPUT_SPARES, "scenarios", "busy", "variants", variant=variant)
-        cells = [label, _or_dash(r["wall_s"], f0), str(len(r["jobs"]))]
+        cells = [label, bold(pct(r["goodput"])), _or_dash(r["wall_s"], f0), str(len(r["jobs"]))]
         for fault in GOODPUT_FAULTS:
             f = next((x for x in r["faults"] if x["fault"] == fault), None)
             cells.append("not reached" if f is None else _or_dash(f["time_to_first_resumed_step_s"], f0))
         rows.append(cells)
-    header = ["busy cluster", "wall s to the final model", "SLURM jobs",
+    header = ["busy cluster", "goodput", "wall s to the final model", "SLURM jobs",
               *(f"{label}: s to the first resumed step" for label in GOODPUT_FAULTS.values())]  # fmt: skip
     return table(header, rows)
 
