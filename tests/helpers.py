@@ -507,6 +507,25 @@ def kill_node(cl: Cluster, name: str) -> float:
     return killed
 
 
+def rank_pids(cl: Cluster, name: str) -> dict[int, int]:
+    """The torch workers running on a node: global RANK -> pid, read from /proc/<pid>/environ of every process of
+    the node's network namespace (torchrun sets RANK in its workers' environment only)."""
+    out = subprocess.run(["ip", "netns", "pids", cl.spec.netns(node_index(cl, name))], capture_output=True, text=True)
+    found = {}
+    for pid in map(int, out.stdout.split()):
+        try:
+            env = dict(
+                item.split("=", 1)
+                for item in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+                if "=" in item
+            )
+        except OSError:
+            continue  # ended meanwhile
+        if env.get("RANK", "").isdigit() and "TORCHELASTIC_RUN_ID" in env:
+            found[int(env["RANK"])] = pid
+    return found
+
+
 def training_folder(wd: Path, num_docs: int = 300, seed: int = 3) -> Path:
     """A workflow folder for the real training: workflows/scripts copied to <wd>/scripts (a test's job may outlive
     an edit of the checkout) and a small generated corpus in <wd>/data; returns the scripts' folder."""

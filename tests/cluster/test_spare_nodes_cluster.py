@@ -8,17 +8,22 @@ exit 0: one submission, no requeue, no retry. Afterwards the node is brought bac
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from tests.helpers import Snakemake, figures, kill_node, records, sacct_jobs, wait_for
+from tests.helpers import Snakemake, figures, kill_node, rank_pids, records, sacct_jobs, training_folder, wait_for
+from tests.training.helpers import TINY, train
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -233,3 +238,63 @@ def test_with_its_spare_used_up_a_second_dead_node_ends_the_job_and_the_retry_re
     resumed = {int(lines[-1][1]) for lines in starts.values()}
     assert min(resumed) >= before >= 6, (starts, before)
     assert (wd / "out.txt").read_text().split() == [retry]
+
+
+# The real training (train.py, torch_ddp, gloo): long enough that it is still running when the test stops it after
+# its first checkpoint (about 10 ms a step here; 900 steps are left when the checkpoint of step 100 appears).
+TRAIN_CFG = {**TINY, "plugin": "torch_ddp", "steps": 1000, "ckpt_every": 100, "keep_ckpts": 2, "log_every": 10}
+TRAIN_SNAKEFILE = """
+rule train:
+    output: "model.pt"
+    params: cfg={cfg!r}
+    resources: nodes=2, gpus=1, cpus_per_task=1, mem_mb=3000, spare_nodes=1
+    shell:
+        "multinode torchrun scripts/train.py --data-dir data --out {{output}} --ckpt-dir ckpt "
+        "--metrics ckpt/metrics.jsonl --config-json {{params.cfg:q}}"
+"""
+
+
+def test_a_training_whose_node_dies_resumes_on_the_spare_and_ends_with_the_model_of_a_run_without_the_fault(
+    slurm_cluster, tmp_path, restore_nodes
+):
+    wd = tmp_path / "wf"
+    training_folder(wd)
+    (wd / "Snakefile").write_text(TRAIN_SNAKEFILE.format(cfg=json.dumps(TRAIN_CFG)))
+    sm = Snakemake(wd)  # no --retries: only the spare can save the job
+    stopped: list[int] = []
+    try:
+        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
+        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        wait_for(lambda: (wd / "ckpt" / "step_00000100").exists(), "the checkpoint of step 100", 600, interval=0.05)
+        head, other = re.search(r"; nodes (\S+),(\S+), 1 spare\(s\) left", joblog.read_text()).groups()
+        # the training halted by pid where it is (after its first checkpoint, long before its end), then the node
+        # killed; the head's rank goes on, and fails on its lost peer
+        workers = {**rank_pids(slurm_cluster, head), **rank_pids(slurm_cluster, other)}
+        assert sorted(workers) == [0, 1], workers
+        for pid in workers.values():
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        restore_nodes.append(other)
+        kill_node(slurm_cluster, other)  # the fault
+        os.kill(workers[0], signal.SIGCONT)
+        rc = sm.wait(900)
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        sm.stop()
+    assert rc == 0, sm.text
+    log = joblog.read_text()
+    assert f"replacing node {other} (does not answer: the node is down) with spare" in log, log
+    resumes = [r for r in map(json.loads, (wd / "ckpt" / "metrics.jsonl").read_text().splitlines())
+               if r.get("event") == "resume"]  # fmt: skip
+    assert [r["step"] for r in resumes] and resumes[0]["step"] >= 100, resumes
+    assert [r["jobid"] for r in records(wd)] == [job]  # one SLURM job: no requeue, no retry
+    # a run without the fault (the same world size: 2 ranks, gloo, one thread each) makes the same model
+    ref = tmp_path / "ref"
+    train(ref, wd / "data", TRAIN_CFG)
+    got, want = torch.load(wd / "model.pt", map_location="cpu"), torch.load(ref / "model.pt", map_location="cpu")
+    assert got["step"] == want["step"] == TRAIN_CFG["steps"]
+    assert got["state_dict"].keys() == want["state_dict"].keys()
+    differ = [k for k, v in want["state_dict"].items() if not torch.equal(got["state_dict"][k], v)]
+    assert not differ, differ
