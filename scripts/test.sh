@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Set up a fresh machine (scripts/bootstrap.sh), run ruff and mypy, then the test suite on SLURM 22.05 (this machine's
-# packages) and the cluster tests again on SLURM 24.11 (a Debian 13 root file system: docs/slurm-versions.md). Each
-# brings its own local cluster up once and down at the end.
+# packages), the cluster tests again on SLURM 24.11 (a Debian 13 root file system: docs/slurm-versions.md) and the
+# Snakemake 8.30 tier (scripts/snakemake8.sh). Each brings its own local cluster up once and down at the end.
 #   scripts/test.sh [--slurm RELEASE|both] [PYTEST ARGS]
 # The releases are snakemake_executor_multinode/contract/releases.py's (22.05, the default, and 24.11 today).
-# Arguments go to pytest. With --slurm both (the default) the other releases' tiers run when no test is named (the
-# arguments are options only, like --cpu-load), at the same time as the default's; --slurm 24.11 runs the named tests
-# (by default tests/cluster) on 24.11 alone.
+# Arguments go to pytest. With --slurm both (the default) the other releases' tiers and the Snakemake 8.30 tier run
+# when no test is named (the arguments are options only, like --cpu-load), at the same time as the default's;
+# --slurm 24.11 runs the named tests (by default tests/cluster) on 24.11 alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # One name a line, the default first: the default runs the whole suite, each other release the cluster tests.
@@ -39,33 +39,44 @@ run() {  # one pytest run; "no tests" is a failure
     [ $code -eq 5 ] && { echo "no tests were collected"; code=1; }
     [ $code -ne 0 ] && rc=$code
 }
-# With --slurm both the other releases' tiers run beside the default's, each on its own cluster (most of a cluster
-# test's time is waiting for SLURM, so two share this machine's cores), their output kept and printed after it.
-declare -A beside=()  # release -> "pid output-file" of its tier
-for release in "${releases[@]:1}"; do
-    if [ "$slurm" = both ] && [ $named = 0 ]; then
-        out=$(mktemp "${TMPDIR:-/tmp}/multinode-tier-$release.XXXXXX")
-        echo "[test] the cluster tests on SLURM $release, beside the $default tier (output: $out, printed at the end)"
+# With --slurm both the other releases' tiers and the Snakemake 8.30 tier run beside the default's, each on its own
+# cluster (most of a cluster test's time is waiting for SLURM, so they share this machine's cores), their output kept
+# and printed after it.
+declare -A beside=()  # tier -> "pid output-file"
+tiers=()              # the tiers beside, in the order they started
+start_beside() {  # start_beside TIER COMMAND...
+    local tier=$1 out
+    shift
+    out=$(mktemp "${TMPDIR:-/tmp}/multinode-tier-${tier// /-}.XXXXXX")
+    echo "[test] $tier, beside the $default tier (output: $out, printed at the end)"
+    ("$@" >"$out" 2>&1) &
+    beside[$tier]="$! $out"
+    tiers+=("$tier")
+}
+if [ "$slurm" = both ] && [ $named = 0 ]; then
+    for release in "${releases[@]:1}"; do
         # a cluster folder of its own also where MULTINODE_TEST_CLUSTER_DIR names one for the default's tier
         dir=${MULTINODE_TEST_CLUSTER_DIR:+$MULTINODE_TEST_CLUSTER_DIR-$release}
-        (env MULTINODE_TEST_SLURM="$release" ${dir:+MULTINODE_TEST_CLUSTER_DIR="$dir"} \
-            python3 -m pytest -q -ra "$@" tests/cluster >"$out" 2>&1) &
-        beside[$release]="$! $out"
-    fi
-done
+        start_beside "the cluster tests on SLURM $release" env MULTINODE_TEST_SLURM="$release" \
+            ${dir:+MULTINODE_TEST_CLUSTER_DIR="$dir"} python3 -m pytest -q -ra "$@" tests/cluster
+    done
+    # the oldest Snakemake pyproject.toml allows, in a venv of its own, on SLURM 22.05 (its own cluster folder too)
+    start_beside "the Snakemake 8.30 tier" bash scripts/snakemake8.sh "$@"
+fi
 if [ "$slurm" = both ] || [ "$slurm" = "$default" ]; then
     run "$@"
 fi
+for tier in "${tiers[@]}"; do
+    read -r pid out <<<"${beside[$tier]}"
+    wait "$pid"
+    code=$?
+    echo "[test] $tier:"
+    cat "$out"
+    [ $code -eq 5 ] && { echo "no tests were collected"; code=1; }
+    [ $code -ne 0 ] && rc=$code
+done
 for release in "${releases[@]:1}"; do
-    if [ -n "${beside[$release]:-}" ]; then
-        read -r pid out <<<"${beside[$release]}"
-        wait "$pid"
-        code=$?
-        echo "[test] the cluster tests on SLURM $release:"
-        cat "$out"
-        [ $code -eq 5 ] && { echo "no tests were collected"; code=1; }
-        [ $code -ne 0 ] && rc=$code
-    elif [ "$slurm" = "$release" ]; then
+    if [ "$slurm" = "$release" ]; then
         echo "[test] the cluster tests on SLURM $release"
         if [ $named = 1 ]; then
             MULTINODE_TEST_SLURM=$release run "$@"

@@ -6,6 +6,7 @@ cancels its jobs) leaves nothing running on the shared cluster."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -275,10 +276,15 @@ REPO = Path(__file__).resolve().parents[1]
 TEST_SLURM = os.environ.get("MULTINODE_TEST_SLURM", DEFAULT_SLURM)
 # Five nodes: a 2-node job with a spare holds 3, and its retry must still find 3 without the 2 nodes it lost.
 TEST_NODES = 5
+# The Snakemake the tests run: scripts/snakemake8.sh runs the tests marked `snakemake8` on 8.30, in a session of its
+# own beside the others, with a cluster folder of its own too.
+SNAKEMAKE_MAJOR = int(importlib.metadata.version("snakemake").split(".")[0])
 TEST_CLUSTER_DIR = Path(
     os.environ.get(
         "MULTINODE_TEST_CLUSTER_DIR",
-        "/var/tmp/multinode-test-cluster" + ("" if TEST_SLURM == DEFAULT_SLURM else f"-{TEST_SLURM}"),
+        "/var/tmp/multinode-test-cluster"
+        + ("" if TEST_SLURM == DEFAULT_SLURM else f"-{TEST_SLURM}")
+        + ("-snakemake8" if SNAKEMAKE_MAJOR == 8 else ""),
     )
 )
 

@@ -54,6 +54,7 @@ def finished_in_sacct(cl, jobid: str, workdir: Path, *fields: str) -> dict[str, 
     return wait_for(done, f"complete sacct record of the finished job {jobid}", 120)
 
 
+@pytest.mark.snakemake8
 def test_gpu_rule_becomes_one_two_node_job_with_one_torchrun_per_node(slurm_cluster, tmp_path):
     wd = copied_workflow("torchrun", tmp_path)
     snakemake(wd)
@@ -369,6 +370,7 @@ def test_bad_resources_stop_the_run_before_anything_is_submitted(slurm_cluster, 
 
 
 @pytest.mark.one_release
+@pytest.mark.snakemake8
 def test_snakemake_own_executor_test_workflows_pass(slurm_cluster, tmp_path):
     """snakemake.common.tests' simple (a -> b -> c, report output, a '/' in a wildcard) and groups workflows."""
     code = subprocess.run(

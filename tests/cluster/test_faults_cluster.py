@@ -209,6 +209,7 @@ def kill_snakemake_while_its_job_runs(wd: Path, cl: Cluster) -> tuple[str, str, 
     return job, run_id, killed
 
 
+@pytest.mark.snakemake8
 def test_rerun_after_snakemake_was_killed_reattaches_to_the_running_job(slurm_cluster, workflow):
     wd = workflow
     snakefile(wd, REATTACH)

@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers import Cluster, records, snakemake
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release, pytest.mark.snakemake8]
 
 PIPELINE = """
 SHARDS = ["a", "b", "c"]
