@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -542,3 +543,36 @@ def training_folder(wd: Path, num_docs: int = 300, seed: int = 3) -> Path:
     data = subprocess.run([*argv, "--seed", str(seed)], capture_output=True, text=True, timeout=300)
     assert data.returncode == 0, data.stdout + data.stderr
     return scripts
+
+
+class PageTables(HTMLParser):
+    """Every table of an HTML page as rows of cell texts; the texts of its h1 and h2 headings."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self.headings: list[str] = []
+        self._cell: list[str] | None = None
+        self._heading = False
+        self.feed(page)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+        self._heading = tag in ("h1", "h2")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][-1].append("".join(self._cell))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+        elif self._heading:
+            self.headings.append(data)
+            self._heading = False

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR, STATE_ROOT
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, RetryPolicy, SlurmClient, job_order
-from snakemake_executor_multinode.watching import clean, logs, report, status_view
+from snakemake_executor_multinode.watching import clean, logs, report, report_files, status_view
 
 # An interactive command waits out a restarting controller for a minute, not the executor's ten.
 RETRY = RetryPolicy(total_seconds=60)
@@ -58,6 +58,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cancel.set_defaults(func=cancel_command)
     rep = sub.add_parser("report", help=f"a run's efficiency report (written to {REPORTS_DIR}/)")
     common(rep, "latest (default), or a run id (or a unique prefix)")
+    rep.add_argument(
+        "--for",
+        dest="outputs",
+        nargs="+",
+        metavar="OUTPUT",
+        help="instead of a run: the jobs that made these outputs (the newest that succeeded, of any run)",
+    )
+    rep.add_argument("--chart", type=Path, metavar="SVG", help="also write where the allocation went as a bar chart")
+    rep.add_argument("--html", type=Path, metavar="HTML", help="also write the report as one HTML page")
+    rep.add_argument(
+        "--provenance", type=Path, metavar="HTML", help="with --for: also write each output's provenance, one table"
+    )
     rep.set_defaults(func=report_command)
     cl = sub.add_parser(
         "clean",
@@ -181,20 +193,52 @@ def cancel_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
+    """A run's report, written under REPORTS_DIR; or (--for) the report of the jobs that made some outputs, for a
+    rule of the workflow to hand to Snakemake's report (--chart, --html, --provenance)."""
     workdir = args.directory.resolve()
+    if args.provenance and not args.outputs:
+        print("multinode report: --provenance needs --for OUTPUT...: the outputs to describe", file=sys.stderr)
+        return 2
     try:
-        table = status_view.run_table(workdir)
-        run = status_view.resolve_run(table, args.run)
-        result = report.collect(run, table[run], _client())
+        if args.outputs:
+            subs, missing = status_view.makers(workdir, args.outputs)
+            if not subs:
+                made = " ".join(args.outputs)
+                print(f"multinode report: no job of the runs in {workdir} made {made}", file=sys.stderr)
+                return 1
+            if missing:
+                print(f"multinode report: not made by a job of these runs: {' '.join(missing)}", file=sys.stderr)
+            runs = ", ".join(dict.fromkeys(s.run_id for s in subs))
+            # the outputs exist, so their jobs have ended: wait, as a run's end does, for accounting to record that
+            result = report.collect(runs, subs, _client(), settle_seconds=report.SETTLE_SECONDS)
+        else:
+            table = status_view.run_table(workdir)
+            run = status_view.resolve_run(table, args.run)
+            result = report.collect(run, table[run], _client())
     except status_view.RunNotFound as err:
         print(f"multinode report: {err}", file=sys.stderr)
         return 1
     except QueryError as err:
         print(_unanswered("report", err) + "\n(the report needs sacct: SLURM's accounting)", file=sys.stderr)
         return 1
-    csv_path, md_path = report.write(result, workdir)
     print(report.to_markdown(result), end="")
-    print(f"\nwritten: {md_path} and {csv_path}")
+    written = [] if args.outputs else list(report.write(result, workdir))  # a run's files are the run's, by its id
+    files = (
+        (args.chart, lambda: report_files.ledger_chart(result)),
+        (args.html, lambda: report_files.efficiency_html(result)),
+        (args.provenance, lambda: report_files.provenance_html(workdir, args.outputs)),
+    )
+    try:
+        for path, text in files:
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                report.write_text(path, text())
+                written.append(path)
+    except OSError as err:
+        print(f"multinode report: cannot write {err.filename}: {err.strerror}", file=sys.stderr)
+        return 1
+    if written:
+        print(f"\nwritten: {', '.join(map(str, written))}")
     return 0
 
 

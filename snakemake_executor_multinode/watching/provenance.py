@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,47 @@ def _comparable(record: Mapping[str, Any]) -> dict[str, Any]:
     last = starts[-1] if starts else {}
     found = last.get("versions") or record.get("versions")
     return {**record, "versions": found, "nodes": last.get("nodes"), "gpus": last.get("gpus")}
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A record in a few words (a row of the report's provenance table)."""
+
+    rule: str  # with its wildcards
+    jobs: str  # the SLURM job(s) of its runs, with the number of runs
+    nodes: str  # of the last run
+    code: str
+    versions: str  # of the last run (or the submitting side's, when the job inherited its environment)
+    ended: str
+
+
+VERSION_LABELS = {"snakemake-executor-plugin-multinode": "plugin"}
+
+
+def summary(record: Mapping[str, Any]) -> Summary:
+    wildcards = record.get("wildcards") or {}
+    starts = [r for r in record.get("runs", []) if r.get("event") == "start"]
+    jobs = list(dict.fromkeys(str(r.get("job")) for r in starts))
+    code = record.get("code") or {}
+    if code.get("snapshot"):
+        text = f"snapshot {str(code['snapshot'])[:12]}"
+        text += f", commit {str(code['commit'])[:12]}" if code.get("commit") else ""
+        text += f" + uncommitted changes {str(code['uncommitted'])[:12]}" if code.get("uncommitted") else ""
+    else:
+        text = f"{len(code.get('files') or {})} file(s) the command names, hashed"
+    found = _comparable(record)
+    versions = ", ".join(f"{VERSION_LABELS.get(k, k)} {v}" for k, v in (found["versions"] or {}).items() if v)
+    image = (record.get("container") or {}).get("image")
+    ended = record.get("ended") or {}
+    named = ", ".join(f"{k}={v}" for k, v in wildcards.items())
+    return Summary(
+        rule=record.get("rule", "?") + (f" ({named})" if named else ""),
+        jobs=f"{', '.join(jobs) or '-'} ({len(starts)} run(s))",
+        nodes=str(found["nodes"] or "-"),
+        code=text,
+        versions=versions + (f"; container {image}" if image else ""),
+        ended=f"{ended.get('state', '-')} {ended.get('time', '')}".strip(),
+    )
 
 
 def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:

@@ -624,10 +624,15 @@ def write(report: Report, workdir: Path) -> tuple[Path, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = (folder / f"{report.run_id}.csv", folder / f"{report.run_id}.md")
     for path, text in zip(paths, (to_csv(report), to_markdown(report)), strict=True):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        write_text(path, text)
     return paths
+
+
+def write_text(path: Path, text: str) -> None:
+    """Whole or not at all: a reader (or Snakemake, checking an output) never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def summary_lines(report: Report, markdown: Path) -> list[str]:

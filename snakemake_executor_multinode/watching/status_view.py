@@ -139,12 +139,34 @@ def find_job(workdir: Path, which: str | None) -> Submission:
     elif found := [s for s in subs if s.rule == which]:
         what = f"rule {which}"
     else:
-        wanted = os.path.normpath(workdir / which)  # an absolute path stays itself
-        found = [s for s in subs if any(os.path.normpath(workdir / o) == wanted for o in s.outputs)]
+        found = [s for s in subs if _makes(s, workdir, which)]
         what = f"rule or output {which!r}"
     if not found:
         raise JobNotFound(f"no job is {what} in the runs of {workdir}")
     return found[-1]
+
+
+def _makes(sub: Submission, workdir: Path, output: str) -> bool:
+    """`output` (as given to Snakemake, or absolute) is one of the job's outputs."""
+    wanted = os.path.normpath(workdir / output)  # an absolute path stays itself
+    return any(os.path.normpath(workdir / o) == wanted for o in sub.outputs)
+
+
+def makers(workdir: Path, outputs: Sequence[str]) -> tuple[list[Submission], list[str]]:
+    """The jobs that made these outputs: for each, the newest submission that ran to success with it among its
+    outputs (one job once, in the order of submission); and the outputs no job of these runs made (a local rule's,
+    or another executor's)."""
+    done = [s for s in runs(workdir / RUNS_DIR) if s.jobid and s.ended == "success"]
+    done.sort(key=lambda s: s.submitted_at)
+    found: dict[str, Submission] = {}
+    missing = []
+    for output in outputs:
+        made = [s for s in done if _makes(s, workdir, output)]
+        if made:
+            found.setdefault(made[-1].job_name, made[-1])
+        else:
+            missing.append(output)
+    return sorted(found.values(), key=lambda s: s.submitted_at), missing
 
 
 def current_log(sub: Submission) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
 import re
@@ -14,8 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from PIL import Image
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
+from snakemake_executor_multinode.watching.report_files import COLOURS
 from tests.helpers import ANY_FIRST_SCRIPT, REPO, background, run_log_names, slurm, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -120,10 +123,17 @@ def usr2_to_frozen_ranks(cl, job: str, workdir: Path, proc: subprocess.Popen) ->
     return frozen_step
 
 
-def test_example_pipeline_trains_on_two_nodes_and_evaluates(slurm_cluster, tmp_path):
-    wd = pipeline_copy(tmp_path)
+@pytest.fixture(scope="module")
+def example_run(slurm_cluster, tmp_path_factory) -> Path:
+    """The example pipeline, run once for the tests of this module (each leaves its config as it found it)."""
+    wd = pipeline_copy(tmp_path_factory.mktemp("example"))
     proc = snakemake(wd)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return wd
+
+
+def test_example_pipeline_trains_on_two_nodes_and_evaluates(example_run):
+    wd = example_run
     results = wd / "results"
     metrics = [json.loads(line) for line in (results / "model" / "metrics.jsonl").read_text().splitlines()]
     metrics = [m for m in metrics if "event" not in m]  # step lines
@@ -139,13 +149,73 @@ def test_example_pipeline_trains_on_two_nodes_and_evaluates(slurm_cluster, tmp_p
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
     # change a training value: train and evaluate rerun, preprocessing does not
     cfg_path = wd / "workflows" / "config.yaml"
-    cfg = yaml.safe_load(cfg_path.read_text())
+    original = cfg_path.read_text()
+    cfg = yaml.safe_load(original)
     cfg["train"]["lr"] = 0.002
     cfg_path.write_text(yaml.safe_dump(cfg))
-    dry = snakemake(wd, "-n")
+    try:
+        dry = snakemake(wd, "-n")
+    finally:
+        cfg_path.write_text(original)
     planned = dry.stdout + dry.stderr
     assert "rule train:" in planned and "rule evaluate:" in planned
     assert "rule preprocess:" not in planned and "rule merge:" not in planned
+
+
+WALK = Path(__file__).with_name("report_walk.js")
+
+
+def browse(report: Path, last: str, folder: Path) -> tuple[dict, Path]:
+    """Snakemake's report read in headless Chromium (Debian's package: scripts/bootstrap.sh) by report_walk.js, in
+    one browser start: what its rendered page showed, step by step, and a screenshot of its end (`last` in view)."""
+    source = report.read_text()
+    end = source.rfind("</body>")
+    walked = folder / "walked.html"
+    walk = f"<script>window.WALK_LAST = {json.dumps(last)};</script><script>{WALK.read_text()}</script>"
+    walked.write_text(source[:end] + walk + source[end:])
+    shot = folder / "report.png"
+    proc = subprocess.run(
+        ["chromium", "--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={folder / 'profile'}",
+         "--disable-web-security",  # the walk reads the text of the pages the report shows in frames (data: URIs)
+         "--virtual-time-budget=600000",  # the page's timers run on virtual time: the walk's waits never race load
+         "--window-size=1280,900", f"--screenshot={shot}", "--dump-dom", walked.as_uri()],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0 and '<pre id="walk">' in proc.stdout, proc.stderr[-3000:]
+    return json.loads(html.unescape(proc.stdout.rpartition('<pre id="walk">')[2].partition("</pre>")[0])), shot
+
+
+def colour_pixels(png: Path, colour: str) -> int:
+    rgb = tuple(int(colour[k : k + 2], 16) for k in (1, 3, 5))
+    with Image.open(png) as img:
+        counts = img.convert("RGB").getcolors(maxcolors=1 << 24) or []
+    return sum(n for n, px in counts if all(abs(a - b) <= 2 for a, b in zip(px, rgb, strict=True)))
+
+
+@pytest.mark.one_release  # what Snakemake's report shows depends on no SLURM release
+def test_snakemakes_report_shows_the_loss_curve_the_allocation_chart_and_each_outputs_provenance(example_run, tmp_path):
+    wd = example_run
+    proc = snakemake(wd, "--report", "report.html")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    job = next((StateFolders(wd).logs / "rule_train").rglob("*.log")).name.split(".")[0]
+    walk, shot = browse(wd / "report.html", "results/report/allocation.svg", tmp_path)
+    assert walk["error"] is None, walk
+    assert {"Training", "Allocation", "Provenance"} <= set(walk["menu"]), walk["menu"]
+    shown = walk["results"]
+    loss, chart = shown["results/eval/loss.png"], shown["results/report/allocation.svg"]
+    assert (loss["category"], loss["kind"], loss["type"]) == ("Training", "image", "image/png") and loss["width"] > 0
+    assert "Training loss per step" in loss["info"]  # its caption, rendered
+    assert (chart["category"], chart["kind"], chart["type"]) == ("Allocation", "image", "image/svg+xml")
+    assert chart["width"] > 0 and "Where the allocation went: one bar per training job" in chart["info"]
+    efficiency = shown["results/report/efficiency.html"]
+    assert efficiency["category"] == "Allocation" and efficiency["kind"] == "page"
+    assert "Where the allocation went" in efficiency["text"] and f"train - {job}" in efficiency["text"]
+    prov = shown["results/report/provenance.html"]
+    assert prov["category"] == "Provenance" and "Provenance of each result" in prov["info"]
+    assert f"results/model/final.pt train {job} (1 run(s)) node[1-2]" in prov["text"], prov["text"]
+    assert "results/eval/loss.png evaluate" in prov["text"] and "torch 2.13.0" in prov["text"]
+    # the walk ended with the chart in view: its bars were drawn (the productive share's colour is on the screen)
+    assert colour_pixels(shot, COLOURS["productive"]) > 50
 
 
 def test_usr2_during_training_checkpoints_requeues_and_the_rerun_resumes_at_that_step(slurm_cluster, tmp_path):

@@ -32,7 +32,7 @@ def dry_run(profile: str) -> str:
 
 def test_local_profile_plans_the_whole_pipeline():
     out = dry_run("local")
-    for rule in ("preprocess", "merge", "train", "evaluate"):
+    for rule in ("preprocess", "merge", "train", "evaluate", "allocation_report"):
         assert f"rule {rule}:" in out or f"{rule} " in out
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import RUNS, JobFiles
-from snakemake_executor_multinode.watching import provenance
+from snakemake_executor_multinode.watching import provenance, report_files
+from tests.helpers import PageTables
 
 
 def submitted(tmp_path: Path, command: str = "python train.py", token: str = "s3cret", **code) -> None:
@@ -264,3 +265,28 @@ def test_the_diff_command_prints_what_differs_between_two_outputs_theme_by_theme
     assert missing.returncode == 1 and "no record for results/medium.pt" in missing.stderr and not missing.stdout
     one = command("--diff", "-d", str(wd), "results/small.pt")
     assert one.returncode == 2 and "give two outputs with --diff" in one.stderr
+
+
+def test_the_report_pages_provenance_table_has_a_row_per_output_and_says_which_have_no_record(tmp_path):
+    submitted(tmp_path)  # train (size=small) -> results/model.pt
+    start = {"event": "start", "job": "41", "nodes": "node[1-2]", "versions": {"python": "3.11.2", "torch": "2.13.0"}}
+    runs = runs_file(tmp_path, {**start, "restart": 0}, {**start, "restart": 1, "nodes": "node[2-3]"})
+    provenance.finish(tmp_path, "mn-run-train", runs, {"state": "success", "time": "2026-01-01T00:00:00+0000"})
+    (table,) = PageTables(report_files.provenance_html(tmp_path, ["results/model.pt", "results/local.txt"])).tables
+    assert table[0] == list(report_files.PROVENANCE_COLUMNS)
+    assert table[1] == [
+        "results/model.pt", "train (size=small)", "41 (2 run(s))", "node[2-3]", "snapshot abc, commit c1",
+        "python 3.11.2, torch 2.13.0", "success 2026-01-01T00:00:00+0000",
+    ]  # fmt: skip
+    assert table[2][:2] == ["results/local.txt", "no record: not made by a job of this plugin"]
+
+
+def test_a_summary_of_a_record_without_a_snapshot_counts_the_hashed_files_and_names_the_container(tmp_path):
+    record = provenance.submission(
+        rule="prep", wildcards={}, command="python prep.py", script="", code={"snapshot": None, "files": {"a": "1"}},
+        environment={"container": {"image": "docker://x:1"}}, outputs=["o"], inherited_versions=True,
+    )  # fmt: skip
+    s = provenance.summary(record)
+    assert (s.rule, s.jobs, s.nodes, s.ended) == ("prep", "- (0 run(s))", "-", "-")
+    assert s.code == "1 file(s) the command names, hashed" and s.versions.endswith("; container docker://x:1")
+    assert f"python {provenance.versions()['python']}" in s.versions

@@ -4,20 +4,24 @@ tests/cluster/test_status_view_cluster.py."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
 import subprocess
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.cli import runs as cli_runs
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
 from snakemake_executor_multinode.slurm.client import QueryError, SlurmClient
-from snakemake_executor_multinode.watching import report
+from snakemake_executor_multinode.watching import provenance, report, report_files, status_view
 from snakemake_executor_multinode.watching.ledger import CATEGORIES
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 from snakemake_executor_multinode.watching.report import JobUsage
+from tests.helpers import PageTables
 
 # sacct --duplicates -P -n -o JobIDRaw,State,ElapsedRaw,TimelimitRaw,TotalCPU,AllocCPUS,NNodes,MaxRSS,AllocTRES,ReqTRES
 # 205: 40 s spinning in the batch step (sampled: MaxRSS) then a 5 s srun step; 239: requeued once, then ran 30 s;
@@ -349,3 +353,101 @@ def test_the_markdown_lists_the_nodes_replaced_by_spares_within_a_job(tmp_path):
                                            FakeAccounting(TIMED)))  # type: ignore[arg-type]  # fmt: skip
     assert "| train | - | 501 | node2 -> node3 (does not answer) |" in md, md
     assert train.replaced == ""
+
+
+# --- the report as files for Snakemake's report (report_files.py; rendered: tests/cluster/test_pipeline_cluster.py)
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def test_every_ledger_category_has_a_colour():
+    assert set(report_files.COLOURS) == set(CATEGORIES)
+
+
+def test_the_chart_has_a_bar_per_training_job_cut_into_its_ledgers_categories(tmp_path):
+    rep = goodput_report(tmp_path)  # train: 2 nodes, 1000 node-s, goodput 30%; silent: no metrics; prep: no GPU
+    svg = ET.fromstring(report_files.ledger_chart(rep))
+    texts = [t.text for t in svg.iter(f"{SVG}text")]
+    assert "train job 501" in texts and "silent job 503" in texts and not any("prep" in (t or "") for t in texts)
+    assert "30%" in texts and "unknown" in texts  # silent's goodput is never guessed
+    segments = [r for r in svg.iter(f"{SVG}rect") if r.get("data-category")]
+    train = [r for r in segments if "train job 501" in r.findtext(f"{SVG}title", "")]
+    # the longest bar spans the bar area; each segment's width is its share of the job's node-seconds
+    widths = {r.get("data-category"): float(r.get("width", "0")) for r in train}
+    assert sum(widths.values()) == pytest.approx(report_files.BAR_W, abs=0.05)
+    assert widths["productive"] == pytest.approx(report_files.BAR_W * 0.3, abs=0.05)
+    assert set(widths) == {"startup", "checkpoint", "lost", "teardown", "restore", "productive"}  # none of 0 s
+    assert "train job 501: productive 5.00 node-minutes (30%)" in [r.findtext(f"{SVG}title") for r in train]
+    silent = [r.get("data-category") for r in segments if "silent" in r.findtext(f"{SVG}title", "")]
+    assert silent == ["unknown"]
+    assert {t for t in texts if t in CATEGORIES} == set(CATEGORIES)  # the legend
+
+
+def test_a_chart_without_a_training_job_says_so():
+    rep = report.Report("run1", [usage("prep")], report.per_rule([usage("prep")]), [])
+    svg = report_files.ledger_chart(rep)
+    ET.fromstring(svg)  # well-formed
+    assert "no training job" in svg and "data-category" not in svg
+
+
+def test_the_html_page_is_the_markdown_reports_tables(tmp_path):
+    rep = goodput_report(tmp_path)
+    page = PageTables(report_files.efficiency_html(rep))
+    md_tables = [line for line in report.to_markdown(rep).splitlines() if line.startswith("|---")]
+    assert len(page.tables) == len(md_tables) >= 3
+    assert "Where the allocation went" in page.headings
+    goodput = page.tables[-1]
+    assert goodput[0][:4] == ["rule", "wildcards", "job", "allocated"]
+    assert ["train", "-", "501", "1.111 GPU-h", "28%", "30%"] == next(r for r in goodput if r[0] == "train")[:6]
+
+
+def test_a_markdown_cell_with_a_bar_and_code_stays_one_cell():
+    html = "\n".join(report_files.markdown_html("| a | b |\n|---|---|\n| x \\| y | `<z>` |\nrun `multinode`"))
+    assert PageTables(html).tables == [[["a", "b"], ["x | y", "<z>"]]]
+    assert "<code>&lt;z&gt;</code>" in html and "<p>run <code>multinode</code></p>" in html
+
+
+def made_by(tmp_path: Path, run: str, jobid: str, outputs: tuple[str, ...], ended: str | None, at: float) -> None:
+    reg = Registry(tmp_path, run)
+    sub = Submission(run, "r", {}, outputs, f"mn-{run}-{jobid}", 1, "", "", jobid, None, "", at, ended)
+    reg.record(sub)
+
+
+def test_the_makers_of_outputs_are_the_newest_jobs_that_succeeded_with_them(tmp_path):
+    made_by(tmp_path, "a", "10", ("x", "y"), "success", 1.0)
+    made_by(tmp_path, "b", "11", ("y",), "success", 2.0)  # y made again
+    made_by(tmp_path, "b", "12", ("x",), "failed", 3.0)  # a failed attempt makes nothing
+    made_by(tmp_path, "b", "13", ("z",), None, 4.0)  # still running (or never seen to end)
+    subs, missing = status_view.makers(tmp_path, ["x", str(tmp_path / "y"), "z", "w"])
+    assert [s.jobid for s in subs] == ["10", "11"] and missing == ["z", "w"]
+
+
+def report_args(tmp_path: Path, **kw) -> argparse.Namespace:
+    base = dict(directory=tmp_path, run="latest", outputs=None, chart=None, html=None, provenance=None)
+    return argparse.Namespace(**(base | kw))
+
+
+def test_provenance_without_outputs_and_outputs_no_job_made_are_refused_with_a_message(tmp_path, capsys):
+    assert cli_runs.report_command(report_args(tmp_path, provenance=tmp_path / "p.html")) == 2
+    assert "--provenance needs --for OUTPUT" in capsys.readouterr().err
+    assert cli_runs.report_command(report_args(tmp_path, outputs=["results/x"])) == 1
+    assert "no job of the runs in" in capsys.readouterr().err
+    assert not (tmp_path / "p.html").exists()
+
+
+def test_the_command_writes_the_chart_the_page_and_the_provenance_of_the_outputs(tmp_path, monkeypatch, capsys):
+    made_by(tmp_path, "a", "501", ("results/model.pt",), "success", 1.0)
+    record = provenance.submission(rule="train", wildcards={}, command="train", script="", code={}, environment={},
+                                   outputs=["results/model.pt"])  # fmt: skip
+    provenance.save_submission(tmp_path, "mn-run-train", record)
+    provenance.finish(tmp_path, "mn-run-train", None, {"state": "success"})
+    rep = goodput_report(tmp_path)
+    monkeypatch.setattr(report, "collect", lambda run, subs, client, settle_seconds: rep)
+    out = tmp_path / "out"
+    args = report_args(tmp_path, outputs=["results/model.pt"], chart=out / "a.svg", html=out / "e.html",
+                       provenance=out / "p.html")  # fmt: skip
+    assert cli_runs.report_command(args) == 0
+    ET.fromstring((out / "a.svg").read_text())
+    assert "Where the allocation went" in (out / "e.html").read_text()
+    assert "results/model.pt" in (out / "p.html").read_text()
+    assert not (tmp_path / report.REPORTS_DIR).exists()  # the files of a run are a run's
+    assert capsys.readouterr().out.count("written:") == 1
