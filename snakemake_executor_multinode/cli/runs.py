@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR, STATE_ROOT
@@ -220,12 +221,28 @@ def report_command(args: argparse.Namespace) -> int:
         return 1
     except QueryError as err:
         print(_unanswered("report", err) + "\n(the report needs sacct: SLURM's accounting)", file=sys.stderr)
-        return 1
+        if not args.outputs:
+            return 1
+        # a workflow's report rule goes on: its files say that the figures are unknown, the provenance is local
+        return _write_files(args, workdir, [], *_unknown(f"SLURM's accounting did not answer ({err})"))
     print(report.to_markdown(result), end="")
     written = [] if args.outputs else list(report.write(result, workdir))  # a run's files are the run's, by its id
+    return _write_files(
+        args, workdir, written, lambda: report_files.ledger_chart(result), lambda: report_files.efficiency_html(result)
+    )
+
+
+def _unknown(why: str) -> tuple[Callable[[], str], Callable[[], str]]:
+    return (lambda: report_files.unknown_chart(why)), (lambda: report_files.unknown_html(why))
+
+
+def _write_files(
+    args: argparse.Namespace, workdir: Path, written: list[Path], chart: Callable[[], str], html: Callable[[], str]
+) -> int:
+    """The files --chart, --html and --provenance ask for; 1 when one cannot be written."""
     files = (
-        (args.chart, lambda: report_files.ledger_chart(result)),
-        (args.html, lambda: report_files.efficiency_html(result)),
+        (args.chart, chart),
+        (args.html, html),
         (args.provenance, lambda: report_files.provenance_html(workdir, args.outputs)),
     )
     try:

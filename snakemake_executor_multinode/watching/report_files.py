@@ -169,6 +169,19 @@ def efficiency_html(report: Report) -> str:
     return page(f"Efficiency of run {report.run_id}", markdown_html(to_markdown(report)))
 
 
+def unknown_chart(why: str) -> str:
+    """The chart's place when SLURM's accounting gave nothing to draw: an SVG that says why."""
+    return (
+        '<svg xmlns="http://www.w3.org/2000/svg" width="640" height="60" viewBox="0 0 640 60" font-family="sans-serif" '
+        f'font-size="12"><rect width="640" height="60" fill="white"/><text x="8" y="20" font-size="14" '
+        f'font-weight="bold">Where the allocation went: unknown</text><text x="8" y="42">{_e(why)}</text></svg>\n'
+    )
+
+
+def unknown_html(why: str) -> str:
+    return page("Efficiency: unknown", [f"<p>{_e(why)}</p>"])
+
+
 PROVENANCE_COLUMNS = ("output", "rule", "SLURM job", "nodes", "code", "versions", "ended")
 
 

@@ -451,3 +451,26 @@ def test_the_command_writes_the_chart_the_page_and_the_provenance_of_the_outputs
     assert "results/model.pt" in (out / "p.html").read_text()
     assert not (tmp_path / report.REPORTS_DIR).exists()  # the files of a run are a run's
     assert capsys.readouterr().out.count("written:") == 1
+
+
+def test_without_accounting_the_outputs_report_says_the_figures_are_unknown_and_keeps_the_provenance(
+    tmp_path, monkeypatch, capsys
+):
+    made_by(tmp_path, "a", "501", ("results/model.pt",), "success", 1.0)
+
+    def no_accounting(run, subs, client, settle_seconds=None):
+        raise QueryError("sacct: error: Slurm accounting storage is disabled")
+
+    monkeypatch.setattr(report, "collect", no_accounting)
+    out = tmp_path / "out"
+    args = report_args(tmp_path, outputs=["results/model.pt"], chart=out / "a.svg", html=out / "e.html",
+                       provenance=out / "p.html")  # fmt: skip
+    assert cli_runs.report_command(args) == 0  # the workflow's report rule goes on
+    assert "accounting storage is disabled" in capsys.readouterr().err
+    chart = ET.fromstring((out / "a.svg").read_text())
+    assert "Where the allocation went: unknown" in "".join(chart.itertext())
+    assert "accounting storage is disabled" in (out / "e.html").read_text()
+    assert "results/model.pt" in (out / "p.html").read_text()
+    # a run's report without accounting stays an error: there is nothing else to show
+    assert cli_runs.report_command(report_args(tmp_path)) == 1
+    assert "the report needs sacct" in capsys.readouterr().err
