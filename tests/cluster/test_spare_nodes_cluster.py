@@ -254,6 +254,7 @@ rule train:
 """
 
 
+@pytest.mark.one_release  # the replacement itself is the first test's, on both releases; this one adds the model
 def test_a_training_whose_node_dies_resumes_on_the_spare_and_ends_with_the_model_of_a_run_without_the_fault(
     slurm_cluster, tmp_path, restore_nodes
 ):
