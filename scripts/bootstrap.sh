@@ -2,7 +2,7 @@
 # Install everything the project needs on a fresh Debian 12 machine (as root); fast when already done.
 #   apt: slurm-wlm 22.05 (slurmctld, slurmd, client), munge, MariaDB + slurmdbd, iproute2, podman + runc, strace,
 #        mmdebstrap, chromium
-#   pip: torch 2.13.0 (the CPU wheel) FIRST and pinned, then the package with its train/test extras,
+#   pip: torch 2.13.0 (the CPU wheel) FIRST and pinned, then the package with its train/test/trackers extras,
 #        then colossalai 0.5.0 with --no-deps (its metadata pins torch<=2.5.1 and would pull a CUDA torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +29,9 @@ if ! "$PY" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2
   "${pip[@]}" torch==2.13.0
 fi
 if ! "$PY" -c 'import snakemake, colossalai, transformers, galore_torch, matplotlib, pytest, ruff, mypy, build, hatchling' 2>/dev/null ||
-    ! command -v py-spy >/dev/null; then
-  echo "[bootstrap] pip install -e .[train,test] and colossalai==0.5.0 --no-deps"
-  "${pip[@]}" -e ".[train,test]"
+    ! "$PY" -c 'import tensorboard, wandb, mlflow' 2>/dev/null || ! command -v py-spy >/dev/null; then
+  echo "[bootstrap] pip install -e .[train,test,trackers] and colossalai==0.5.0 --no-deps"
+  "${pip[@]}" -e ".[train,test,trackers]"
   "${pip[@]}" --no-deps colossalai==0.5.0
 fi
 # Always point the installed package (and the `multinode` command) at this checkout.

@@ -140,7 +140,12 @@ class Session:
             self.planner.sbatch_options = table_for(self.slurm_version)
         launchers = self.planner.launchers
         plan = self.planner.plan(
-            replace(job, avoid_nodes=avoid, site_launcher=launch_check.site_launcher(shellcmd, launchers))
+            replace(
+                job,
+                avoid_nodes=avoid,
+                site_launcher=launch_check.site_launcher(shellcmd, launchers),
+                outputs=tuple(outputs),
+            )
         )
         launch_check.check(plan.request, shellcmd, kind, launchers)
         return plan
@@ -234,7 +239,7 @@ class Session:
         sub = self.registry.record(
             Submission(
                 self.run_id, req.rule, dict(req.wildcards), outputs, plan.job_name, req.attempt, str(pending),
-                fingerprint=plan.fingerprint,
+                fingerprint=plan.fingerprint, tracking_id=plan.tracking_id,
             )
         )  # fmt: skip
         return pending, sub
@@ -302,6 +307,7 @@ class Session:
             environment=environment.resolve(self.planner.profiles, req.env_profile),
             outputs=outputs,
             inherited_versions=not plan.versions_in_job,
+            run_id=plan.tracking_id,
         )
 
     def _dependencies(self, upstream: Iterable[str]) -> list[str]:

@@ -122,6 +122,16 @@ STOP_REQUEST = ".stop-request"  # the launcher asks every node to end its torchr
 NCCL_TRACES = ".nccl-trace-rank"  # <stem>.nccl-trace-rank<R>: NCCL's flight recorder dumps, rank by rank
 
 
+TENSORBOARD = "tensorboard"  # <log dir>/tensorboard/<run id>: an experiment's TensorBoard folder
+
+
+def tensorboard_dir(log_dir: PurePath, run_id: str) -> PurePath:
+    """The TensorBoard folder of an experiment ($MULTINODE_TENSORBOARD_DIR): beside the logs of every job of it
+    (a rule's jobs with the same wildcards share a log folder), one folder per run id, so that `tensorboard --logdir
+    <log dir>/tensorboard` shows each Snakemake run as a run of its own and a requeue's curves continue its run's."""
+    return log_dir / TENSORBOARD / run_id
+
+
 def log_stem(job_key: str, attempt: int | str) -> str:
     """A job's stem: <job key>.attempt<n>. `job_key` may be sbatch's %j or a shell word of the job script."""
     return f"{job_key}.attempt{attempt}"

@@ -79,6 +79,22 @@ CHANGED_VAR = "MULTINODE_CHANGED"  # internal to the job script: the files a res
 # Training: write your metrics JSON lines here, or make this path a link to your own metrics file. It lies beside
 # the job's log (so it outlives the run), and `multinode status` and the progress lines read its last line.
 METRICS_FILE_VAR = "MULTINODE_METRICS_FILE"
+# One experiment across every run of a job (the first, each requeue and SLURM restart, each relaunch, every Snakemake
+# retry of the same outputs in one Snakemake run): the same id, derived from the submission (planning/plan.py,
+# tracking_id) and named in its provenance record. A new Snakemake run (`-F`, or a rerun) is a new experiment.
+RUN_ID_VAR = "MULTINODE_RUN_ID"
+# The TensorBoard folder of the experiment: the same for every run of it (beside the job's logs, named by the run
+# id: jobfiles.tensorboard_dir), so its curves continue across requeues.
+TENSORBOARD_DIR_VAR = "MULTINODE_TENSORBOARD_DIR"
+# The snapshot the job's code was frozen in (its digest's first 12 characters; "" when nothing was frozen): a tag.
+CODE_DIGEST_VAR = "MULTINODE_CODE_DIGEST"
+# Weights & Biases resumes a run by these (wandb.init reads them): the job sets them to the run id and "allow" where
+# the user has not set WANDB_RUN_ID (a user's value, even an empty one, is passed through untouched).
+WANDB_RUN_ID_VAR = "WANDB_RUN_ID"
+WANDB_RESUME_VAR = "WANDB_RESUME"
+# The tag MLflow finds the experiment's run by (MLflow has no variable to resume a run by name: contract/tracking.py
+# finds or creates the run with this tag).
+MLFLOW_RUN_TAG = "multinode.run_id"
 # The job log's path without ".log" (a requeued run's own log included): `multinode torchrun` keeps each node's
 # labelled output in <stem>.<node>.out beside it (.out: the job's own logs are the .log files). Unset (a
 # hand-written sbatch script): slurm-<jobid> in the submit folder, sbatch's own default.
@@ -159,6 +175,9 @@ VARIABLES = (
     *TRAINING_VARIABLES,
     CHANGED_VAR,
     METRICS_FILE_VAR,
+    RUN_ID_VAR,
+    TENSORBOARD_DIR_VAR,
+    CODE_DIGEST_VAR,
     LOG_STEM_VAR,
     GPU_SAMPLES_VAR,
     GPU_SAMPLER_VAR,

@@ -27,6 +27,7 @@ from snakemake_executor_multinode.contract.jobfiles import (
     JobFiles,
     ShellJobFiles,
     marker_shell,
+    tensorboard_dir,
 )
 from snakemake_executor_multinode.planning.quoting import shell_quote
 from snakemake_executor_multinode.planning.request import JobRequest
@@ -55,6 +56,18 @@ class ScriptContext:
     versions_in_job: bool = True
     # Seconds between GPU samples on every node (--multinode-gpu-sample-seconds); used for a job with GPUs only.
     gpu_sample_s: int = PlanningSettings.gpu_sample_seconds
+    # The experiment every run of the job logs to ($MULTINODE_RUN_ID; plan.py derives it); "": one of the job name.
+    run_id: str = ""
+    code_digest: str = ""  # the frozen snapshot's digest ($MULTINODE_CODE_DIGEST, a tracker tag); "": not frozen
+
+    @property
+    def tracking_id(self) -> str:
+        return self.run_id or tracking_id(self.job_name)
+
+
+def tracking_id(*parts: str) -> str:
+    """An experiment's id from what identifies it: 16 hex digits, a valid W&B run id and a folder name."""
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
 def safe_component(text: str, limit: int = 80) -> str:
@@ -173,6 +186,7 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
     # absolute: the training may change folders before it writes there
     kept = ShellJobFiles.of(shell_quote(str(ctx.workdir / ctx.log_dir)), req.attempt)
     this_run = ShellJobFiles.this_run()
+    run_id = ctx.tracking_id
     values = {
         "title": inert(ctx.title or f"Snakemake rule {req.rule} {req.wildcards_str}".strip()),
         "sbatch": _sbatch_lines(sbatch_options(req, ctx)),
@@ -213,6 +227,9 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "exit_code_changed": str(protocol.EXIT_CODE_CHANGED),
         "versions_in_job": "1" if ctx.versions_in_job else "0",
         "runs_file": kept.runs,
+        "run_id": run_id,
+        "code_digest": q(ctx.code_digest[:12]),
+        "tensorboard_dir": shell_quote(str(tensorboard_dir(ctx.workdir / ctx.log_dir, run_id))),
         "replacements_file": first_run.replacements,
         "gpu_sample_seconds": str(ctx.gpu_sample_s if req.gpus else 0),  # >= 0: the planner refuses less
         "gpu_samples": kept.prefix,

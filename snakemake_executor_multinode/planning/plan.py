@@ -41,6 +41,7 @@ class RuleJob:
     avoid_nodes: tuple[str, ...] = ()  # nodes an earlier attempt of this job failed on: excluded for this one
     keep: tuple[str, ...] = ()  # the job's outputs and logs: paths the code snapshot never takes over
     site_launcher: bool = False  # its command starts a --multinode-launchers command, not `multinode torchrun`
+    outputs: tuple[str, ...] = ()  # what the job makes: with the run, they name its experiment (tracking_id)
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,15 @@ class JobPlan:
     snapshot: Snapshot | None = None  # the frozen code the script's command points into
     code_files: tuple[Path, ...] = ()  # without a snapshot: the files a restart checks for changes
     versions_in_job: bool = True  # the job reads its package versions itself (see ScriptContext)
+    tracking_id: str = ""  # the experiment every run of the job logs to ($MULTINODE_RUN_ID)
 
     @property
     def fingerprint(self) -> str:
         """The script without what differs between runs of the same job (its name; the snapshot holding its code,
         whose changes Snakemake's own rerun triggers judge): equal means same job."""
         script = self.script.replace(self.job_name, "")
+        if self.tracking_id:  # derived from the run: a later run's plan of the same job names another
+            script = script.replace(self.tracking_id, "")
         if self.snapshot is not None:
             script = script.replace(str(self.snapshot.root), "")
         return hashlib.sha256(script.encode()).hexdigest()[:16]
@@ -164,6 +168,8 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
     else:
         command, code_files = job.command, tuple(snapshot.named_files(job.command, planner.workdir, job.keep))
     ctx = jobscript.ScriptContext(
+        run_id=experiment(job, planner),
+        code_digest=frozen.digest if frozen else "",
         command=command,
         workdir=planner.workdir,
         log_dir=log_dir,
@@ -177,8 +183,17 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
     script = jobscript.render(req, ctx, lines)
     return JobPlan(
         req, name, tuple(lines), script, planner.workdir, log_dir, state_dir, job.command, frozen, code_files,
-        versions_in_job,
+        versions_in_job, ctx.tracking_id,
     )  # fmt: skip
+
+
+def experiment(job: RuleJob, planner: Planner) -> str:
+    """The id of the experiment a job's runs log to: the same for every run of the job and for every retry of its
+    outputs within one Snakemake run (the run id is the Session's), a new one for a new Snakemake run (`-F`, or a
+    rerun after a failure): the working directory, the run, the rule and the outputs (without outputs, as `multinode
+    preview` plans: the wildcards)."""
+    what = sorted(job.outputs) or [f"{k}={v}" for k, v in sorted(job.wildcards.items())]
+    return jobscript.tracking_id(str(planner.workdir), planner.run_id, job.rule, *what)
 
 
 def direct_command(shellcmd: str, outputs: Sequence[str], logs: Sequence[str] = ()) -> str:

@@ -3,7 +3,8 @@
 Two halves. At submission (`submission`), what the plan knows: rule, wildcards, the command, the job script's hash,
 the code (snapshot digest, git commit, hash of the uncommitted changes; or the hashes of the files the command names),
 the resolved environment profile (values of secret-looking variables are never written), the container image, the
-submitting side's Snakemake and plugin. In the job (`multinode provenance --start FILE`, one line per run of the job:
+submitting side's Snakemake and plugin, the run id the job's every run logs its curves under ($MULTINODE_RUN_ID).
+In the job (`multinode provenance --start FILE`, one line per run of the job:
 the first, each requeue, each SLURM restart): job id, restart count, nodes, this node's GPUs (where nvidia-smi
 answers), the job environment's Python, torch, NCCL, ColossalAI, Snakemake and plugin versions (read from package
 metadata: no torch import), and the container image's digest (podman); the job script's EXIT trap adds the run's
@@ -71,6 +72,7 @@ def submission(
     environment: Mapping[str, Any],
     outputs: Sequence[str],
     inherited_versions: bool = False,
+    run_id: str = "",
 ) -> dict[str, Any]:
     """What the plan knows of a job when it is submitted. inherited_versions: the job runs in this (the submitting)
     side's environment and reads no versions itself (the plan's versions_in_job), so the record holds these."""
@@ -79,6 +81,7 @@ def submission(
         "rule": rule,
         "wildcards": dict(wildcards),
         "outputs": list(outputs),
+        "run_id": run_id,  # $MULTINODE_RUN_ID: the trackers' experiment (W&B run id, MLflow tag, TensorBoard folder)
         "command": command,
         "job_script_sha256": hashlib.sha256(script.encode()).hexdigest(),
         "code": dict(code),

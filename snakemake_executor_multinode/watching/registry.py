@@ -51,6 +51,7 @@ class Submission:
     ended: str | None = None
     ended_at: float | None = None
     array: str = ""  # an element of a job array: the array's job name, which SLURM knows the element by
+    tracking_id: str = ""  # the experiment its runs log to ($MULTINODE_RUN_ID); "": recorded before it existed
 
 
 class Registry:

@@ -24,7 +24,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, RUNS_DIR, JobFiles, StateFolders
+from snakemake_executor_multinode.contract.jobfiles import (
+    EXIT_MARKER,
+    RUNS_DIR,
+    JobFiles,
+    StateFolders,
+    tensorboard_dir,
+)
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import (
     ACTIVE_STATES,
@@ -77,6 +83,8 @@ class JobRow:
     gpu_use: str = ""  # each sampled node's mean utilisation and peak memory so far (gpu_use.py)
     goodput: str = ""  # a running job's goodput so far and where the rest went
     replaced: str = ""  # the nodes `multinode torchrun` dropped for spares (resource spare_nodes), with why
+    run_id: str = ""  # the experiment its runs log to (W&B run id, MLflow tag), shown for a training-shaped job
+    tensorboard: str = ""  # its TensorBoard folder, once the training has written it
 
     @property
     def active(self) -> bool:
@@ -342,6 +350,19 @@ def _replacement(line: Mapping[str, Any]) -> str:
     return f"{line['node']} straggler ({how})"
 
 
+def curves(sub: Submission, view: SlurmView | None) -> tuple[str, str]:
+    """Where a job's training curves are: its run id (the trackers' run) and its TensorBoard folder ("" until the
+    training writes it). Said for a job that wrote that folder or has several nodes or GPUs (a training), not for
+    every element of a fan-out."""
+    if not sub.tracking_id or not sub.log:
+        return "", ""
+    folder = Path(tensorboard_dir(JobFiles.from_log(sub.log).prefix.parent, sub.tracking_id))
+    written = folder.is_dir()
+    if not (written or (view is not None and ((view.nodes or 0) > 1 or (view.gpus_per_node or 0) > 0))):
+        return "", ""
+    return sub.tracking_id, str(folder) if written else ""
+
+
 def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: Path) -> list[JobRow]:
     rows = []
     for sub in sorted(subs, key=lambda s: s.submitted_at):
@@ -358,6 +379,7 @@ def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: P
             state = view.state
             reason = view.reason if view.reason not in reasons.NO_REASON and state == "PENDING" else ""
         running = view is not None and view.state == "RUNNING"
+        run_id, tensorboard = curves(sub, view)
         rows.append(
             JobRow(
                 rule=sub.rule,
@@ -378,6 +400,8 @@ def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: P
                 if running and view is not None and sub.log
                 else "",
                 replaced=replacements(sub.log),
+                run_id=run_id,
+                tensorboard=tensorboard,
             )
         )
     return rows
@@ -439,6 +463,12 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
     gpus = [f"  {_label(r)} (job {r.jobid}): {r.gpu_use}" for r in rows if r.gpu_use]
     goodput = [f"  {_label(r)} (job {r.jobid}): {r.goodput}" for r in rows if r.goodput]
     replaced = [f"  {_label(r)} (job {r.jobid}): {r.replaced}" for r in rows if r.replaced]
+    tracked = [
+        f"  {_label(r)} (job {r.jobid}): run {r.run_id}, TensorBoard "
+        + (_short(r.tensorboard, workdir) if r.tensorboard else "none written yet")
+        for r in rows
+        if r.run_id
+    ]
     return "\n".join(
         [
             head,
@@ -446,6 +476,15 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
             *(["", "why they wait:", *waits] if waits else []),
             *(["", "GPU use so far (per node: mean utilisation, peak memory of one GPU):", *gpus] if gpus else []),
             *(["", "goodput so far (productive share of the allocation; the rest):", *goodput] if goodput else []),
+            *(
+                [
+                    "",
+                    "training curves (run id: W&B run id unless WANDB_RUN_ID was set; MLflow tag multinode.run_id):",
+                    *tracked,
+                ]
+                if tracked
+                else []
+            ),
             *(
                 [
                     "",

@@ -67,6 +67,11 @@ tokens_per_s equals the tokens between two lines over their wall-clock gap less 
 executor, $MULTINODE_METRICS_FILE (beside the job's log) is made a link to that file: `multinode status` and
 Snakemake's progress lines read it there.
 
+Curves (rank 0): each metrics line's loss, lr, tokens_per_s, mfu and step_ms also go to TensorBoard
+($MULTINODE_TENSORBOARD_DIR, with the tensorboard package), W&B and MLflow where installed and configured, through
+the plugin's contract/tracking.py: every run of the job continues one run of each (docs/training-contract.md,
+"Training curves"). A tracker's failure is warned of once and never fails the training.
+
 Busy time (busy_s on every step line, rank 0 writing each node's figure): in synchronous data parallelism every rank
 runs the same steps at the same rate, the fast ones waiting for the slowest in the gradient sync, so only the time a
 rank spends computing tells a slow node (`multinode torchrun`'s straggler check, on_straggler). Each rank times
@@ -413,8 +418,9 @@ class Logger:
     back to the host), so no queued GPU work escapes them. Checkpoint saves, bracketed by their own synchronised
     points, are taken out of the interval and reported beside it (ckpt_s)."""
 
-    def __init__(self, run: Run, group: Any = None) -> None:
+    def __init__(self, run: Run, group: Any = None, trackers: Any = None) -> None:
         self.run = run
+        self.trackers = NO_TRACKERS if trackers is None else trackers  # rank 0's TensorBoard, W&B, MLflow
         self.group = group  # the gloo side group (Preemption's); None: the default group is gloo
         # every rank's node, once: busy_s is per node
         self.hosts: list[Any] = [None] * run.world
@@ -478,6 +484,8 @@ class Logger:
         if run.rank == 0:
             with open(run.args.metrics, "a") as f:
                 f.write(json.dumps(rec) + "\n")
+            curves = {"loss": loss, "lr": lr, "tokens_per_s": tps, "mfu": rec["mfu"], "step_ms": rec["step_ms"]}
+            self.trackers.log(curves, state.step)
             m = "" if rec["mfu"] is None else f" mfu {100 * rec['mfu']:.1f}%"
             print(
                 f"step {state.step}/{run.cfg['steps']} loss {loss:.4f} lr {lr:.3e} tok/s {tps:,.0f}{m} "
@@ -526,8 +534,45 @@ def train(run: Run, preempt: Preemption) -> int:
         f"params {sum(p.numel() for p in run.model.parameters()):,} (this rank) "
         f"tokens/step {tokens_per_step} steps {state.step}->{end}",
     )
-    logger = Logger(run, preempt.group)
-    saved_at = state.step if latest is not None else -1
+    logger = Logger(run, preempt.group, start_trackers(run, state.step))
+    try:
+        saved_at = state.step if latest is not None else -1
+        return loop(run, preempt, logger, state, saved_at=saved_at, end=end, tokens_per_step=tokens_per_step)
+    finally:
+        logger.trackers.close()
+
+
+def start_trackers(run: Run, step: int) -> Any:
+    """Rank 0's trackers (docs/training-contract.md): TensorBoard in $MULTINODE_TENSORBOARD_DIR, W&B and MLflow where
+    installed and configured, each continuing the job's one run across requeues; none elsewhere, or without the
+    plugin's helper (a container image without the plugin). A tracker's failure is warned of once, never fatal."""
+    if run.rank != 0:
+        return NO_TRACKERS
+    try:
+        from snakemake_executor_multinode.contract.tracking import Trackers
+    except ImportError:
+        return NO_TRACKERS
+    return Trackers.open(first_step=step + 1, config=run.cfg)  # a metrics line names the steps done
+
+
+class NoTrackers:
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+NO_TRACKERS = NoTrackers()
+
+
+def loop(
+    run: Run, preempt: Preemption, logger: Logger, state: checkpoint.TrainState, saved_at: int, end: int,
+    tokens_per_step: int,
+) -> int:  # fmt: skip
+    """The training loop from `state` to `end`; 0 when it stopped as asked (done, stop_after, or checkpointed for
+    a requeue)."""
+    cfg = run.cfg
     run.model.train()
     logger.start()
     while state.step < end:

@@ -67,6 +67,15 @@ fi
 # ==== 2. environment =============================================================================
 {{environment}}
 
+# One experiment across every run of this job (each requeue, restart and Snakemake retry of it): the trackers' run
+# id, a TensorBoard folder the same for every run (docs/training-contract.md). After the environment: a profile's
+# WANDB_RUN_ID, as anyone's, is never overwritten.
+export MULTINODE_RUN_ID={{run_id}} MULTINODE_CODE_DIGEST={{code_digest}}
+export MULTINODE_TENSORBOARD_DIR={{tensorboard_dir}}
+if [ -z "${WANDB_RUN_ID+set}" ]; then
+    export WANDB_RUN_ID=$MULTINODE_RUN_ID WANDB_RESUME=${WANDB_RESUME-allow}
+fi
+
 # ==== 3. nodes and rendezvous (resolved here, on the head node) ==================================
 if [ "${SLURM_JOB_NUM_NODES:-}" = 1 ]; then  # one node: its name is the node list (no process for it)
     NODELIST=$SLURM_JOB_NODELIST NODE_NUM=1 MASTER_NODE=$SLURM_JOB_NODELIST
