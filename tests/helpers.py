@@ -533,6 +533,35 @@ def rank_pids(cl: Cluster, name: str) -> dict[int, int]:
     return found
 
 
+def slurmd_start_time(cl: Cluster, name: str) -> str:
+    """slurmctld's SlurmdStartTime of the node: it changes when a new slurmd registers."""
+    out = slurm(cl, "scontrol", "show", "node", name)
+    return next(f.split("=", 1)[1] for f in out.split() if f.startswith("SlurmdStartTime="))
+
+
+def restart_slurmd(cl: Cluster, name: str) -> tuple[float, float]:
+    """Restart the node's slurmd as an admin would (`systemctl restart slurmd`): SIGTERM by the pid in its pid file
+    (checked in /proc), wait for its exit, start it again as `multinode cluster up` does (its namespaces, /etc/hosts,
+    cgroup tree), and return once slurmctld has its registration (a new SlurmdStartTime, the node responding):
+    (stopped, registered), time.monotonic(). The node's running steps are left alone."""
+    from snakemake_executor_multinode.sandbox import cluster, processes
+
+    pidfile = cl.spec.dir / "run" / f"slurmd-{name}.pid"
+    pid = int(pidfile.read_text().split()[0])
+    assert alive(pid, "slurmd"), f"the pid file of {name} names no running slurmd"
+    before = slurmd_start_time(cl, name)
+    processes.stop([pid])
+    stopped = time.monotonic()
+    cluster._start_slurmd(cl.spec, node_index(cl, name))
+
+    def registered() -> bool:
+        out = slurm(cl, "scontrol", "show", "node", name)
+        return slurmd_start_time(cl, name) != before and "NOT_RESPONDING" not in out and "State=DOWN" not in out
+
+    wait_for(registered, f"the new slurmd of {name} registered with slurmctld", 120, interval=0.1)
+    return stopped, time.monotonic()
+
+
 def training_folder(wd: Path, num_docs: int = 300, seed: int = 3) -> Path:
     """A workflow folder for the real training: workflows/scripts copied to <wd>/scripts (a test's job may outlive
     an edit of the checkout) and a small generated corpus in <wd>/data; returns the scripts' folder."""

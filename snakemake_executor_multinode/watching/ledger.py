@@ -12,8 +12,9 @@ time is cut at the records' times, so the parts add up to the run's allocated ti
   the new step's start. Steps above the step it resumed from were computed again: lost, as across runs;
 - checkpoint: checkpoint_begin to checkpoint_end;
 - productive / lost: the interval before a step line (or a checkpoint_begin) covers the steps since the previous
-  record. Steps above the step a later run resumed from were computed again: lost. The last run's steps are
-  productive (a job's later submission is another job);
+  record. Steps above the step a later run resumed from were computed again: lost. A later run is the job's own
+  (a requeue) or another job's that resumed from the same checkpoints, its resume event in the same metrics file
+  after this run ended (Snakemake's retry, a rerun); without one the last run's steps are productive;
 - stalled / teardown: the last record to the run's end: stalled when the watchdog ended the run (the caller
   decides), else teardown (and SLURM's tail);
 - unknown: a job with no metrics at all: startup to its first output line when the caller knows it, the rest
@@ -278,8 +279,10 @@ def ledger(spans: Sequence[RunSpan], runs_lines: Sequence[Mapping[str, Any]], me
     resumed = _resumed_from(per_run)
     exits = _exits(runs_lines)
     runs: list[RunLedger] = []
+    resumes = [(r.wall, r.step) for r in records if r.kind == _RESUME and r.step is not None]
     for i, (span, recs) in enumerate(zip(ordered, per_run, strict=True)):
         later = [r for r in resumed[i + 1 :] if r is not None]
+        later += [step for wall, step in resumes if wall > span.end + SKEW_S]  # another job's too (a retry)
         keep_to = min(later, default=math.inf)  # steps above it were computed again by a later run
         resumed_at = resumed[i]
         start_step = resumed_at if resumed_at is not None else 0.0

@@ -591,8 +591,8 @@ def _goodput_markdown(report: Report) -> list[str]:
         "",
         "Per training job: SLURM's Elapsed x nodes of every run (GPU-hours: x GPUs), cut at the job's metrics "
         "records and events (docs/training-contract.md) into shares of it. Goodput: the productive share (steps "
-        "that count toward the final model). Lost: steps a later run computed again. Queue wait: beside the "
-        "allocation, not part of it. A job without metrics: productive unknown, never guessed.",
+        "that count toward the final model). Lost: steps a later run, relaunch or retry computed again. Queue wait: "
+        "beside the allocation, not part of it. A job without metrics: productive unknown, never guessed.",
         "",
     ]
     rows = []

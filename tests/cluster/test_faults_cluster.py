@@ -12,6 +12,7 @@ The measured figures (fault -> notice, jobs lost, duplicates) are printed as `[f
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract.jobfiles import StateFolders
+from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
 from snakemake_executor_multinode.sandbox import cluster
 from tests.helpers import (
     END_STATES,
@@ -35,6 +36,7 @@ from tests.helpers import (
     jobs_from,
     lines,
     records,
+    restart_slurmd,
     run_log_names,
     sacct_jobs,
     snakemake,
@@ -665,3 +667,85 @@ def test_a_burst_of_submissions_through_a_frozen_slurmctld_submits_and_runs_ever
     assert len(recs) == FAN_OUT and len(ids) == FAN_OUT and None not in ids  # one submission per job
     assert jobs_from(slurm_cluster, wd) == ids  # SLURM holds no duplicate
     figures("frozen slurmctld during a burst", jobs=FAN_OUT, submissions=len(recs), duplicates=0)
+
+
+# --- 9. a node's slurmd restarts under a running two-node job -------------------------------------------------------
+# Every rank writes where and as which process it starts (start-<rank>: host pid relaunch, one line per start), then
+# all_reduces until `release` exists; rank 0 counts the collectives (steps.txt, by rename).
+RING = """
+import os, pathlib, socket, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, host = dist.get_rank(), socket.gethostname()
+with open(f"start-{rank}", "a") as fh:
+    fh.write(f"{host} {os.getpid()} {os.environ.get('MULTINODE_RELAUNCH', 'unset')}\\n")
+step, x = 0, torch.ones(1)
+while not pathlib.Path("release").exists():
+    dist.all_reduce(x)
+    step += 1
+    if rank == 0:
+        pathlib.Path("steps.tmp").write_text(str(step))
+        os.replace("steps.tmp", "steps.txt")
+    time.sleep(0.1)
+dist.barrier()
+if rank == 0:
+    pathlib.Path(sys.argv[1]).write_text(os.environ["SLURM_JOB_ID"] + "\\n")
+dist.destroy_process_group()
+"""
+
+RING_RULE = """
+rule train:
+    output: "out.txt"
+    resources: nodes=2, gpus=1
+    shell: "multinode torchrun ring.py {output}"
+"""
+
+
+def steps(wd: Path) -> int:
+    text = (wd / "steps.txt").read_text().strip() if (wd / "steps.txt").exists() else ""
+    return int(text) if text.isdigit() else 0
+
+
+def test_a_slurmd_restart_on_a_node_of_a_running_two_node_job_is_no_failure(slurm_cluster, workflow):
+    """slurmd restarted (SIGTERM by pid, started again as the sandbox starts it) on the non-head node of a running
+    2-node torch job: the job's step lives in slurmstepd, which outlives its slurmd (proctrack/cgroup), and the new
+    slurmd finds it again. The ranks go on, the job completes with exit 0, one submission, one run, no failure."""
+    wd = workflow
+    (wd / "ring.py").write_text(RING)
+    snakefile(wd, RING_RULE)
+    sm = Snakemake(wd)
+    try:
+        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
+        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        wait_for(lambda: all((wd / f"start-{r}").exists() for r in (0, 1)) and steps(wd) >= 3, "both ranks", 300)
+        starts = {r: (wd / f"start-{r}").read_text().split() for r in (0, 1)}
+        (head, _, _), (other, other_pid, _) = starts[0], starts[1]
+        assert head != other and any(alive(int(other_pid), c) for c in ("python3", "python")), starts
+        with daemon_outage(slurm_cluster):  # a node without slurmd: a parallel session's `up` must not rebuild
+            stopped, registered = restart_slurmd(slurm_cluster, other)  # the fault
+        before = steps(wd)
+        wait_for(lambda: steps(wd) >= before + 5, "the ranks' collectives going on after the restart", 120, sm.proc)
+        assert squeue_states(slurm_cluster, [job]) == {job: "RUNNING"}
+        (wd / "release").touch()
+        rc = sm.wait()
+    finally:
+        sm.stop()
+    assert rc == 0, sm.text
+    assert not sm.matching("Error") and not sm.matching("failed") and not sm.matching("requeued ("), sm.text
+    assert lines(wd / "out.txt") == [job]
+    # every rank started once, as the same process on the same node, in the first launch: nothing was restarted
+    assert {r: (wd / f"start-{r}").read_text().split() for r in (0, 1)} == starts
+    assert [s[2] for s in starts.values()] == ["0", "0"], starts
+    # one submission, one SLURM job, one run of it, COMPLETED; the job script's record agrees
+    recs = records(wd)
+    assert [r["jobid"] for r in recs] == [job], recs
+    assert sacct_jobs(slurm_cluster, {recs[0]["job_name"]}, {job}) == {job: ["COMPLETED"]}
+    files = JobFiles.from_log(joblog)
+    runs = [json.loads(x) for x in files.runs.read_text().splitlines()]
+    assert [(x["event"], x["restart"]) for x in runs] == [("start", 0), ("end", 0)] and runs[1]["exit"] == 0, runs
+    assert files.restart_logs() == []
+    log = joblog.read_text()
+    assert "[multinode] exit 0," in log and "does not answer" not in log, log
+    figures("slurmd restart", node=other, stop_to_registered_s=round(registered - stopped, 1), jobs_failed=0)

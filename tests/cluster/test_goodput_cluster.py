@@ -53,12 +53,12 @@ _step, _save, _load = train.train_step, checkpoint.Checkpointer.save, checkpoint
 _save_final = train.save_final
 
 
-def step(run, at):
+def step(run, at, *rest):
     if at == {gate_at}:
         while not os.path.exists({gate!r}):
             time.sleep(0.05)
     time.sleep({step_s})
-    return _step(run, at)
+    return _step(run, at, *rest)
 
 
 def save(self, state):

@@ -177,6 +177,23 @@ def test_a_checkpoint_without_a_manifest_still_resumes_with_a_line_saying_it_cou
     assert_same_final_model(straight, out)
 
 
+@pytest.mark.slow
+def test_the_temp_folder_of_a_save_that_did_not_finish_is_removed_at_the_next_start_naming_it(
+    stopped: Path, straight: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    out = copy_of(stopped, tmp_path)
+    # as a save killed while writing leaves it (a preemption's save at step 7): data files, no trainer.json, no rename
+    tmp = out / "ckpt" / f"{checkpoint.TMP_PREFIX}{STOP + 1:08d}"
+    shutil.copytree(step_dir(out, STOP), tmp, ignore=shutil.ignore_patterns(checkpoint.META, "ranks"))
+    assert checkpoint.unfinished_saves(out / "ckpt") == [tmp]
+    assert [s for s, _ in checkpoint.complete_checkpoints(out / "ckpt")] == [2, 4, 6]  # never taken for one
+    proc = train(out, data_dir, CFG)
+    assert f"checkpoint: removing {tmp}, the temp folder of a save that did not finish" in proc.stdout
+    assert f"resumed from {step_dir(out, STOP)} at step {STOP}" in proc.stdout
+    assert not tmp.exists() and checkpoint.unfinished_saves(out / "ckpt") == []  # step 7 is never saved again
+    assert_same_final_model(straight, out)
+
+
 # ---- Without torchrun: verify, choose and prune on hand-made checkpoints; the save's fsync order (world of 1) ----
 def fake_checkpoint(root: Path, step: int, manifest: bool = True) -> Path:
     path = root / f"{checkpoint.CKPT_PREFIX}{step:08d}"

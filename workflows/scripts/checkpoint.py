@@ -15,7 +15,9 @@ Every rank writes into .tmp_step_NNNNNNNN; then every rank fsyncs every file the
 that counts on a shared filesystem), rank 0 hashes them into the manifest, writes trainer.json, fsyncs it and the
 folders, renames the temp dir and fsyncs the parent: a checkpoint directory without the temp prefix is complete
 and on disk. A shared filesystem is assumed. Who writes which files is the plugin's checkpoint IO
-(plugins.PLUGIN_TABLE[...].checkpoint_io).
+(plugins.PLUGIN_TABLE[...].checkpoint_io). A save that never finished (a rank or node killed while writing) leaves
+its temp dir behind, never a checkpoint: the next start (Checkpointer.choose, rank 0) removes every temp dir of the
+checkpoint folder with a line naming it, before any rank writes again.
 
 Verified checkpoints: after the rename rank 0 verifies the new checkpoint (sizes, then sha256) before pruning, and
 pruning (keep_ckpts) counts verified checkpoints only, so the newest verified one is never deleted before a newer
@@ -51,6 +53,7 @@ from lm import RESUME_MUTABLE_KEYS, ConfigError
 
 FORMAT = "booster-sharded-v1"
 CKPT_PREFIX = "step_"
+TMP_PREFIX = f".tmp_{CKPT_PREFIX}"  # a save in progress, or one that never finished
 MODEL, OPTIMIZER, SCHEDULER, RANKS, META = "model", "optimizer", "lr_scheduler.pt", "ranks", "trainer.json"
 FILES, META_SHA = "files", "meta_sha256"  # trainer.json's manifest and its own checksum
 NO_MANIFEST = "no manifest (written by an older train.py)"
@@ -88,6 +91,12 @@ def complete_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, Path]]:
         if path.is_dir() and (path / META).is_file() and path.name[len(CKPT_PREFIX) :].isdigit():
             found.append((int(path.name[len(CKPT_PREFIX) :]), path))
     return sorted(found)
+
+
+def unfinished_saves(ckpt_dir: str | Path) -> list[Path]:
+    """The temp dirs of saves that never reached their rename, oldest step first."""
+    root = Path(ckpt_dir)
+    return sorted(p for p in root.glob(f"{TMP_PREFIX}*") if p.is_dir()) if root.is_dir() else []
 
 
 def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
@@ -221,7 +230,7 @@ class Checkpointer:
         import torch.distributed as dist
 
         final = self.root / f"{CKPT_PREFIX}{state.step:08d}"
-        tmp = self.root / f".tmp_{CKPT_PREFIX}{state.step:08d}"
+        tmp = self.root / f"{TMP_PREFIX}{state.step:08d}"
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             (tmp / RANKS).mkdir(parents=True)
@@ -301,6 +310,7 @@ class Checkpointer:
 
         choice: list[Any] = [None, 0.0]
         if self.rank == 0:
+            self.remove_unfinished()
             t0 = time.perf_counter()
             for _, path in reversed(complete_checkpoints(self.root)):
                 problem = verify(path)
@@ -323,6 +333,13 @@ class Checkpointer:
         if path is not None:
             self.verified.add(path)
         return path, float(choice[1])
+
+    def remove_unfinished(self) -> None:
+        """Rank 0, at the start, before any rank saves: the temp dirs that a killed save left are removed, named. No
+        rank of this run writes yet, and an earlier run's ranks are gone (a resume is a new launch)."""
+        for tmp in unfinished_saves(self.root):
+            self.log(f"checkpoint: removing {tmp}, the temp folder of a save that did not finish")
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def load(self, path: Path) -> TrainState:
         meta = json.loads((path / META).read_text())

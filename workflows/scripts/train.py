@@ -39,13 +39,14 @@ Config keys (--config-json, a JSON object; omitted keys take the defaults printe
 Checkpoints (--ckpt-dir/step_NNNNNNNN, see checkpoint.py): sharded through the Booster (model and optimizer with
 shard=True, the lr scheduler with save_lr_scheduler; which rank writes what is the plugin's checkpoint IO), plus
 per-rank RNG states and, where the plugin keeps them apart from the model (bf16 low_level_zero / hybrid), fp32
-master weights. Written to a temp dir, fsynced with a manifest of sizes and sha256, then renamed; the last
-keep_ckpts verified ones kept. A rerun resumes from the latest one that verifies (a damaged one is skipped, named)
-exactly on the same world size; on another world size the plugin's IO reshards model and optimizer and the run
-logs what per-rank state could not follow. The data position is the step (batches are a pure function of seed and
-step). The metrics file keeps its step lines up to the resumed step; later ones (a run that died after its last
-checkpoint) become "superseded" events, the record of lost work. What each plugin needs (device, precision, model
-kind, checkpoint IO, grad clipping, pipeline schedule) is one table: plugins.PLUGIN_TABLE.
+master weights. Written to a temp dir, fsynced with a manifest of sizes and sha256, then renamed (a temp dir that a
+killed save left is removed at the next start, named); the last keep_ckpts verified ones kept. A rerun resumes from
+the latest one that verifies (a damaged one is skipped, named) exactly on the same world size; on another world size
+the plugin's IO reshards model and optimizer and the run logs what per-rank state could not follow. The data
+position is the step (batches are a pure function of seed and step). The metrics file keeps its step lines up to the
+resumed step; later ones (a run that died after its last checkpoint) become "superseded" events, the record of lost
+work. What each plugin needs (device, precision, model kind, checkpoint IO, grad clipping, pipeline schedule) is one
+table: plugins.PLUGIN_TABLE.
 
 Preemption: SIGUSR2 sets a flag; at the next step boundary the ranks agree (max-reduce), checkpoint, rank 0
 writes the step number to $MULTINODE_PREEMPT_FILE (when set), and every rank leaves with exit code 0.

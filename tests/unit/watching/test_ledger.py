@@ -101,6 +101,26 @@ def test_superseded_lines_a_resume_kept_are_the_lost_work():
     assert seconds(result, run=0) == {"startup": 100, "checkpoint": 10, "lost": 100, "teardown": 10}
 
 
+def test_steps_that_another_job_computed_again_after_resuming_below_them_are_lost():
+    # a rank killed while saving step 10 (checkpoint_begin, no end): the job fails; Snakemake's retry is another SLURM
+    # job on the same metrics file, and resumes from step 5 at 1100: this job's steps 6-10 were computed again
+    job = [line(5, 100), event("checkpoint_begin", 5, 100), event("checkpoint_end", 5, 110), line(10, 160),
+           event("checkpoint_begin", 10, 160)]  # fmt: skip
+    # the file after the retry's resume: its step lines above 5 marked superseded, then the retry's records
+    resumed = [{**r, "event": "superseded"} if "event" not in r and r["step"] > 5 else r for r in job]
+    retry = [event("resume", 5, 1100, restore_s=5), line(10, 1200)]
+    result = ledger([RunSpan(0, 170, nodes=2)], [], resumed + retry)
+    assert seconds(result) == {"startup": 100, "checkpoint": 20, "lost": 50}  # the save of 10: its begin to the end
+    alone = ledger([RunSpan(0, 170, nodes=2)], [], job)  # before the retry resumed: nothing said they were lost
+    assert seconds(alone) == {"startup": 100, "checkpoint": 20, "productive": 50}
+
+
+def test_a_resume_before_the_job_started_says_nothing_about_its_steps():
+    earlier = [line(8, 40), event("resume", 3, 50)]  # an earlier job's, on the same metrics file
+    result = ledger([RunSpan(100, 300, nodes=1)], [], earlier + [line(10, 200), line(20, 300)])
+    assert seconds(result) == {"startup": 100, "productive": 100}
+
+
 def test_after_the_last_progress_a_run_the_watchdog_ended_stalled_and_any_other_tore_down():
     records = [line(10, 100), line(20, 200)]
     stalled = ledger([RunSpan(0, 500, nodes=1, stalled=True)], [], records)

@@ -1,0 +1,203 @@
+"""Killed mid-save, on the real local SLURM cluster (issue 38, part 2): a rank SIGKILLed, or its whole node killed,
+while a checkpoint is being written. The retry resumes from the last complete checkpoint, the temp folder of the
+unfinished save is removed (named in the log), the steps lost are the steps since that checkpoint, and the goodput
+ledger counts exactly their time as lost; the final model equals a run without the fault.
+
+A 2-node `--executor multinode` rule (`--retries 1`) trains workflows/scripts/train.py (torch_ddp, CPU + gloo, a tiny
+model, one rank per node) with a checkpoint every EVERY steps. "While a checkpoint is being written" is an event, not
+a time: the test's wrapper of train.py (its own file, the training unchanged) stops rank 1 of the first launch inside
+Checkpointer.save of step KILL_AT, where the save asks for the rank's own file: the model, optimizer and lr schedule
+are in the temp folder, trainer.json is not, and rank 0 waits in the barrier before the rename. The wrapper writes
+that rank's host and pid to a file; the test sees it, with the `checkpoint_begin` event of KILL_AT and the temp folder,
+and kills by pid: the worker (a process of that node's network namespace), or the node (its slurmd and every process
+of its namespace, tests/helpers.py's kill_node). Steps are paced (STEP_S) so that the lost time is measured in the
+report's tenths of node-seconds whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from snakemake_executor_multinode.contract.jobfiles import StateFolders
+from tests.helpers import (
+    Snakemake,
+    figures,
+    kill_node,
+    multinode,
+    rank_pids,
+    records,
+    sacct_jobs,
+    training_folder,
+    wait_for,
+)
+from tests.training.helpers import TINY, train
+
+# The save, its cleanup, the resume and the ledger are the training's and the plugin's, the same on every SLURM release;
+# the failure and the retry's --exclude that they pass through are tested on each (test_retry_cluster.py,
+# test_node_death_cluster.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]
+
+STEPS, EVERY, KILL_AT = 15, 5, 10
+CONFIG = {**TINY, "plugin": "torch_ddp", "steps": STEPS, "ckpt_every": EVERY, "keep_ckpts": 3}
+STEP_S = 0.25
+TMP = f".tmp_step_{KILL_AT:08d}"
+
+WRAPPER = """
+import os, socket, sys, time
+sys.path.insert(0, {scripts!r})
+import checkpoint
+import train
+
+_step, _rank_file = train.train_step, checkpoint.rank_file
+
+
+def step(run, at, *rest):
+    time.sleep({step_s})
+    return _step(run, at, *rest)
+
+
+def rank_file(path, rank):
+    if path.name == {tmp!r} and rank == 1 and not os.path.exists({paused!r}):
+        with open({paused!r} + ".tmp", "w") as fh:
+            fh.write(f"{{socket.gethostname()}} {{os.getpid()}}\\n")
+        os.replace({paused!r} + ".tmp", {paused!r})
+        while True:  # until the test's SIGKILL
+            time.sleep(1)
+    return _rank_file(path, rank)
+
+
+train.train_step, checkpoint.rank_file = step, rank_file
+sys.exit(train.main())
+"""
+
+SNAKEFILE = """
+rule train:
+    output: "model.pt"
+    params: cfg={config!r}
+    resources: nodes=2, gpus=1, cpus_per_task=1, mem_mb=3000, runtime=30
+    shell:
+        "multinode torchrun paused_train.py --data-dir data --out {{output}} --ckpt-dir ckpt "
+        "--metrics ckpt/metrics.jsonl --config-json {{params.cfg:q}}"
+"""
+
+
+def workflow(tmp_path: Path) -> Path:
+    wd = tmp_path / "killed-save"
+    scripts = training_folder(wd)
+    wrapper = WRAPPER.format(scripts=str(scripts), step_s=STEP_S, tmp=TMP, paused=str(wd / "paused"))
+    (wd / "paused_train.py").write_text(wrapper)
+    (wd / "Snakefile").write_text(SNAKEFILE.format(config=json.dumps(CONFIG)))
+    return wd
+
+
+def metrics(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of the metrics file (training may be appending to it)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n") and line.strip()]
+
+
+def event(recs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [r for r in recs if r.get("event") == name]
+
+
+@pytest.mark.parametrize("fault", ["rank", "node"])
+def test_a_save_killed_midway_resumes_from_the_last_complete_checkpoint_and_loses_only_the_steps_since(
+    fault, slurm_cluster, tmp_path, restore_nodes
+):
+    wd = workflow(tmp_path)
+    ckpt, metrics_file, paused = wd / "ckpt", wd / "ckpt" / "metrics.jsonl", wd / "paused"
+    sm = Snakemake(wd, "--retries", "1")
+    try:
+        _, line = sm.wait_line("rule train: SLURM job", timeout=180)
+        first = line.split("SLURM job ")[1].split()[0]
+
+        def saving() -> bool:  # the event: rank 1 stopped inside the save of KILL_AT, which has begun
+            return paused.exists() and any(
+                r["step"] == KILL_AT for r in event(metrics(metrics_file), "checkpoint_begin")
+            )
+
+        wait_for(saving, f"rank 1 inside the save of step {KILL_AT}", 600, sm.proc)
+        host, pid = paused.read_text().split()
+        assert (ckpt / TMP / "model").is_dir() and not (ckpt / TMP / "trainer.json").exists(), sorted(ckpt.iterdir())
+        assert not (ckpt / f"step_{KILL_AT:08d}").exists()
+        assert rank_pids(slurm_cluster, host) == {1: int(pid)}  # rank 1's worker, as its node's processes tell
+        if fault == "rank":
+            os.kill(int(pid), signal.SIGKILL)  # the fault
+            killed = time.monotonic()
+        else:
+            restore_nodes.append(host)
+            killed = kill_node(slurm_cluster, host)  # the fault
+        noticed, error = sm.wait_line(f"SLURM job {first} failed", timeout=300)
+        rc = sm.wait(900)
+    finally:
+        sm.stop()
+    assert rc == 0, sm.text
+    assert f"failing node {host}" in error, error
+
+    # --- the retry: a second job without that node, from the last complete checkpoint, the temp folder removed ------
+    recs = sorted(records(wd), key=lambda r: r["attempt"])
+    assert [r["attempt"] for r in recs] == [1, 2] and recs[0]["jobid"] == first, recs
+    second = recs[1]["jobid"]
+    states = sacct_jobs(slurm_cluster, {r["job_name"] for r in recs}, {first, second})
+    assert states[first][-1] != "COMPLETED" and states[second] == ["COMPLETED"], states
+    assert f"#SBATCH --exclude={host}" in Path(recs[1]["script"]).read_text().splitlines()
+    log = Path(recs[1]["log"]).read_text()
+    removed = [x for x in log.splitlines() if "checkpoint: removing" in x]
+    assert len(removed) == 1 and removed[0].endswith(
+        f"checkpoint: removing ckpt/{TMP}, the temp folder of a save that did not finish"
+    ), log[-4000:]
+    assert f"resumed from ckpt/step_{KILL_AT - EVERY:08d} at step {KILL_AT - EVERY}" in log, log[-4000:]
+    assert f"done: step {STEPS}" in log
+    assert not [p.name for p in ckpt.iterdir() if p.name.startswith(".tmp")], sorted(ckpt.iterdir())
+    assert [p.name for p in sorted(ckpt.glob("step_*"))] == [f"step_{s:08d}" for s in (5, 10, 15)]
+
+    # --- the steps lost: those since the last complete checkpoint, as the metrics file records them ------------------
+    recs_m = metrics(metrics_file)
+    lost_steps = [r["step"] for r in event(recs_m, "superseded")]
+    assert lost_steps == list(range(KILL_AT - EVERY + 1, KILL_AT + 1)), lost_steps
+    assert [r["step"] for r in event(recs_m, "resume")] == [KILL_AT - EVERY]
+    assert [r["step"] for r in recs_m if "event" not in r] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in event(recs_m, "checkpoint_begin")] == [5, 10, 10, 15]  # the first 10 never ended
+    assert [r["step"] for r in event(recs_m, "checkpoint_end")] == [5, 10, 15]
+    end5 = next(r for r in event(recs_m, "checkpoint_end") if r["step"] == KILL_AT - EVERY)
+    begin10 = next(r for r in event(recs_m, "checkpoint_begin") if r["step"] == KILL_AT)  # the killed save's
+    lost = (begin10["wall"] - end5["wall"]) * 2  # the steps after the checkpoint, on 2 nodes
+    assert lost >= EVERY * STEP_S * 2
+
+    # --- the goodput ledger (`multinode report`'s CSV) counts exactly that time as lost -------------------------------
+    (run_id,) = {r["run_id"] for r in recs}
+    multinode(wd, "report", "--run", run_id)
+    rows = list(csv.DictReader(io.StringIO((StateFolders(wd).reports / f"{run_id}.csv").read_text())))
+    by_job = {r["jobid"]: r for r in rows if r["scope"] == "job"}
+    assert float(by_job[first]["lost_node_s"]) == pytest.approx(lost, abs=0.2), (by_job[first], lost)
+    assert float(by_job[second]["lost_node_s"]) == 0, by_job[second]
+
+    # --- the final model equals a run without the fault (torchrun, 2 ranks on this machine: deterministic on CPU) ---
+    if fault == "rank":  # the same resume after either fault: compared once
+        straight = tmp_path / "straight"
+        train(straight, wd / "data", CONFIG)
+        mine, theirs = (torch.load(p, map_location="cpu", weights_only=False)["state_dict"] for p in
+                        (wd / "model.pt", straight / "model.pt"))  # fmt: skip
+        assert mine.keys() == theirs.keys()
+        assert [k for k in mine if not torch.equal(mine[k], theirs[k])] == []
+    figures(
+        f"save killed midway ({fault})",
+        node=host,
+        kill_to_error_s=round(noticed - killed, 1),
+        lost_steps=len(lost_steps),
+        lost_node_s=f"{by_job[first]['lost_node_s']}/{lost:.2f}",
+        resumed_from=KILL_AT - EVERY,
+    )
