@@ -113,7 +113,21 @@ def event(recs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [r for r in recs if r.get("event") == name]
 
 
-@pytest.mark.parametrize("fault", ["rank", "node"])
+# "node" (the whole node killed mid-save) takes the same path through the retry as "rank" and costs minutes of CI:
+# it runs with MULTINODE_TEST_ALL=1 (it passed on 22.05 and 24.11 when it was written)
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "rank",
+        pytest.param(
+            "node",
+            marks=pytest.mark.skipif(
+                "MULTINODE_TEST_ALL" not in os.environ,
+                reason="the same path as the rank case: MULTINODE_TEST_ALL=1 runs it",
+            ),
+        ),
+    ],
+)
 def test_a_save_killed_midway_resumes_from_the_last_complete_checkpoint_and_loses_only_the_steps_since(
     fault, slurm_cluster, tmp_path, restore_nodes
 ):
