@@ -192,7 +192,11 @@ def report_command(args: argparse.Namespace) -> int:
     except QueryError as err:
         print(_unanswered("report", err) + "\n(the report needs sacct: SLURM's accounting)", file=sys.stderr)
         return 1
-    csv_path, md_path = report.write(result, workdir)
+    try:
+        csv_path, md_path = report.write(result, workdir)
+    except OSError as err:
+        print(f"multinode report: cannot write the report: {err}", file=sys.stderr)
+        return 1
     print(report.to_markdown(result), end="")
     print(f"\nwritten: {md_path} and {csv_path}")
     return 0

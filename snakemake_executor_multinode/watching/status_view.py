@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, RUNS_DIR, JobFiles, StateFolders
+from snakemake_executor_multinode.contract.state_files import Damaged, ignored, marker_text
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import (
     ACTIVE_STATES,
@@ -233,8 +234,11 @@ def restart_logs(log: str) -> list[Path]:
 
 def _exit_marker(workdir: Path, jobid: str) -> str | None:
     try:
-        return StateFolders(workdir).marker(jobid, EXIT_MARKER).read_text().split()[0]
-    except (OSError, IndexError):
+        return marker_text(StateFolders(workdir).marker(jobid, EXIT_MARKER), EXIT_MARKER).split()[0]
+    except OSError:
+        return None
+    except Damaged as err:
+        ignored(err, "the job's state is SLURM's alone")
         return None
 
 
