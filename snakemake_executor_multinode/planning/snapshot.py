@@ -187,8 +187,11 @@ class SnapshotStore:
             if not root.is_dir():  # another run built the same snapshot meanwhile: fine
                 raise
 
+    def _object_path(self, digest: str, executable: bool) -> Path:
+        return self.objects / digest[:2] / (digest + (".x" if executable else ""))
+
     def _object(self, source: Path, digest: str, executable: bool) -> Path:
-        obj = self.objects / digest[:2] / (digest + (".x" if executable else ""))
+        obj = self._object_path(digest, executable)
         if obj.exists() and (why := self._damage(obj, digest, self._load_cache())) is not None:
             ignored(Damaged(obj, why), f"stored anew from {source}")
             obj.unlink()
@@ -254,7 +257,10 @@ class SnapshotStore:
             if why is None:
                 continue
             ignored(Damaged(dest, why), f"replaced from {repo / f}")
-            fresh = self._object(repo / f, digest, executable)  # a damaged object (the same inode) is made anew
+            obj = self._object_path(digest, executable)
+            if self._damage(obj, digest, cache) is not None:
+                obj.unlink(missing_ok=True)  # the same damaged inode (said above): stored anew
+            fresh = self._object(repo / f, digest, executable)
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(f".{dest.name}.{os.getpid()}.new")
             try:

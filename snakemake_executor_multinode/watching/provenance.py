@@ -290,8 +290,8 @@ def main(args: argparse.Namespace) -> int:
             rec = find(workdir, path)
         except Damaged as err:
             print(
-                f"multinode provenance: the record of {path} is damaged ({err}); it is written again when its job "
-                "runs again",
+                f"multinode provenance: damaged state file {err}; no record for {path}: it is written again when "
+                "its job runs again",
                 file=sys.stderr,
             )
             return 1

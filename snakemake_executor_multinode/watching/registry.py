@@ -281,6 +281,6 @@ def _read_folder(folder: Path, unread: list[Path] | None = None) -> Iterator[Sub
         except FileNotFoundError:
             continue  # removed meanwhile
         except Damaged as err:
-            ignored(err, "the record is left out: its job is unknown to `multinode status`, report and Ctrl-C")
+            ignored(err, "the record is left out: `multinode status`, logs, report and Ctrl-C do not know its job")
             if unread is not None:
                 unread.append(path)

@@ -136,7 +136,11 @@ class Tracker:
         if text is None or self._stale.get(jobid) == text:
             return None  # none yet, or the marker of a run that SLURM has requeued since
         words = text.split()
-        if jobid in self._names and len(words) > 2 and words[2] != self._names[jobid]:
+        expected = self._names.get(jobid)
+        if expected is not None and len(words) > 2 and words[2] != expected:
+            if expected.startswith(words[2]):  # the name cut short: the marker is damaged, not another job's
+                why = f"cut short (it names job {words[2]!r}, the start of {expected!r})"
+                ignored(Damaged(self.marker(jobid), why), _INSTEAD[EXIT_MARKER])
             return None  # another job's, of the same id
         word = words[0] if words else ""
         code = int(word) if word.lstrip("-").isdigit() else 1
