@@ -163,6 +163,9 @@ class SnapshotStore:
         elif total not in self._checked:
             self._repair(repo, root, entries, cache)
         self._checked.add(total)
+        mine = _FROZEN + str(root) + os.sep  # the cache keeps this snapshot's files only: it never grows with runs
+        for key in [k for k in cache if k.startswith(_FROZEN) and not k.startswith(mine)]:
+            del cache[key]
         self._save_cache(cache)
         snap = Snapshot(repo, root, total, frozenset(files), commit, self._uncommitted(repo, commit))
         self._last = ((repo, commit, stats), snap)

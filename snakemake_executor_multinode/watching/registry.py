@@ -12,8 +12,9 @@ read per question whatever the history. A folder written before the index existe
 run that finds no index.
 
 Damaged files (contract/state_files.py): a record that is cut short, garbage or another user's is left out with a
-warning naming it (its job is then unknown to reattach, cancel and status); an index entry that is is rebuilt from
-the records, so a damaged index never makes a rerun submit a job that is still running.
+warning naming it (its job is then unknown to status, logs, report and Ctrl-C; reattach reads the index); a damaged
+index entry is rebuilt from the records, so a damaged index never makes a rerun submit a job that still runs. When
+that rebuild meets a damaged record too, the run stops before submitting (StateError), naming both files.
 """
 
 from __future__ import annotations
