@@ -100,7 +100,7 @@ def made(slurm_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
         assert first.wait(60) == -signal.SIGKILL
     finally:
         first.stop()
-    (wd / "release").touch()
+        (wd / "release").touch()  # the job ends also when the test does not get this far
     wait_for(lambda: squeue_states(slurm_cluster, [work]).get(work) == "COMPLETED", f"job {work} COMPLETED", 120)
     prep = lines(wd / "runs.txt")[0]
     unlock = subprocess.run([sys.executable, "-m", "snakemake", "--unlock"], cwd=wd, capture_output=True, text=True)
@@ -112,7 +112,6 @@ def made(slurm_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
     pristine = base / "pristine"
     subprocess.run(["cp", "-a", str(wd), str(pristine)], check=True)  # -a: the snapshot's hard links kept
     yield Made(wd, pristine, prep, work, rec["job_name"], Path(rec["log"]))
-    (wd / "release").touch()
 
 
 # --- the table: each kind of file, where it lies, which commands read it ----------------------------------------
