@@ -11,6 +11,7 @@ record, sbatch, record the job id] -> track.
 from __future__ import annotations
 
 import os
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -18,8 +19,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from snakemake_executor_multinode.contract import state_files
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, PendingFiles, StateFolders, array_script
 from snakemake_executor_multinode.contract.private_files import write_private
+from snakemake_executor_multinode.contract.state_files import StateError
 from snakemake_executor_multinode.planning import environment, jobscript, launch_check, preview, snapshot, submit_check
 from snakemake_executor_multinode.planning.environment import EnvProfileError
 from snakemake_executor_multinode.planning.launch_check import watchdog
@@ -45,7 +48,8 @@ from snakemake_executor_multinode.watching.tracker import Outcome, Tracker
 # What the adapter hands over and gets back, besides the Session itself.
 __all__ = [
     "EnvProfileError", "Ended", "JobPlan", "JobRequest", "Outcome", "Planned", "Report", "RequestError", "RuleJob",
-    "RunReason", "Session", "Settings", "SettingsError", "SubmitRefused", "Submission", "direct_command", "duration",
+    "RunReason", "Session", "Settings", "SettingsError", "StateError", "SubmitRefused", "Submission", "direct_command",
+    "duration",
     "help_text",
 ]  # fmt: skip
 
@@ -91,6 +95,8 @@ class Session:
             raise SettingsError(f"--multinode-submit-rate={rate}: more than 0 sbatch calls per second")
         if burst < 1:
             raise SettingsError(f"--multinode-submit-burst={burst}: 1 or more sbatch calls")
+        state_files.report_to(self.warning)  # what a reader leaves out of damaged state is said in the run's log
+        self._check_folders()  # StateError: stops before anything is planned or submitted
         self.planner = Planner(self.settings, self.workdir, self.run_id)  # EnvProfileError, SettingsError
         self.notices = Notices(self._notifier(), self.run_id, self.folders.state)  # SettingsError: no such command
         # Owner-only: job scripts carry profile values (tokens), logs carry what the training prints.
@@ -118,6 +124,24 @@ class Session:
         if not self.settings.notify_timeout > 0:
             raise SettingsError(f"--multinode-notify-timeout={self.settings.notify_timeout}: more than 0 seconds")
         return Notifier(command(self.settings.notify), self.settings.notify_timeout, self.warning)
+
+    def _check_folders(self) -> None:
+        """Every state folder that exists is a folder of this user's: the run keeps its registry, markers and code
+        there and must trust what it reads back."""
+        f = self.folders
+        for folder in (f.root, f.runs, f.index, f.state, f.logs, f.snapshots, f.objects, f.provenance, f.reports,
+                       self.workdir / self.settings.logdir):  # fmt: skip
+            try:
+                st = folder.lstat()
+            except FileNotFoundError:
+                continue
+            why = None if stat.S_ISDIR(st.st_mode) else "is no folder"
+            why = why or (f"is {owner}" if (owner := state_files.foreign(st.st_uid)) else None)
+            if why:
+                raise StateError(
+                    f"{folder} {why}: the plugin keeps its registry, markers and code snapshots under {f.root} and "
+                    f"trusts only its own. Nothing was submitted. Move it away (or `chown -R` it to you) and run again"
+                )
 
     # --- planning -------------------------------------------------------------------------------------------
     def plan(

@@ -25,6 +25,7 @@ from snakemake_executor_multinode.session import (
     Session,
     Settings,
     SettingsError,
+    StateError,
     Submission,
     SubmitRefused,
     direct_command,
@@ -94,6 +95,8 @@ class Executor(RemoteExecutor):
             self.session = Session(self.settings, self.workdir, self.logger.info, self.logger.warning)
         except (EnvProfileError, SettingsError) as err:
             raise WorkflowError(f"multinode settings: {err}") from err
+        except StateError as err:
+            raise InputError(f"multinode: {err}") from None
         self._validate_planned_jobs()
 
     @property  # type: ignore[override]
@@ -198,6 +201,8 @@ class Executor(RemoteExecutor):
             subs = self.session.submit_many(planned)
         except SubmitRefused as err:
             raise WorkflowError(str(err)) from err
+        except StateError as err:
+            raise InputError(f"multinode: {err}") from None
         for job, sub in zip(jobs, subs, strict=True):
             self._submitted(job, sub)
 
@@ -213,6 +218,8 @@ class Executor(RemoteExecutor):
             sub = self.session.submit(plan, facts.outputs, rerun_reason(job), upstream)
         except SubmitRefused as err:
             raise WorkflowError(str(err)) from err
+        except StateError as err:
+            raise InputError(f"multinode: {err}") from None
         self._submitted(job, sub)
 
     def _submitted(self, job: JobExecutorInterface, sub: Submission) -> None:

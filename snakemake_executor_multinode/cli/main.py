@@ -123,7 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     add_provenance(sub)
     args = parser.parse_args(argv)
     if args.command != "cluster":
-        return args.func(args)
+        from snakemake_executor_multinode.contract.state_files import StateError
+
+        try:
+            return args.func(args)
+        except StateError as err:  # damaged state under .snakemake/multinode that the command cannot go on with
+            print(f"multinode {args.command}: {err}", file=sys.stderr)
+            return 1
     from snakemake_executor_multinode.sandbox.spec import ClusterError
 
     try:

@@ -225,8 +225,12 @@ def report_command(args: argparse.Namespace) -> int:
             return 1
         # a workflow's report rule goes on: its files say that the figures are unknown, the provenance is local
         return _write_files(args, workdir, [], *_unknown(f"SLURM's accounting did not answer ({err})"))
+    try:
+        written = [] if args.outputs else list(report.write(result, workdir))  # a run's files are the run's, by its id
+    except OSError as err:
+        print(f"multinode report: cannot write the report: {err}", file=sys.stderr)
+        return 1
     print(report.to_markdown(result), end="")
-    written = [] if args.outputs else list(report.write(result, workdir))  # a run's files are the run's, by its id
     return _write_files(
         args, workdir, written, lambda: report_files.ledger_chart(result), lambda: report_files.efficiency_html(result)
     )

@@ -17,6 +17,12 @@ Python script then imports its siblings from the snapshot too (sys.path[0] is th
 Snakemake reads the frozen Snakefile, and with it the frozen scripts and config. Declared outputs and logs are never
 rewritten. Where nothing is frozen, the job script checks at every restart that the files the command names are
 unchanged (a manifest of their sha256) and stops naming the changed ones, instead of running a mix of versions.
+
+A snapshot is never trusted blindly: the first time a run uses one that exists, every file is checked against what
+was frozen (its size, inode and mtime against the stat cache; hashed where they changed, so a check after the first
+costs stat calls only). A file that is cut short, overwritten, missing or another user's is said and replaced from
+the repository's file of the same content, in place (a running job keeps its path). A damaged stat cache is said
+and left out: the code is hashed anew.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -34,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
+from snakemake_executor_multinode.contract.state_files import Damaged, foreign, ignored, read_json
 from snakemake_executor_multinode.planning.settings import SettingsError
 
 # A path in a shell command: after the start, blank, quote, '=' or '(' (--script=x.py, $(cat x)); made of the
@@ -79,6 +87,7 @@ class SnapshotStore:
         self._cache: dict[str, list] | None = None
         self._last: tuple[tuple, Snapshot] | None = None
         self._last_at = -REUSE_S
+        self._checked: set[str] = set()  # snapshots this store has checked against what was frozen
         self.paths = self._paths_setting() if self.setting not in ("git", "off") else ()
 
     # --- what is frozen ---------------------------------------------------------------------------------------
@@ -146,11 +155,18 @@ class SnapshotStore:
             digest = cached[3] if cached and cached[:3] == [size, mtime, ino] else _sha256(repo / f)
             cache[key] = [size, mtime, ino, digest]
             entries.append((f, mode & 0o111 != 0, digest))
-        self._save_cache(cache)
         total = hashlib.sha256(json.dumps(entries).encode()).hexdigest()
         root = self.snapshots / total
         if not root.is_dir():
             self._build(repo, root, entries)
+            self._note_built(root, entries, cache)
+        elif total not in self._checked:
+            self._repair(repo, root, entries, cache)
+        self._checked.add(total)
+        mine = _FROZEN + str(root) + os.sep  # the cache keeps this snapshot's files only: it never grows with runs
+        for key in [k for k in cache if k.startswith(_FROZEN) and not k.startswith(mine)]:
+            del cache[key]
+        self._save_cache(cache)
         snap = Snapshot(repo, root, total, frozenset(files), commit, self._uncommitted(repo, commit))
         self._last = ((repo, commit, stats), snap)
         return snap
@@ -174,8 +190,14 @@ class SnapshotStore:
             if not root.is_dir():  # another run built the same snapshot meanwhile: fine
                 raise
 
+    def _object_path(self, digest: str, executable: bool) -> Path:
+        return self.objects / digest[:2] / (digest + (".x" if executable else ""))
+
     def _object(self, source: Path, digest: str, executable: bool) -> Path:
-        obj = self.objects / digest[:2] / (digest + (".x" if executable else ""))
+        obj = self._object_path(digest, executable)
+        if obj.exists() and (why := self._damage(obj, digest, self._load_cache())) is not None:
+            ignored(Damaged(obj, why), f"stored anew from {source}")
+            obj.unlink()
         if not obj.exists():
             obj.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd, tmp = tempfile.mkstemp(dir=obj.parent, prefix=".new-")
@@ -195,16 +217,87 @@ class SnapshotStore:
     def _load_cache(self) -> dict[str, list]:
         if self._cache is None:
             try:
-                self._cache = json.loads(self._cache_path.read_text())
-            except (OSError, ValueError):
+                cache = read_json(self._cache_path)
+                if not isinstance(cache, dict) or not all(_cache_entry(v) for v in cache.values()):
+                    raise Damaged(self._cache_path, "not a stat cache")
+                self._cache = cache
+            except FileNotFoundError:
+                self._cache = {}
+            except Damaged as err:
+                ignored(err, "the code is hashed anew and the cache written again")
                 self._cache = {}
         return self._cache
+
+    # --- checking a snapshot that exists ----------------------------------------------------------------------
+    def _damage(self, path: Path, digest: str, cache: dict[str, list]) -> str | None:
+        """What is wrong with a frozen file (None: it is what was frozen). Its stat unchanged since it was last
+        found intact: intact; else hashed."""
+        try:
+            st = path.lstat()
+        except OSError:
+            return "missing"
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        if why := foreign(st.st_uid):
+            return why
+        key = _FROZEN + str(path)
+        if cache.get(key) == [st.st_size, st.st_mtime_ns, st.st_ino, digest]:
+            return None
+        try:
+            found = _sha256(path)
+        except OSError as err:
+            return f"cannot be read ({err.strerror})"
+        if found != digest:
+            return f"its content is not what was frozen ({st.st_size} bytes, sha256 {found[:12]} != {digest[:12]})"
+        cache[key] = [st.st_size, st.st_mtime_ns, st.st_ino, digest]
+        return None
+
+    def _repair(self, repo: Path, root: Path, entries: Sequence[tuple[str, bool, str]], cache: dict) -> None:
+        """Check every file of an existing snapshot; replace each damaged one, in place, from the repository."""
+        for f, executable, digest in entries:
+            dest = root / f
+            why = self._damage(dest, digest, cache)
+            if why is None:
+                continue
+            ignored(Damaged(dest, why), f"replaced from {repo / f}")
+            obj = self._object_path(digest, executable)
+            if self._damage(obj, digest, cache) is not None:
+                obj.unlink(missing_ok=True)  # the same damaged inode (said above): stored anew
+            fresh = self._object(repo / f, digest, executable)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.{os.getpid()}.new")
+            try:
+                os.link(fresh, tmp)
+            except OSError:
+                shutil.copy2(fresh, tmp)
+            os.replace(tmp, dest)
+            cache.pop(_FROZEN + str(dest), None)
+        self._note_built(root, entries, cache)
+
+    def _note_built(self, root: Path, entries: Sequence[tuple[str, bool, str]], cache: dict) -> None:
+        """Remember the stat of each frozen file as it was made: the next check of the snapshot hashes nothing."""
+        for f, _, digest in entries:
+            path = root / f
+            if _FROZEN + str(path) not in cache:
+                try:
+                    st = path.lstat()
+                except OSError:
+                    continue
+                cache[_FROZEN + str(path)] = [st.st_size, st.st_mtime_ns, st.st_ino, digest]
 
     def _save_cache(self, cache: dict[str, list]) -> None:
         self.objects.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self._cache_path.with_name(self._cache_path.name + f".{os.getpid()}")
         tmp.write_text(json.dumps(cache))
         os.replace(tmp, self._cache_path)
+
+
+_FROZEN = "frozen:"  # the stat cache's key prefix of a snapshot's file (the rest: a repository's file)
+
+
+def _cache_entry(value: object) -> bool:
+    return isinstance(value, list) and len(value) == 4 and all(isinstance(v, int) for v in value[:3]) and \
+        isinstance(value[3], str)  # fmt: skip
 
 
 def rewrite(command: str, snap: Snapshot, workdir: Path, keep: Iterable[str] = ()) -> str:

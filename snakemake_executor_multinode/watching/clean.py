@@ -15,7 +15,6 @@ the last of them.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import MARKERS, JobFiles, PendingFiles, StateFolders, array_script
+from snakemake_executor_multinode.contract.state_files import Damaged, ignored
 from snakemake_executor_multinode.contract.units import timespan_seconds
 from snakemake_executor_multinode.slurm.client import job_order
 from snakemake_executor_multinode.watching import registry
@@ -121,9 +121,11 @@ def _records(runs_root: Path) -> Iterable[tuple[Path, Submission]]:
         return
     for path in sorted(runs_root.glob("*/*.json")):
         try:
-            yield path, registry.submission(json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
+            yield path, registry.record_at(path)
+        except FileNotFoundError:
             continue
+        except Damaged as err:
+            ignored(err, "kept with its job's files: remove it by hand once `squeue --me` shows no job of that run")
 
 
 def _job_files(workdir: Path, sub: Submission) -> list[Path]:

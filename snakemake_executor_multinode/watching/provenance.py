@@ -37,6 +37,7 @@ from snakemake_executor_multinode import __version__
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import PROVENANCE_DIR
 from snakemake_executor_multinode.contract.private_files import write_private
+from snakemake_executor_multinode.contract.state_files import Damaged, ignored, read_json
 from snakemake_executor_multinode.watching.jsonl import json_lines
 
 SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH", re.I)
@@ -104,17 +105,29 @@ def save_submission(workdir: Path, job_name: str, record: Mapping[str, Any]) -> 
 
 def finish(workdir: Path, job_name: str, runs_file: Path | None, ended: Mapping[str, Any]) -> dict[str, Any] | None:
     """The job's whole record (its submission half and every run's lines), written for each of its outputs;
-    None for a job submitted before records were kept. ProvenanceError when it cannot be written."""
+    None for a job submitted before records were kept, or whose submission half is damaged (said, and left out:
+    the job's result stands). ProvenanceError when it cannot be written."""
+    path = workdir / PROVENANCE_DIR / "jobs" / f"{job_name}.json"
     try:
-        record = json.loads((workdir / PROVENANCE_DIR / "jobs" / f"{job_name}.json").read_text())
+        record = _record(path)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as err:
-        raise ProvenanceError(f"provenance of {job_name}: {err}") from err
+    except Damaged as err:
+        ignored(err, f"the outputs of job {job_name} get no provenance record (the job's result stands)")
+        return None
     record["runs"] = _runs(runs_file)
     record["ended"] = dict(ended)
     for output in record["outputs"]:
         _write(record_path(workdir, output), record)
+    return record
+
+
+def _record(path: Path) -> dict[str, Any]:
+    """A provenance record (a job's or an output's); FileNotFoundError, or Damaged when it is no record of ours."""
+    record = read_json(path)
+    outputs = record.get("outputs") if isinstance(record, dict) else None
+    if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
+        raise Damaged(path, "not a provenance record (no list of outputs)")
     return record
 
 
@@ -124,7 +137,8 @@ def record_path(workdir: Path, output: str) -> Path:
 
 
 def find(workdir: Path, output: str) -> dict[str, Any] | None:
-    """The record of an output (a path relative to the working directory, or absolute inside it)."""
+    """The record of an output (a path relative to the working directory, or absolute inside it); None when there
+    is none, Damaged when its file is cut short, garbage or another user's."""
     path = Path(output)
     if path.is_absolute():
         try:
@@ -132,8 +146,8 @@ def find(workdir: Path, output: str) -> dict[str, Any] | None:
         except ValueError:
             return None
     try:
-        return json.loads(record_path(workdir, str(path)).read_text())
-    except (OSError, ValueError):
+        return _record(record_path(workdir, str(path)))
+    except FileNotFoundError:
         return None
 
 
@@ -317,7 +331,15 @@ def main(args: argparse.Namespace) -> int:
         return 2
     records = []
     for path in args.paths:
-        rec = find(workdir, path)
+        try:
+            rec = find(workdir, path)
+        except Damaged as err:
+            print(
+                f"multinode provenance: damaged state file {err}; no record for {path}: it is written again when "
+                "its job runs again",
+                file=sys.stderr,
+            )
+            return 1
         if rec is None:
             print(f"multinode provenance: no record for {path} (made by this plugin, in {workdir}?)", file=sys.stderr)
             return 1

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR, JobFiles
+from snakemake_executor_multinode.contract.state_files import Damaged, foreign, ignored
 from snakemake_executor_multinode.launching import stall
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient, is_job_key, is_transient
 from snakemake_executor_multinode.slurm.formats import clock, cpu_seconds, epoch, minutes_to_seconds, size_mb, tres_map
@@ -624,6 +625,11 @@ def write(report: Report, workdir: Path) -> tuple[Path, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = (folder / f"{report.run_id}.csv", folder / f"{report.run_id}.md")
     for path, text in zip(paths, (to_csv(report), to_markdown(report)), strict=True):
+        try:
+            if why := foreign(path.lstat().st_uid):  # never read, but not overwritten unsaid
+                ignored(Damaged(path, why), "replaced by this run's report")
+        except FileNotFoundError:
+            pass
         write_text(path, text)
     return paths
 

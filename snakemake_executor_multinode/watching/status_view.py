@@ -31,6 +31,7 @@ from snakemake_executor_multinode.contract.jobfiles import (
     StateFolders,
     tensorboard_dir,
 )
+from snakemake_executor_multinode.contract.state_files import Damaged, ignored, marker_text
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import (
     ACTIVE_STATES,
@@ -263,8 +264,11 @@ def restart_logs(log: str) -> list[Path]:
 
 def _exit_marker(workdir: Path, jobid: str) -> str | None:
     try:
-        return StateFolders(workdir).marker(jobid, EXIT_MARKER).read_text().split()[0]
-    except (OSError, IndexError):
+        return marker_text(StateFolders(workdir).marker(jobid, EXIT_MARKER), EXIT_MARKER).split()[0]
+    except OSError:
+        return None
+    except Damaged as err:
+        ignored(err, "the job's state is SLURM's alone")
         return None
 
 

@@ -24,11 +24,20 @@ from snakemake_executor_multinode.contract.jobfiles import (
     marker,
 )
 from snakemake_executor_multinode.contract.protocol import EXIT_CODE_CHANGED, EXIT_CRASH_LOOP, EXIT_PREEMPTED
+from snakemake_executor_multinode.contract.state_files import Damaged, ignored, marker_text
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import JobState, QueryError, SlurmClient
 
 # States of a job that SLURM has put back into the queue after a run ended.
 REQUEUED_STATES = {"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PENDING"}
+# What the tracker does instead of believing a damaged marker (contract/state_files.py).
+_INSTEAD = {
+    EXIT_MARKER: "how the job ended is asked of SLURM (the next sweep)",
+    FAILED_NODE_MARKER: "no node is blamed for the failure",
+    REQUEUE_MARKER: "the requeue is not reported",
+    STALL_MARKER: "the failure is reported without the watchdog's verdict",
+    CRASH_MARKER: "the failure is reported without the crash loop's count",
+}
 UNKNOWN_SWEEPS = 3  # sweeps in a row in which SLURM does not know a job before it counts as lost
 
 
@@ -104,8 +113,11 @@ class Tracker:
         if self._present is not None and path.name not in self._present:
             return None  # not in this cycle's listing: no open() per running job
         try:
-            return path.read_text().strip()
+            return marker_text(path, suffix)
         except FileNotFoundError:
+            return None
+        except Damaged as err:
+            ignored(err, _INSTEAD.get(suffix, "the marker is left out"))
             return None
 
     def _list(self) -> set[str] | None:
@@ -124,7 +136,11 @@ class Tracker:
         if text is None or self._stale.get(jobid) == text:
             return None  # none yet, or the marker of a run that SLURM has requeued since
         words = text.split()
-        if jobid in self._names and len(words) > 2 and words[2] != self._names[jobid]:
+        expected = self._names.get(jobid)
+        if expected is not None and len(words) > 2 and words[2] != expected:
+            if expected.startswith(words[2]):  # the name cut short: the marker is damaged, not another job's
+                why = f"cut short (it names job {words[2]!r}, the start of {expected!r})"
+                ignored(Damaged(self.marker(jobid), why), _INSTEAD[EXIT_MARKER])
             return None  # another job's, of the same id
         word = words[0] if words else ""
         code = int(word) if word.lstrip("-").isdigit() else 1
