@@ -317,6 +317,7 @@ class StepWatch:
         self.nodes = tuple(nodes)
         self.failure: Failure | None = None
         self.stopped = False
+        self.ended: set[str] = set()  # the nodes whose task srun reported ended badly (or whose node failed)
         self._partial = b""
 
     def feed(self, data: bytes) -> Failure | None:
@@ -329,20 +330,22 @@ class StepWatch:
         return found
 
     def line(self, text: str) -> Failure | None:
-        if self.failure is not None or self.stopped:
-            return None
-        if STEP_CANCELLED.search(text):
+        if self.failure is None and not self.stopped and STEP_CANCELLED.search(text):
             self.stopped = True
             return None
         m = TASK_FAILED.match(text) or NODE_FAILED.match(text)
         if m is None:
             return None
-        node = m["node"]
-        if "[" in node:  # a range, for tasks of several nodes ending alike in one message
+        named = [m["node"]]
+        if "[" in m["node"]:  # a range, for tasks of several nodes ending alike in one message
             try:
-                node = hostnames(node)[0]
-            except (OSError, subprocess.CalledProcessError, IndexError):
+                named = hostnames(m["node"]) or named
+            except (OSError, subprocess.CalledProcessError):
                 pass
+        self.ended.update(named)  # also once the step is stopped: a stalled step's nodes as their tasks end
+        if self.failure is not None or self.stopped:
+            return None
+        node = named[0]
         groups = m.groupdict()
         # one task per node: the task id is the node rank torchrun was given (SLURM_NODEID)
         rank = int(groups["task"]) if groups.get("task") else self.nodes.index(node) if node in self.nodes else -1
@@ -368,16 +371,26 @@ def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) 
 
 # What a stalled step's Failure says of the node whose ranks the watchdog found differing (a spare replaces it).
 STALLED_WHAT = "stalled: its ranks differ from the others' in the stall watchdog's stacks"
+# ... and of a stalled step's node the head cannot reach (a network split: liveness.split).
+UNREACHABLE_WHAT = "unreachable from the head node: its slurmd does not answer (a network split)"
+UNREACHABLE_HEAD = "reaches no other node of the job: it is cut off (a network split)"
 
 
-def launch_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str], spare_left: bool = False) -> StepEnd:
+def launch_step(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    nodes: Sequence[str],
+    spare_left: bool = False,
+    spares: Sequence[str] = (),
+) -> StepEnd:
     """Runs the srun step, its stderr passed through; the first failing node is logged and written to
     $MULTINODE_FAILED_NODE_FILE (first failure wins) as soon as srun reports it, and the step is killed (see
-    STOP_WAIT_S). `spare_left`: a stall whose odd ranks are on one node ends with that node blamed, for a spare to
-    replace, instead of the stall's verdict and requeue; so does a straggler under on_straggler replace."""
+    STOP_WAIT_S). `spare_left`: a stall whose odd ranks are on one node, or one of whose nodes the head cannot reach,
+    ends with that node blamed, for a spare to replace, instead of the stall's verdict and requeue; so does a
+    straggler under on_straggler replace. `spares`: the job's unused nodes, also asked on a stall (liveness.split)."""
     proc = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
     assert proc.stderr is not None
-    watch, stalls = StepWatch(nodes), StallCheck(env, nodes, replaceable=spare_left)
+    watch, stalls = StepWatch(nodes), StallCheck(env, nodes, replaceable=spare_left, spares=spares)
     stragglers = straggler.StragglerCheck(env, nodes, replaceable=spare_left, log=log)
 
     def forward(signum: int, _frame: object) -> None:
@@ -398,8 +411,13 @@ def launch_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str
         log(f"step ended: {what}")
         return StepEnd(code if code > 0 else 1, Failure(slow.node, list(nodes).index(slow.node), code, what))
     if stalls.verdict is not None and stalls.odd_node is not None:
-        log(f"{stalls.verdict}; node {stalls.odd_node} holds the rank(s) that differ")
-        odd = Failure(stalls.odd_node, list(nodes).index(stalls.odd_node), protocol.EXIT_STALLED, STALLED_WHAT)
+        if stalls.split is not None:
+            log(f"{stalls.verdict}; ending the step to replace node {stalls.odd_node}")
+            what = UNREACHABLE_WHAT
+        else:
+            log(f"{stalls.verdict}; node {stalls.odd_node} holds the rank(s) that differ")
+            what = STALLED_WHAT
+        odd = Failure(stalls.odd_node, list(nodes).index(stalls.odd_node), protocol.EXIT_STALLED, what)
         return StepEnd(protocol.EXIT_STALLED, odd)
     if stalls.verdict is not None:
         log(f"{stalls.verdict}; requeued to resume" if stalls.requeue else f"FAILED: {stalls.verdict}")
@@ -413,7 +431,7 @@ def launch_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str
 
 
 def failure_why(f: Failure) -> str:
-    if f.what == STALLED_WHAT or f.what.startswith(straggler.WHAT):
+    if f.what in (STALLED_WHAT, UNREACHABLE_WHAT) or f.what.startswith(straggler.WHAT):
         return f.what
     return "does not answer: the node is down" if f.victim else f"exited with {f.code}"
 
@@ -428,10 +446,12 @@ def _supervise(
     assert proc.stderr is not None
     fd, out = proc.stderr.fileno(), sys.stderr.buffer
     give_up: float | None = None  # set by a failure
+    told = 0.0  # when srun was told to end the step (SIGTERM)
     gentle: float | None = None  # a stalled (or straggling) step's gentle end: srun is forced to end it then
     while True:
         if give_up is not None and time.monotonic() >= give_up:
-            log(f"srun still waits for the step {STOP_WAIT_S:.0f} s after the failure: not the launcher")
+            waited = time.monotonic() - told
+            log(f"srun still waits for the step {waited:.1f} s after being told to end it: not the launcher")
             proc.kill()  # SLURM ends what is left of the step with the job
             break
         wait = 1.0 if give_up is None else max(0.0, min(1.0, give_up - time.monotonic()))
@@ -441,9 +461,16 @@ def _supervise(
             stall.stop_file(stalls.stem).write_text(f"{time.time()}\n")
             proc.send_signal(signal.SIGUSR1)  # srun passes it to every node's task: SIGTERM to its torchrun
             gentle = time.monotonic() + stall.STOP_GRACE_S
+        if give_up is None and gentle is not None and stalls.only_cut_off_left(watch.ended):
+            # a split: every node the head reaches has ended its task; srun would wait on the cut-off node's
+            log(f"every reachable node's task has ended; not waiting for {', '.join(stalls.split_nodes())}")
+            proc.send_signal(signal.SIGTERM)
+            told = time.monotonic()
+            give_up = told + DEAD_NODE_WAIT_S
         if give_up is None and gentle is not None and time.monotonic() >= gentle:
             proc.send_signal(signal.SIGTERM)  # srun: "forcing job termination"
-            give_up = time.monotonic() + STOP_WAIT_S
+            told = time.monotonic()
+            give_up = told + STOP_WAIT_S
         if select.select([fd], [], [], wait)[0]:
             data = os.read(fd, 65536)
             if not data:
@@ -452,7 +479,8 @@ def _supervise(
             out.flush()
             if (failed := watch.feed(data)) is not None:
                 proc.send_signal(signal.SIGTERM)  # srun: "forcing job termination", SIGKILL to every task
-                give_up = time.monotonic() + STOP_WAIT_S
+                told = time.monotonic()
+                give_up = told + STOP_WAIT_S
                 watch.failure = failed = blame(failed, watch.nodes, env)  # ~1 s at most
                 report_failure(failed, env)
                 if failed.victim:  # a dead node never reports its task's end: srun would wait for nothing
@@ -465,7 +493,13 @@ def _supervise(
 class StallCheck:
     """The progress watchdog on the head node (stall.py), ticked by the supervising loop about once a second."""
 
-    def __init__(self, env: Mapping[str, str], nodes: Sequence[str], replaceable: bool = False) -> None:
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        nodes: Sequence[str],
+        replaceable: bool = False,
+        spares: Sequence[str] = (),
+    ) -> None:
         value = env.get(protocol.STALL_TIMEOUT_VAR, "0")
         self.timeout_s = int(value) if value.isdigit() else 0
         self.on_stall = env.get(protocol.ON_STALL_VAR, "fail")
@@ -481,6 +515,10 @@ class StallCheck:
         # the tracker, no requeue), the launcher relaunches instead.
         self.replaceable = replaceable
         self.odd_node: str | None = None
+        # A network split: the nodes the head cannot reach, asked when the stall is noticed (liveness.split); the
+        # unreachable node is blamed whatever the stacks say (in a split every rank waits alike).
+        self.spares = list(spares)
+        self.split: liveness.Split | None = None
 
     def due(self) -> bool:
         """True once, when the step should end: the stacks of every node are in (or STACKS_WAIT_S passed)."""
@@ -491,12 +529,16 @@ class StallCheck:
                 return False
             when = datetime.now().astimezone().isoformat(timespec="seconds")
             log(f"{stall.NOTICED} {when}: no progress for {self.timeout_s} s on any rank: taking every rank's stack")
+            self.split = self._probe()
             stall.request_file(self.stem).write_text(f"{time.time()}\n")
             self.asked = time.monotonic()
-        done = all(stall.done_file(self.stem, n).exists() for n in self.nodes)
+        cut = self.split.unreachable if self.split else ()
+        done = all(stall.done_file(self.stem, n).exists() for n in self.nodes if n not in cut)
         if not done and time.monotonic() - self.asked < stall.STACKS_WAIT_S:
             return False
         message = stall.verdict(self.stem, self.nodes, self.timeout_s, f"{self.stem}.log")
+        if self.split is not None:
+            return self._split_verdict(message, self.split)
         if self.replaceable and (node := stall.odd_node(self.stem, self.nodes)) is not None:
             self.verdict, self.odd_node = message, node
             return True
@@ -504,6 +546,61 @@ class StallCheck:
         for error in recorded.errors:
             log(f"ERROR: {error}")
         self.verdict, self.requeue = recorded.verdict, recorded.requeue
+        return True
+
+    def split_nodes(self) -> tuple[str, ...]:
+        """The step's nodes the head could not reach when the stall was noticed."""
+        return tuple(n for n in self.nodes if self.split and n in self.split.unreachable)
+
+    def only_cut_off_left(self, ended: set[str]) -> bool:
+        """Whether a split's stopped step waits only on nodes that cannot hear the stop (every other one ended)."""
+        cut = self.split_nodes()
+        return bool(cut) and self.verdict is not None and all(n in ended for n in self.nodes if n not in cut)
+
+    def _probe(self) -> liveness.Split | None:
+        """Every other node of the step and every spare asked from here (~1 s, ~2 s with a node that does not
+        answer); a node the head cannot reach is named in the log at once."""
+        if len(self.nodes) < 2:
+            return None
+        here = socket.gethostname().split(".")[0]
+        port = liveness.slurmd_port(self.env)
+        found = liveness.split(here, self.nodes, self.spares, port)
+        if found is None:
+            return None
+        if found.head:
+            log(
+                f"the head node {here} is cut off: no other node of the job answers it ({', '.join(found.unreachable)}"
+                f": slurmd port {port}, asked twice); it is named for the retry to exclude"
+            )
+            return found
+        for node in found.unreachable:
+            where = f"node_rank {self.nodes.index(node)}" if node in self.nodes else "a spare"
+            then = ""
+            if node == found.node:
+                then = "; a spare takes its place" if self.replaceable else "; no spare left: the retry excludes it"
+            log(
+                f"node {node} ({where}) is unreachable from the head node {here}: its slurmd (port {port}) does not "
+                f"answer, asked twice (a network split, or the node is down){then}"
+            )
+        return found
+
+    def _split_verdict(self, message: str, found: liveness.Split) -> bool:
+        """A node the head cannot reach: with a spare left (and not the head itself) it is blamed for the spare to
+        replace, nothing recorded; otherwise it is named in $MULTINODE_FAILED_NODE_FILE and the step fails, never
+        requeued: a requeue would run on the same nodes again, where the retry leaves the node out."""
+        node = found.node
+        said = f"the head node {node} {UNREACHABLE_HEAD}" if found.head else f"node {node} is {UNREACHABLE_WHAT}"
+        message += f"; {said}"
+        if self.replaceable and not found.head and node in self.nodes:
+            self.verdict, self.odd_node = message, node
+            return True
+        protocol.record_failed_node(self.env.get(protocol.FAILED_NODE_FILE_VAR, ""), node)
+        if self.on_stall == "requeue":
+            message += f"; not requeued: a requeue would run on {node} again (the retry leaves it out)"
+        recorded = stall.record(self.env, message, "fail")
+        for error in recorded.errors:
+            log(f"ERROR: {error}")
+        self.verdict = recorded.verdict
         return True
 
 
@@ -632,7 +729,9 @@ def launch_with_spares(
         )
         step_env = worker_env(step, nproc, env, opts) | {protocol.RELAUNCH_VAR: str(relaunch)}
         with nodelog.Merger(nodelog.log_stem(env), step.nodes):  # the nodes' labelled lines into the job log
-            end = launch_step(argv_srun, step_env, step.nodes, spare_left=roster.spare() is not None)
+            end = launch_step(
+                argv_srun, step_env, step.nodes, spare_left=roster.spare() is not None, spares=roster.idle()
+            )
         failed = end.failure
         if end.code == 0 or failed is None or (spare := roster.drop(failed.node)) is None:
             return end.code

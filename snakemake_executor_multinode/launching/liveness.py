@@ -1,4 +1,5 @@
-"""Which nodes of a step no longer answer: asked once, after a task failed, before a node is blamed.
+"""Which nodes of a step no longer answer: asked once after a task failed, before a node is blamed, and once when the
+progress watchdog finds a stall (a network split: `split`).
 
 A node that dies (its slurmd, slurmstepd and workers gone) takes the other nodes' ranks with it: they fail first
 (their peer vanished), and srun names them. SLURM itself marks the node only after SlurmdTimeout (minutes). A TCP
@@ -12,6 +13,7 @@ import socket
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 DEFAULT_SLURMD_PORT = 6818  # SLURM's compiled-in default
 CONNECT_TIMEOUT_S = 1.0
@@ -53,3 +55,35 @@ def unreachable(nodes: Sequence[str], port: int, probe: Callable[[str, int], boo
     with ThreadPoolExecutor(max_workers=min(len(nodes), 64)) as pool:
         alive = list(pool.map(lambda n: probe(n, port), nodes))
     return [n for n, ok in zip(nodes, alive, strict=True) if not ok]
+
+
+@dataclass(frozen=True)
+class Split:
+    """A stalled step's nodes that the head node cannot reach, and the one to blame."""
+
+    node: str  # the node to blame: an unreachable node of the step, or the head itself when it reaches no one
+    unreachable: tuple[str, ...]  # every node (step or spare) the head could not reach, in the order asked
+    head: bool = False  # the head (where the launcher runs) is the one cut off: it reaches none of 2+ other nodes
+
+
+def split(
+    here: str,
+    step: Sequence[str],
+    spares: Sequence[str],
+    port: int,
+    find: Callable[[Sequence[str], int], list[str]] = unreachable,
+) -> Split | None:
+    """Asked when the progress watchdog finds a stall: in a network split every rank waits in its collective and the
+    stacks name no node, so the head asks every other node of the step and every spare (in parallel) whether it
+    answers. A node is unreachable only when it fails twice in a row (a second round for those alone). With 2 or
+    more other nodes none of which answers, the head is the one cut off; otherwise the first unreachable node of the
+    step is blamed. None when every node answers, or only spares do not (the stall is not theirs)."""
+    others = [n for n in dict.fromkeys([*step, *spares]) if n != here]
+    down = find(others, port)
+    down = find(down, port) if down else []
+    if not down:
+        return None
+    if len(others) >= 2 and len(down) == len(others):
+        return Split(here, tuple(down), head=True)
+    blamed = [n for n in step if n in down]
+    return Split(blamed[0], tuple(down)) if blamed else None

@@ -61,6 +61,10 @@ class Roster:
         """The step's nodes: the first `train` of the allocation's nodes not known bad."""
         return tuple(self.usable()[: self.train])
 
+    def idle(self) -> list[str]:
+        """The spares: the usable nodes not chosen now."""
+        return self.usable()[self.train :]
+
     def spare(self) -> str | None:
         """The node a replacement would add: the first usable node not chosen now."""
         rest = self.usable()[self.train :]

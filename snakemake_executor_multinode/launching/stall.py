@@ -6,6 +6,11 @@ file beside the job log: a training that logs, prints or warns at all moves it) 
 loader waiting forever or every rank blocked on I/O show as files that stop growing, whatever the cause.
 
 After `stall_timeout` seconds without progress the launcher (head node):
+0. asks every other node of the step, and every spare, whether its slurmd answers (liveness.split, ~1 s): in a
+   network split every rank waits in its collective with the same stack, so the stacks name no node; a node the head
+   cannot reach (twice) is named in the log at once and blamed: a spare takes its place where one is left, else it
+   is written to $MULTINODE_FAILED_NODE_FILE and the step fails without a requeue (a requeue would land on it again; the
+   retry excludes it). Its stacks, which cannot come, are not waited for;
 1. asks every node for its ranks' Python stacks: it writes `<stem>.stall-request`; each node's labeller sees it, runs
    `py-spy dump` on each of its workers and appends the stack, each line labelled with its rank and marked as a stack
    line (contract/logline.py), to its file

@@ -253,7 +253,9 @@ def launches(
         checked.append(list(nodes))
         return checks.pop(0), 0
 
-    def launch_step(argv: Sequence[str], env: object, nodes: Sequence[str], spare_left: bool) -> StepEnd:
+    def launch_step(
+        argv: Sequence[str], env: object, nodes: Sequence[str], spare_left: bool, spares: Sequence[str] = ()
+    ) -> StepEnd:
         trained.append(tuple(nodes))
         return ends.pop(0)
 

@@ -1,9 +1,10 @@
 """Spare nodes: which nodes a launch trains on, and the launcher's relaunch on a spare (the real run is in
-tests/cluster/test_spare_nodes_cluster.py)."""
+tests/cluster/test_spare_nodes_cluster.py); a node a stalled step's head cannot reach (a network split) is one."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from snakemake_executor_multinode.launching import launcher, spares, stall
+from snakemake_executor_multinode.launching import launcher, liveness, spares, stall
 from snakemake_executor_multinode.launching.launcher import Allocation, Failure, StepEnd
 from snakemake_executor_multinode.watching import status_view
 
@@ -56,17 +57,25 @@ def test_the_step_runs_on_exactly_the_chosen_nodes():
 
 
 def fake_steps(
-    monkeypatch: pytest.MonkeyPatch, ends: list[StepEnd], gone: bool = True, argvs: list[list[str]] | None = None
+    monkeypatch: pytest.MonkeyPatch,
+    ends: list[StepEnd],
+    gone: bool = True,
+    argvs: list[list[str]] | None = None,
+    idle: list[tuple[str, ...]] | None = None,
 ) -> list[tuple[tuple[str, ...], str, str]]:
     """The launcher's steps replaced: each returns the next of `ends`; what each was started with is recorded
-    (its nodes, its MULTINODE_RELAUNCH, its --master_port; its srun line in `argvs`). `gone`: whether SLURM
-    forgets a failed step in time."""
+    (its nodes, its MULTINODE_RELAUNCH, its --master_port; its srun line in `argvs`, the spares it was told of in
+    `idle`). `gone`: whether SLURM forgets a failed step in time."""
     started: list[tuple[tuple[str, ...], str, str]] = []
 
-    def launch_step(argv: Sequence[str], env: dict[str, str], nodes: Sequence[str], spare_left: bool) -> StepEnd:
+    def launch_step(
+        argv: Sequence[str], env: dict[str, str], nodes: Sequence[str], spare_left: bool, spares: Sequence[str] = ()
+    ) -> StepEnd:
         started.append((tuple(nodes), env[protocol.RELAUNCH_VAR], env["MASTER_PORT"]))
         if argvs is not None:
             argvs.append(list(argv))
+        if idle is not None:
+            idle.append(tuple(spares))
         return ends.pop(0)
 
     monkeypatch.setattr(launcher, "launch_step", launch_step)
@@ -211,3 +220,174 @@ def test_a_stalled_node_is_replaced_saying_why(tmp_path, monkeypatch, capfd):
     assert [s[0] for s in started] == [("node1", "node2"), ("node1", "node3")]
     assert f"replacing node node2 ({launcher.STALLED_WHAT}) with spare node3; relaunch 1" in capfd.readouterr().err
     assert not [p for p in exchange if p.exists()]  # the relaunched step starts with no stale request
+
+
+# --- a network split under a stalled step (issue 38, part 5) ----------------------------------------------------------
+# The head asks every node whether it answers; a node it cannot reach is named and blamed: replaced by a spare where one
+# is left, else named for the retry to exclude and never requeued (the real split: test_network_split_cluster.py).
+
+
+def finder(down: Sequence[str], rounds: list[list[str]] | None = None, flaky: Sequence[str] = ()):
+    """A stand-in for liveness.unreachable: `down` never answer, `flaky` miss the first round only; each round's
+    question is recorded in `rounds`."""
+    asked: list[list[str]] = [] if rounds is None else rounds
+
+    def find(nodes: Sequence[str], port: int) -> list[str]:
+        asked.append(list(nodes))
+        missing = set(down) | (set(flaky) if len(asked) == 1 else set())
+        return [n for n in nodes if n in missing]
+
+    return find
+
+
+# who is blamed
+
+
+def test_every_node_answering_is_no_split():
+    rounds: list[list[str]] = []
+    assert liveness.split("n1", ["n1", "n2"], ["n3"], 6818, finder([], rounds)) is None
+    assert rounds == [["n2", "n3"]]  # every node but the head's own, spares too; no second round
+
+
+def test_a_step_node_the_head_cannot_reach_twice_is_blamed():
+    rounds: list[list[str]] = []
+    found = liveness.split("n1", ["n1", "n2"], ["n3"], 6818, finder(["n2"], rounds))
+    assert found == liveness.Split("n2", ("n2",))
+    assert rounds == [["n2", "n3"], ["n2"]]  # the second round asks the missing node alone
+
+
+def test_a_node_that_answers_the_second_time_is_not_blamed():
+    assert liveness.split("n1", ["n1", "n2"], ["n3"], 6818, finder([], flaky=["n2"])) is None
+
+
+def test_in_a_two_node_job_without_spares_the_other_node_is_blamed():
+    """One other node: which side is cut off cannot be told from the head; the other node is named."""
+    assert liveness.split("n1", ["n1", "n2"], [], 6818, finder(["n2"])) == liveness.Split("n2", ("n2",))
+
+
+def test_the_head_that_reaches_no_other_node_is_the_one_cut_off():
+    found = liveness.split("n1", ["n1", "n2"], ["n3"], 6818, finder(["n2", "n3"]))
+    assert found == liveness.Split("n1", ("n2", "n3"), head=True)
+    found = liveness.split("n1", ["n1", "n2", "n3"], [], 6818, finder(["n2", "n3"]))
+    assert found is not None and found.head and found.node == "n1"
+
+
+def test_an_unreachable_spare_alone_explains_no_stall_and_the_first_step_node_is_blamed():
+    assert liveness.split("n1", ["n1", "n2"], ["n3", "n4"], 6818, finder(["n3"])) is None
+    found = liveness.split("n1", ["n1", "n2", "n3"], ["n4"], 6818, finder(["n4", "n3"]))
+    assert found == liveness.Split("n3", ("n3", "n4"))  # the step's node, not the spare
+
+
+def test_srun_s_reports_of_ended_tasks_are_kept_after_the_step_was_stopped():
+    watch = launcher.StepWatch(["node1", "node2", "node3"])
+    watch.stopped = True  # the launcher's own stop: the ends that follow blame no node
+    assert (
+        watch.feed(b"srun: error: node1: task 0: Exited with exit code 1\nsrun: error: node3: task 2: Killed\n") is None
+    )
+    assert watch.failure is None and watch.ended == {"node1", "node3"}
+
+
+# the launcher's stall check
+
+
+# srun as in a split: the gentle stop (USR1) ends the head's task, which srun reports; srun then waits on the
+# cut-off node's task for ever, SIGTERM ("forcing job termination") or not.
+SRUN_WAITS_ON_NODE2 = (
+    "trap 'echo \"srun: error: node1: task 0: Exited with exit code 1\" >&2' USR1; trap '' TERM\n"
+    "while :; do sleep 0.1; done"
+)
+
+
+def split_step(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    down: Sequence[str],
+    spare_left: bool,
+    nodes: Sequence[str],
+    srun_body: str = "trap 'exit 1' USR1; while :; do sleep 0.1; done",
+) -> tuple[StepEnd, Path, Path, Path, float]:
+    """A stalled step under on_stall requeue whose ranks all wait alike (a split), run by the launcher's supervision
+    on the head node1; `down`: the nodes that do not answer it. How it ended, its stall marker, requeue request and
+    failed-node marker, and how long the stall took to end. The unreachable nodes never write their stacks."""
+    monkeypatch.setattr(launcher.socket, "gethostname", lambda: "node1")
+    monkeypatch.setattr(launcher.liveness, "slurmd_port", lambda env: 6818)
+    real = liveness.split
+    monkeypatch.setattr(launcher.liveness, "split", lambda *a: real(*a, find=finder(down)))
+    stem = str(JobFiles.of(tmp_path, "9", 1).prefix)
+    write_stacks(stem, {i: (n, BARRIER) for i, n in enumerate(nodes) if n not in down})
+    for node in nodes:
+        if node not in down:
+            stall.done_file(stem, node).write_text("done\n")
+    marker, preempt, failed = tmp_path / "9.stalled", tmp_path / "9.preempted", tmp_path / "9.failed-node"
+    env = {
+        protocol.LOG_STEM_VAR: stem,
+        protocol.STALL_TIMEOUT_VAR: "1",
+        protocol.ON_STALL_VAR: "requeue",
+        protocol.STALL_FILE_VAR: str(marker),
+        protocol.PREEMPT_FILE_VAR: str(preempt),
+        protocol.FAILED_NODE_FILE_VAR: str(failed),
+    }
+    srun = tmp_path / "srun"
+    srun.write_text(f"#!/bin/bash\n{srun_body}\n")
+    srun.chmod(0o755)
+    t0 = time.monotonic()
+    spares = ["node3"] if spare_left else []
+    end = launcher.launch_step([str(srun)], env, nodes, spare_left=spare_left, spares=spares)
+    return end, marker, preempt, failed, time.monotonic() - t0
+
+
+def test_with_a_spare_left_the_unreachable_node_is_named_at_once_and_blamed_for_the_spare(tmp_path, monkeypatch, capfd):
+    nodes = ["node1", "node2"]
+    end, marker, preempt, failed, took = split_step(tmp_path, monkeypatch, ["node2"], True, nodes, SRUN_WAITS_ON_NODE2)
+    assert end.code == protocol.EXIT_STALLED and end.failure is not None
+    assert (end.failure.node, end.failure.rank, end.failure.what) == ("node2", 1, launcher.UNREACHABLE_WHAT)
+    assert not marker.exists() and not preempt.exists() and not failed.exists()  # the spare replaces it
+    # neither node2's stacks nor its task's end, which can never come, are waited for (nor the gentle stop's grace)
+    assert took < stall.STOP_GRACE_S
+    err = capfd.readouterr().err
+    assert "every reachable node's task has ended; not waiting for node2" in err, err
+    said = err.index("node node2 (node_rank 1) is unreachable from the head node node1: its slurmd (port 6818)")
+    assert err.index(stall.NOTICED) < said < err.index("ending the step to replace node node2"), err
+    assert "a spare takes its place" in err
+
+
+def test_without_a_spare_the_unreachable_node_is_named_for_the_retry_and_the_stall_is_not_requeued(
+    tmp_path, monkeypatch, capfd
+):
+    end, marker, preempt, failed, _ = split_step(tmp_path, monkeypatch, ["node2"], False, ["node1", "node2"])
+    assert end == StepEnd(protocol.EXIT_STALLED)  # no failure for a spare to take: the launcher ends with 87
+    assert failed.read_text() == "node2\n"  # the tracker reads it; Snakemake's retry runs with --exclude=node2
+    assert not preempt.exists()  # a requeue would run on node2 again
+    verdict = marker.read_text()
+    assert verdict.startswith("stalled: no progress for 1s on any rank")
+    assert f"; node node2 is {launcher.UNREACHABLE_WHAT}; not requeued: a requeue would run on node2 again" in verdict
+    err = capfd.readouterr().err
+    assert "no spare left: the retry excludes it" in err and "FAILED: stalled" in err
+
+
+def test_a_head_cut_off_from_every_node_is_named_itself_and_not_replaced(tmp_path, monkeypatch, capfd):
+    end, marker, preempt, failed, _ = split_step(tmp_path, monkeypatch, ["node2", "node3"], True, ["node1", "node2"])
+    assert end == StepEnd(protocol.EXIT_STALLED) and failed.read_text() == "node1\n"
+    assert not preempt.exists() and f"the head node node1 {launcher.UNREACHABLE_HEAD}" in marker.read_text()
+    assert "the head node node1 is cut off: no other node of the job answers it (node2, node3" in capfd.readouterr().err
+
+
+def test_a_stall_where_every_node_answers_is_judged_by_the_stacks_as_before(tmp_path, monkeypatch):
+    end, marker, preempt, failed, _ = split_step(tmp_path, monkeypatch, [], False, ["node1", "node2"])
+    assert end == StepEnd(protocol.EXIT_STALLED) and preempt.read_text() == "stalled\n"  # requeued, as ever
+    assert not failed.exists() and "unreachable" not in marker.read_text()
+
+
+def test_an_unreachable_node_is_replaced_saying_why_and_the_spares_are_asked_too(tmp_path, monkeypatch, capfd):
+    stem = JobFiles.of(tmp_path, "77", 1).prefix
+    env = {protocol.TRAIN_NODES_VAR: "2", protocol.LOG_STEM_VAR: str(stem)}
+    cut = Failure("node2", 1, protocol.EXIT_STALLED, launcher.UNREACHABLE_WHAT)
+    idle: list[tuple[str, ...]] = []
+    started = fake_steps(monkeypatch, [StepEnd(protocol.EXIT_STALLED, cut), StepEnd(0)], idle=idle)
+    assert launcher.launch_with_spares(ALLOC, [], ["train.py"], env, None) == 0
+    assert [s[0] for s in started] == [("node1", "node2"), ("node1", "node3")]
+    assert idle == [("node3",), ()]  # each step's stall check also asks the job's unused spares
+    why = launcher.UNREACHABLE_WHAT
+    assert f"replacing node node2 ({why}) with spare node3; relaunch 1" in capfd.readouterr().err
+    (line,) = [json.loads(x) for x in JobFiles(stem).replacements.read_text().splitlines()]
+    assert (line["node"], line["spare"], line["why"]) == ("node2", "node3", why)
