@@ -514,6 +514,51 @@ def kill_node(cl: Cluster, name: str) -> float:
     return killed
 
 
+def ckpt_loop(pause_s: float = 0.1, print_steps: bool = False) -> str:
+    """A tiny 2-node gloo training for the fault tests: every rank says where it starts (launch-<rank>.txt: relaunch,
+    resumed step, host; a ready-<job>-<relaunch>-<rank>-<host> file), rank 0 saves the step after every all_reduce
+    (step.txt, by rename; with `print_steps` it prints it: progress the stall watchdog sees) and every rank resumes
+    from it. A launch trains until release-<relaunch> exists; then rank 0 appends the job id to argv[1]."""
+    say = '\n        print(f"step {step}", flush=True)' if print_steps else ""
+    return f"""
+import os, pathlib, socket, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, host, job = dist.get_rank(), socket.gethostname(), os.environ["SLURM_JOB_ID"]
+relaunch = os.environ.get("MULTINODE_RELAUNCH", "unset")
+saved = pathlib.Path("step.txt")
+start = int(saved.read_text()) if saved.exists() else 0
+print(f"rank {{rank}} on {{host}}: relaunch {{relaunch}}, resuming at step {{start}}", flush=True)
+with open(f"launch-{{rank}}.txt", "a") as fh:
+    fh.write(f"{{relaunch}} {{start}} {{host}}\\n")
+pathlib.Path(f"ready-{{job}}-{{relaunch}}-{{rank}}-{{host}}").touch()
+step, x = start, torch.ones(1)
+while not pathlib.Path(f"release-{{relaunch}}").exists():
+    dist.all_reduce(x)
+    step += 1
+    if rank == 0:
+        pathlib.Path("step.tmp").write_text(str(step))
+        os.replace("step.tmp", saved){say}
+    time.sleep({pause_s})
+dist.barrier()
+if rank == 0:
+    with open(sys.argv[1], "a") as fh:
+        fh.write(job + "\\n")
+dist.destroy_process_group()
+"""
+
+
+def complete_lines(path: Path) -> list[dict[str, Any]]:
+    """The complete JSON lines of a file a job may be appending to (a metrics file); none while it is missing."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n") and line.strip()]
+
+
 def rank_pids(cl: Cluster, name: str) -> dict[int, int]:
     """The torch workers running on a node: global RANK -> pid, read from /proc/<pid>/environ of every process of
     the node's network namespace (torchrun sets RANK in its workers' environment only)."""

@@ -25,7 +25,17 @@ import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from snakemake_executor_multinode.watching.ledger import CATEGORIES
-from tests.helpers import Snakemake, figures, multinode, records, sacct_jobs, slurm, training_folder, wait_for
+from tests.helpers import (
+    Snakemake,
+    complete_lines,
+    figures,
+    multinode,
+    records,
+    sacct_jobs,
+    slurm,
+    training_folder,
+    wait_for,
+)
 from tests.training.helpers import TINY
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -110,13 +120,7 @@ def training_workflow(tmp_path: Path) -> Path:
     return wd
 
 
-def metrics(path: Path) -> list[dict[str, Any]]:
-    """The complete lines of the metrics file (training may be appending to it)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n") and line.strip()]
+metrics = complete_lines  # the metrics file, as far as the training has written it
 
 
 def step_lines(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -31,6 +31,7 @@ import torch
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from tests.helpers import (
     Snakemake,
+    complete_lines,
     figures,
     kill_node,
     multinode,
@@ -100,13 +101,7 @@ def workflow(tmp_path: Path) -> Path:
     return wd
 
 
-def metrics(path: Path) -> list[dict[str, Any]]:
-    """The complete lines of the metrics file (training may be appending to it)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n") and line.strip()]
+metrics = complete_lines  # the metrics file, as far as the training has written it
 
 
 def event(recs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:

@@ -31,44 +31,16 @@ import pytest
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import launcher
 from snakemake_executor_multinode.sandbox import cluster
-from tests.helpers import Cluster, Snakemake, figures, node_index, records, sacct_jobs, wait_for
+from tests.helpers import Cluster, Snakemake, ckpt_loop, figures, node_index, records, sacct_jobs, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 STALL_TIMEOUT_S = 20
 BOUND_S = STALL_TIMEOUT_S + 30  # the issue's: the unreachable node named within stall_timeout + 30 s of the split
 
-# As test_spare_nodes_cluster.py's CKPT, and rank 0 prints every step: the progress the watchdog sees (a training
-# that prints nothing between steps would stall in its own right).
-CKPT = """
-import os, pathlib, socket, sys, time
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
-rank, host, job = dist.get_rank(), socket.gethostname(), os.environ["SLURM_JOB_ID"]
-relaunch = os.environ.get("MULTINODE_RELAUNCH", "unset")
-saved = pathlib.Path("step.txt")
-start = int(saved.read_text()) if saved.exists() else 0
-print(f"rank {rank} on {host}: relaunch {relaunch}, resuming at step {start}", flush=True)
-with open(f"launch-{rank}.txt", "a") as fh:
-    fh.write(f"{relaunch} {start} {host}\\n")
-pathlib.Path(f"ready-{job}-{relaunch}-{rank}-{host}").touch()
-step, x = start, torch.ones(1)
-while not pathlib.Path(f"release-{relaunch}").exists():
-    dist.all_reduce(x)
-    step += 1
-    if rank == 0:
-        pathlib.Path("step.tmp").write_text(str(step))
-        os.replace("step.tmp", saved)
-        print(f"step {step}", flush=True)
-    time.sleep(0.2)
-dist.barrier()
-if rank == 0:
-    with open(sys.argv[1], "a") as fh:
-        fh.write(job + "\\n")
-dist.destroy_process_group()
-"""
+# Rank 0 prints every step: the progress the watchdog sees (a training that prints nothing between steps would stall
+# in its own right).
+CKPT = ckpt_loop(0.2, print_steps=True)
 
 SNAKEFILE = f"""
 rule train:

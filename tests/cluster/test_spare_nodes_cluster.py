@@ -22,41 +22,22 @@ import pytest
 import torch
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from tests.helpers import Snakemake, figures, kill_node, rank_pids, records, sacct_jobs, training_folder, wait_for
+from tests.helpers import (
+    Snakemake,
+    ckpt_loop,
+    figures,
+    kill_node,
+    rank_pids,
+    records,
+    sacct_jobs,
+    training_folder,
+    wait_for,
+)
 from tests.training.helpers import TINY, train
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-# Every rank says where it starts (launch-<rank>.txt: relaunch, resumed step, host); rank 0 saves the step after every
-# all_reduce (step.txt, by rename) and every rank resumes from it. A launch trains until release-<relaunch> exists.
-CKPT = """
-import os, pathlib, socket, sys, time
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
-rank, host, job = dist.get_rank(), socket.gethostname(), os.environ["SLURM_JOB_ID"]
-relaunch = os.environ.get("MULTINODE_RELAUNCH", "unset")
-saved = pathlib.Path("step.txt")
-start = int(saved.read_text()) if saved.exists() else 0
-print(f"rank {rank} on {host}: relaunch {relaunch}, resuming at step {start}", flush=True)
-with open(f"launch-{rank}.txt", "a") as fh:
-    fh.write(f"{relaunch} {start} {host}\\n")
-pathlib.Path(f"ready-{job}-{relaunch}-{rank}-{host}").touch()
-step, x = start, torch.ones(1)
-while not pathlib.Path(f"release-{relaunch}").exists():
-    dist.all_reduce(x)
-    step += 1
-    if rank == 0:
-        pathlib.Path("step.tmp").write_text(str(step))
-        os.replace("step.tmp", saved)
-    time.sleep(0.1)
-dist.barrier()
-if rank == 0:
-    with open(sys.argv[1], "a") as fh:
-        fh.write(job + "\\n")
-dist.destroy_process_group()
-"""
+CKPT = ckpt_loop()  # resumes from the step rank 0 saves; a launch trains until release-<relaunch> exists
 
 SNAKEFILE = """
 rule train:
