@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import Snakemake, jobs_from, lines, records, wait_for
+from snakemake_executor_multinode.sandbox.spec import ClusterSpec
+from tests.helpers import TEST_NODES, Snakemake, jobs_from, lines, records, wait_for
 
-N = 20  # more than the sandbox's 12 CPUs: some elements wait in the queue while the others run
+N = TEST_NODES * ClusterSpec.cpus + 6  # more than the suite's cluster has CPUs: some elements wait while others run
 SNAKEFILE = f"""
 rule all:
     input: expand("shard/{{i}}.txt", i=range({N}))

@@ -202,6 +202,10 @@ def test_check_honours_snakemakes_arguments_as_snakemake_does(slurm_cluster, wd)
 
 
 def normalized(script: str, rule: str) -> str:
+    """The script without what names the submission: its job name, and its experiment (MULTINODE_RUN_ID, derived
+    from the Snakemake run: a preview is another run than the one that submits)."""
+    found = re.search(r"MULTINODE_RUN_ID=([0-9a-f]+)", script)
+    script = script.replace(found[1], "RUNID") if found else script
     return re.sub(rf"mn-\w+-{rule}-\S+", "JOBNAME", script)
 
 

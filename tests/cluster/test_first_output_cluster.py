@@ -113,7 +113,7 @@ def test_a_script_without_metrics_has_startup_to_its_first_rank_line_and_the_res
     assert start is not None and int(nnodes) == 2
 
     out = multinode(wd, "report").stdout
-    csv_path = Path(re.search(r"^written: .* and (\S+\.csv)$", out, re.M)[1])
+    csv_path = Path(re.search(r"^written: .*?(\S+\.csv)\b", out, re.M)[1])
     row = next(r for r in csv.DictReader(io.StringIO(csv_path.read_text())) if r["scope"] == "job")
     assert row["jobid"] == jobid
     alloc = float(row["alloc_node_s"])
