@@ -39,7 +39,7 @@ def test_the_kept_script_is_exactly_what_plan_job_and_preview_render_for_the_rul
     [(run_id, key)] = re.findall(r"^#SBATCH --job-name=mn-(\w+)-train-(\S+)$", script, re.M)
 
     command = direct_command("echo a > out/a.txt", ["out/a.txt"], ["logs/a.log"])
-    job = RuleJob("train", RESOURCES, command, wildcards={"sample": "a"}, key=key)
+    job = RuleJob("train", RESOURCES, command, wildcards={"sample": "a"}, key=key, outputs=("out/a.txt",))
     plan = Planner(Settings(), wd, run_id).plan(job)
     assert script == plan.script
     assert kept == plan.script_path(kept.name.split(".")[0])
@@ -63,5 +63,9 @@ def test_the_kept_script_is_exactly_what_plan_job_and_preview_render_for_the_rul
         text=True,
         check=True,
     ).stdout
-    assert preview == script.replace(f"mn-{run_id}-train-{key}", "mn-preview-train")
+    # the preview is a run of its own: its experiment id (MULTINODE_RUN_ID) is its own, the rest is the same script
+    ids = [re.search(r"MULTINODE_RUN_ID=([0-9a-f]+)", text)[1] for text in (preview, script)]
+    assert preview.replace(ids[0], "RUNID") == script.replace(f"mn-{run_id}-train-{key}", "mn-preview-train").replace(
+        ids[1], "RUNID"
+    )
     assert Path(wd / "out/a.txt").read_text() == "a\n"
