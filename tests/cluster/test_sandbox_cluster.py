@@ -24,15 +24,16 @@ def test_every_node_is_up_each_with_eight_gpus(slurm_cluster):
     out = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N %T %G").stdout.split("\n")
     rows = sorted(line.split() for line in out if line.strip())
     assert [(name, gres) for name, _, gres in rows] == [(f"node{i}", "gpu:8") for i in slurm_cluster.spec.node_indices]
-    # up and schedulable: idle, or running someone's job (the suite's cluster may be shared by parallel sessions)
-    assert {state for _, state, _ in rows} <= {"idle", "mixed", "allocated"}
+    # up and schedulable: idle, or running (or ending) someone's job (the suite's cluster may be shared by parallel
+    # sessions)
+    assert {state for _, state, _ in rows} <= {"idle", "mixed", "allocated", "completing"}
 
 
 def test_srun_across_three_nodes_sees_three_hostnames_and_addresses(slurm_cluster):
-    nodes = "node[1-3]"  # three of the suite's nodes, by name
-    out = slurm_cluster.run("srun", "-N3", "-w", nodes, "bash", "-c", "echo $(hostname) $(hostname -I)").stdout
+    out = slurm_cluster.run("srun", "-N3", "bash", "-c", "echo $(hostname) $(hostname -I)", timeout=600).stdout
     pairs = sorted(tuple(line.split()) for line in out.splitlines())
-    assert [p[0] for p in pairs] == ["node1", "node2", "node3"]
+    names = {slurm_cluster.spec.node_name(i) for i in slurm_cluster.spec.node_indices}
+    assert len({p[0] for p in pairs}) == 3 and {p[0] for p in pairs} <= names, pairs  # three of the suite's nodes
     assert len({p[1] for p in pairs}) == 3
 
 
@@ -59,7 +60,8 @@ def test_two_node_batch_job_runs_one_step_per_node(slurm_cluster, tmp_path):
     job = slurm_cluster.run("sbatch", "--parsable", "-o", str(out), str(script)).stdout.strip()
     _wait_state(slurm_cluster, job, {"COMPLETED"})
     steps = sorted(line for line in out.read_text().splitlines() if line.startswith("step"))
-    assert [s.split()[1] for s in steps] == ["node1", "node2"]
+    hosts = [s.split()[1] for s in steps]  # one step on each of the job's two nodes (whichever were free)
+    assert len(set(hosts)) == 2, steps
 
 
 def test_requeue_of_running_job_reruns_it_with_restart_count(slurm_cluster, tmp_path):
@@ -175,7 +177,7 @@ def test_a_second_cluster_runs_beside_this_one_and_its_down_leaves_this_one_alon
         assert {d.name: d.pid() for d in cluster.daemons(first)} == first_pids
         assert all(Path(f"/run/netns/{first.netns(i)}").exists() for i in first.node_indices)
         assert cluster.network_owner(first) == str(first.dir)
-        assert cluster.nodes_in(first, "idle") == {first.node_name(i) for i in first.node_indices}
+        all_idle(first)
 
 
 def test_a_folder_whose_slot_another_cluster_holds_is_refused_without_touching_it(slurm_cluster, spare_dirs):
@@ -185,7 +187,13 @@ def test_a_folder_whose_slot_another_cluster_holds_is_refused_without_touching_i
         cluster.up(clash)
     assert cluster.down(clash) == []  # nothing of its own to stop, and the other's network is not its to remove
     assert cluster.is_up(first) and cluster.network_owner(first) == str(first.dir)
-    assert cluster.nodes_in(first, "idle") == {first.node_name(i) for i in first.node_indices}
+    all_idle(first)
+
+
+def all_idle(spec: ClusterSpec) -> None:
+    """Every node of the suite's cluster idle again: other tests' jobs may still be ending (COMPLETING) on some."""
+    every = {spec.node_name(i) for i in spec.node_indices}
+    wait_for(lambda: cluster.nodes_in(spec, "idle") == every, "every node of the suite's cluster idle", 600)
 
 
 def _alive(pid: int) -> bool:
