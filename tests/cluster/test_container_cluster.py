@@ -133,7 +133,8 @@ def test_two_node_job_runs_every_rank_inside_the_podman_image_and_usr2_reaches_t
     assert proc.returncode == 0, out
     got = reports(tmp_path)
     assert [r["rank"] for r in got] == [0, 1, 2, 3] and {r["world"] for r in got} == {4}
-    assert [r["node"] for r in got] == ["node1", "node1", "node2", "node2"]
+    head, other = got[0]["node"], got[2]["node"]  # the job's two nodes (whichever were free)
+    assert [r["node"] for r in got] == [head, head, other, other] and head != other, got
     assert all(r["image"] == "multinode-probe" and r["marker"] for r in got)  # inside the image
     assert {r["pid1"] for r in got} == {"sh"}  # the container's relay, not the node's init
     assert {r["sum"] for r in got} == {10.0}  # 1+2+3+4 across both nodes

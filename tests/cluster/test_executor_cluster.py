@@ -23,6 +23,7 @@ from tests.helpers import (
     job_logs,
     jobs_from,
     log_times,
+    node_index,
     run_log_names,
     slurm,
     snakemake,
@@ -61,7 +62,8 @@ def test_gpu_rule_becomes_one_two_node_job_with_one_torchrun_per_node(slurm_clus
     result = json.loads((wd / "results" / "allreduce.json").read_text())
     assert result["world_size"] == 4 and result["sum"] == 1 + 2 + 3 + 4
     ranks = sorted(result["ranks"], key=lambda r: r["rank"])
-    assert [r["host"] for r in ranks] == ["node1", "node1", "node2", "node2"]
+    head, other = ranks[0]["host"], ranks[2]["host"]  # the two nodes SLURM gave the job (whichever were free)
+    assert [r["host"] for r in ranks] == [head, head, other, other] and head != other, ranks
     assert [r["node_rank"] for r in ranks] == [0, 0, 1, 1]
     assert [r["local_rank"] for r in ranks] == [0, 1, 0, 1]
     # cpus_per_task=4 shared by 2 GPU processes per node
@@ -69,10 +71,10 @@ def test_gpu_rule_becomes_one_two_node_job_with_one_torchrun_per_node(slurm_clus
     log = job_logs(wd, "allreduce")[0].read_text()
     for line in (
         "NODE_NUM=2",
-        "NODELIST: node1 node2",
-        f"MASTER_ADDR={slurm_cluster.spec.node_ip(1)}",
-        "launching on node1, node_rank=0",
-        "launching on node2, node_rank=1",
+        f"NODELIST: {head} {other}",
+        f"MASTER_ADDR={slurm_cluster.spec.node_ip(node_index(slurm_cluster, head))}",
+        f"launching on {head}, node_rank=0",
+        f"launching on {other}, node_rank=1",
     ):
         assert line in log
 

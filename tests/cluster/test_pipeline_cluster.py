@@ -142,7 +142,9 @@ def test_example_pipeline_trains_on_two_nodes_and_evaluates(example_run):
     assert evaluation["val_loss"] > 0 and evaluation["val_ppl"] > 1 and evaluation["model_step"] == 40
     assert (results / "eval" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     train_log = next((StateFolders(wd).logs / "rule_train").rglob("*.log")).read_text()
-    assert "launching on node1, node_rank=0" in train_log and "launching on node2, node_rank=1" in train_log
+    launched = set(re.findall(r"launching on (\S+), node_rank=(\d)", train_log))  # the job's two nodes, ranks 0, 1
+    assert len(launched) == 2 and {rank for _, rank in launched} == {"0", "1"}, launched
+    assert len({node for node, _ in launched}) == 2, launched
 
     # run again: nothing to do
     again = snakemake(wd)

@@ -91,7 +91,9 @@ def test_c10d_restarts_lose_no_line_of_any_rank_in_any_round_on_a_saturated_mach
     assert state == "COMPLETED", log
     truth = [line for f in sorted((tmp_path / "truth").glob("*.txt")) for line in f.read_text().splitlines()]
     assert len(truth) >= 2 * 4 * 50 and (tmp_path / "failed-once").exists()  # two rounds of 4 workers at least
-    nodes = [(tmp_path / f"slurm-{job}.{node}.out").read_text() for node in ("node1", "node2")]
+    names = sorted(p.name.split(".")[1] for p in tmp_path.glob(f"slurm-{job}.*.out"))  # the job's two nodes
+    assert len(names) == 2, names
+    nodes = [(tmp_path / f"slurm-{job}.{node}.out").read_text() for node in names]
     for where in [log, *nodes]:
         lines = [m for m in map(FLAKY.fullmatch, where.splitlines()) if m]
         for m in lines:  # labelled with the node and the rank that wrote it
@@ -101,7 +103,7 @@ def test_c10d_restarts_lose_no_line_of_any_rank_in_any_round_on_a_saturated_mach
         assert len(said) == len(set(said)), "a line twice"
     in_log = {m[3] for m in map(FLAKY.fullmatch, log.splitlines()) if m}
     assert set(truth) <= in_log, sorted(set(truth) - in_log)[:5]
-    for node, own in zip(("node1", "node2"), nodes, strict=True):  # a node's file: every line of its own workers
+    for node, own in zip(names, nodes, strict=True):  # a node's file: every line of its own workers
         mine = {line for line in truth if f"worker={node}-" in line}
         assert mine and mine <= {m[3] for m in map(FLAKY.fullmatch, own.splitlines()) if m}
     done = re.findall(r"\[node\d rank(\d)\] FLAKY-DONE rank=\1 ", log)
