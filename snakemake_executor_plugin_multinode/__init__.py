@@ -19,12 +19,14 @@ from snakemake_interface_executor_plugins.settings import CommonSettings, Execut
 from snakemake_executor_multinode.session import (
     EnvProfileError,
     JobPlan,
+    NotSubmitted,
     Planned,
     RequestError,
     RuleJob,
     Session,
     Settings,
     SettingsError,
+    StateWriteError,
     Submission,
     SubmitRefused,
     direct_command,
@@ -63,9 +65,9 @@ common_settings = CommonSettings(
 )
 
 
-class InputError(WorkflowError):
-    """Bad input found before anything is submitted. Its message names rule, field, value and what is allowed;
-    Snakemake prints it without a Python stack (which would only show the adapter's frames)."""
+class PlainError(WorkflowError):
+    """An error whose message says it all: Snakemake prints it without a Python stack (which would only show the
+    adapter's frames)."""
 
     @property  # type: ignore[override]
     def __traceback__(self) -> None:  # what Snakemake reads to print the stack; Python's own handling is untouched
@@ -74,6 +76,19 @@ class InputError(WorkflowError):
     @__traceback__.setter
     def __traceback__(self, value: object) -> None:
         pass
+
+
+class InputError(PlainError):
+    """Bad input found before anything is submitted. Its message names rule, field, value and what is allowed."""
+
+
+class StateFolderError(PlainError):
+    """A file of the plugin's state (.snakemake/multinode) could not be written, a full disk above all: the message
+    names the file, the bytes needed and the bytes free; nothing was submitted for the job (or it was cancelled)."""
+
+
+def refused(err: SubmitRefused) -> WorkflowError:
+    return StateFolderError(str(err)) if isinstance(err, NotSubmitted) else WorkflowError(str(err))
 
 
 @dataclass
@@ -94,6 +109,8 @@ class Executor(RemoteExecutor):
             self.session = Session(self.settings, self.workdir, self.logger.info, self.logger.warning)
         except (EnvProfileError, SettingsError) as err:
             raise WorkflowError(f"multinode settings: {err}") from err
+        except StateWriteError as err:
+            raise StateFolderError(f"multinode: {err}") from None
         self._validate_planned_jobs()
 
     @property  # type: ignore[override]
@@ -122,6 +139,8 @@ class Executor(RemoteExecutor):
             )
         except RequestError as err:
             raise WorkflowError(str(err)) from err
+        except StateWriteError as err:  # the code snapshot, frozen with the plan
+            raise StateFolderError(f"rule {facts.name!r}: not submitted: {err}") from None
 
     def _validate_planned_jobs(self) -> None:
         """Plan every job whose resources are known now and ask SLURM about all of them at once, so that bad input
@@ -197,7 +216,7 @@ class Executor(RemoteExecutor):
         try:
             subs = self.session.submit_many(planned)
         except SubmitRefused as err:
-            raise WorkflowError(str(err)) from err
+            raise refused(err) from err
         for job, sub in zip(jobs, subs, strict=True):
             self._submitted(job, sub)
 
@@ -212,7 +231,7 @@ class Executor(RemoteExecutor):
         try:
             sub = self.session.submit(plan, facts.outputs, rerun_reason(job), upstream)
         except SubmitRefused as err:
-            raise WorkflowError(str(err)) from err
+            raise refused(err) from err
         self._submitted(job, sub)
 
     def _submitted(self, job: JobExecutorInterface, sub: Submission) -> None:
