@@ -21,7 +21,12 @@ from typing import Any
 
 from snakemake_executor_multinode.contract import state_files
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, PendingFiles, StateFolders, array_script
-from snakemake_executor_multinode.contract.private_files import write_private
+from snakemake_executor_multinode.contract.private_files import (
+    StateWriteError,
+    no_space,
+    state_write_error,
+    write_private,
+)
 from snakemake_executor_multinode.contract.state_files import StateError
 from snakemake_executor_multinode.planning import environment, jobscript, launch_check, preview, snapshot, submit_check
 from snakemake_executor_multinode.planning.environment import EnvProfileError
@@ -31,7 +36,7 @@ from snakemake_executor_multinode.planning.request import JobRequest, RequestErr
 from snakemake_executor_multinode.planning.settings import PlanningSettings, SettingsError, help_text
 from snakemake_executor_multinode.planning.submit_check import Planned, Report
 from snakemake_executor_multinode.slurm import reasons
-from snakemake_executor_multinode.slurm.client import RetryPolicy, SlurmClient, SubmitError, job_order
+from snakemake_executor_multinode.slurm.client import QueryError, RetryPolicy, SlurmClient, SubmitError, job_order
 from snakemake_executor_multinode.slurm.pacing import Pace
 from snakemake_executor_multinode.slurm.sbatch_flags import table_for
 from snakemake_executor_multinode.slurm.settings import SubmitSettings
@@ -47,10 +52,9 @@ from snakemake_executor_multinode.watching.tracker import Outcome, Tracker
 
 # What the adapter hands over and gets back, besides the Session itself.
 __all__ = [
-    "EnvProfileError", "Ended", "JobPlan", "JobRequest", "Outcome", "Planned", "Report", "RequestError", "RuleJob",
-    "RunReason", "Session", "Settings", "SettingsError", "StateError", "SubmitRefused", "Submission", "direct_command",
-    "duration",
-    "help_text",
+    "EnvProfileError", "Ended", "JobPlan", "JobRequest", "NotSubmitted", "Outcome", "Planned", "Report",
+    "RequestError", "RuleJob", "RunReason", "Session", "Settings", "SettingsError", "StateError", "StateWriteError",
+    "SubmitRefused", "Submission", "direct_command", "duration", "help_text",
 ]  # fmt: skip
 
 Say = Callable[[str], None]
@@ -65,6 +69,12 @@ class Settings(WatchSettings, SubmitSettings, PlanningSettings):
 
 class SubmitRefused(RuntimeError):
     """sbatch refused the job; the message names the rule and where the script was kept."""
+
+
+class NotSubmitted(SubmitRefused):
+    """A file of the plugin's state (the job script, its record) could not be written, a full disk above all: the job
+    was not submitted, or, where its record failed after sbatch, cancelled at once (never a job this run cannot
+    track). The message names the file, the bytes needed and the bytes free (private_files.StateWriteError)."""
 
 
 @dataclass(frozen=True)
@@ -100,11 +110,18 @@ class Session:
         self.planner = Planner(self.settings, self.workdir, self.run_id)  # EnvProfileError, SettingsError
         self.notices = Notices(self._notifier(), self.run_id, self.folders.state)  # SettingsError: no such command
         # Owner-only: job scripts carry profile values (tokens), logs carry what the training prints.
-        for private in (self.folders.root, self.workdir / self.settings.logdir):
-            private.mkdir(parents=True, exist_ok=True)
-            private.chmod(0o700)
-        self.folders.state.mkdir(exist_ok=True, mode=0o700)
-        self.registry = Registry(self.workdir, self.run_id)
+        try:
+            for private in (self.folders.root, self.workdir / self.settings.logdir):
+                private.mkdir(parents=True, exist_ok=True)
+                private.chmod(0o700)
+            self.folders.state.mkdir(exist_ok=True, mode=0o700)
+            self.registry = Registry(self.workdir, self.run_id)
+        except OSError as err:
+            if not no_space(err) and not isinstance(err, StateWriteError):
+                raise
+            raise state_write_error(
+                Path(err.filename or self.folders.root), err, 0, "a folder: no data, an inode"
+            ) from err
         self.client = SlurmClient(
             retry=RetryPolicy(total_seconds=self.settings.slurm_retry_seconds), notify=self.warning,
             pace=Pace(rate, burst),
@@ -253,20 +270,37 @@ class Session:
         sbatch still finds the job."""
         req = plan.request
         folder = plan.workdir / plan.log_dir
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         pending = PendingFiles(folder, plan.job_name).script
-        write_private(pending, plan.script)
-        hashed = snapshot.hashes(plan.code_files)  # read once: the manifest and the provenance record
-        if hashed:  # nothing frozen: what a restart checks
-            write_private(plan.code_manifest, snapshot.manifest(hashed))
-        provenance.save_submission(self.workdir, plan.job_name, self._provenance(plan, outputs, hashed))
-        sub = self.registry.record(
-            Submission(
-                self.run_id, req.rule, dict(req.wildcards), outputs, plan.job_name, req.attempt, str(pending),
-                fingerprint=plan.fingerprint, tracking_id=plan.tracking_id,
-            )
-        )  # fmt: skip
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_private(pending, plan.script)
+            hashed = snapshot.hashes(plan.code_files)  # read once: the manifest and the provenance record
+            if hashed:  # nothing frozen: what a restart checks
+                write_private(plan.code_manifest, snapshot.manifest(hashed))
+            provenance.save_submission(self.workdir, plan.job_name, self._provenance(plan, outputs, hashed))
+            sub = self.registry.record(
+                Submission(
+                    self.run_id, req.rule, dict(req.wildcards), outputs, plan.job_name, req.attempt, str(pending),
+                    fingerprint=plan.fingerprint, tracking_id=plan.tracking_id,
+                )
+            )  # fmt: skip
+        except OSError as err:  # StateWriteError, ProvenanceError, a folder that cannot be made
+            raise NotSubmitted(f"rule {req.rule!r}: not submitted: {err}") from err
         return pending, sub
+
+    def _unrecorded(self, jobid: str, rule: str, err: OSError) -> NotSubmitted:
+        """sbatch took the job but its record could not be written: cancelled at once, so that no job runs that this
+        run, Ctrl-C or a rerun's reattach would not know of."""
+        job = jobid.split("_")[0]  # an array's element: the whole array
+        try:
+            self.client.cancel([job])
+        except QueryError as failed:
+            return NotSubmitted(
+                f"rule {rule!r}: SLURM job {job}'s record could not be written: {err}; and it could not be cancelled "
+                f"({failed}): `scancel {job}`"
+            )
+        self._cancelled.add(job)
+        return NotSubmitted(f"rule {rule!r}: SLURM job {job} cancelled: its record could not be written: {err}")
 
     def _sbatch(self, plan: JobPlan, outputs: tuple[str, ...], extra: list[str]) -> Submission:
         req = plan.request
@@ -276,8 +310,11 @@ class Session:
         except SubmitError as err:
             raise SubmitRefused(f"rule {req.rule!r}: sbatch refused the job: {err} (script kept at {pending})") from err
         script = plan.script_path(jobid)
-        pending.rename(script)
-        sub = self.registry.submitted(sub, jobid, str(plan.log_path(jobid)), str(script))
+        try:
+            pending.rename(script)
+            sub = self.registry.submitted(sub, jobid, str(plan.log_path(jobid)), str(script))
+        except OSError as err:
+            raise self._unrecorded(jobid, req.rule, err) from err
         self.info(
             f"rule {req.rule}: SLURM job {jobid} ({req.nodes} node(s) x {req.gpus} GPU(s))"
             f"{watchdog(req, plan.command)}; log {sub.log}"
@@ -291,7 +328,10 @@ class Session:
         prepared = [self._prepare(plan, outputs) for plan, outputs in group]
         name = f"{first.job_name}-array{len(group)}"
         driver = array_script(first.workdir / first.log_dir, name)
-        write_private(driver, jobscript.render_array(first.request, name, [pending for pending, _ in prepared]))
+        try:
+            write_private(driver, jobscript.render_array(first.request, name, [pending for pending, _ in prepared]))
+        except StateWriteError as err:
+            raise NotSubmitted(f"rule {first.request.rule!r}: job array not submitted: {err}") from err
         try:
             jobid = self.client.submit(driver, cwd=self.workdir, name=name)
         except SubmitError as err:
@@ -299,11 +339,16 @@ class Session:
                 f"rule {first.request.rule!r}: sbatch refused the job array: {err} (script kept at {driver})"
             ) from err
         subs = []
-        for i, ((plan, _), (pending, sub)) in enumerate(zip(group, prepared, strict=True)):
-            key = f"{jobid}_{i}"
-            script = plan.script_path(key)
-            os.link(pending, script)  # the array's script runs the pending name; users look for the key's
-            subs.append(self.registry.submitted(replace(sub, array=name), key, str(plan.log_path(key)), str(script)))
+        try:
+            for i, ((plan, _), (pending, sub)) in enumerate(zip(group, prepared, strict=True)):
+                key = f"{jobid}_{i}"
+                script = plan.script_path(key)
+                os.link(pending, script)  # the array's script runs the pending name; users look for the key's
+                subs.append(
+                    self.registry.submitted(replace(sub, array=name), key, str(plan.log_path(key)), str(script))
+                )
+        except OSError as err:
+            raise self._unrecorded(jobid, first.request.rule, err) from err
         req = first.request
         self.info(
             f"rule {req.rule}: SLURM job array {jobid} of {len(group)} jobs ({jobid}_0 .. {jobid}_{len(group) - 1}, "
@@ -374,7 +419,11 @@ class Session:
         assert sub.jobid is not None
         self.notices.end(sub, outcome)  # before forget(): it reads the job's stall marker
         self.tracker.forget(sub.jobid)
-        self.registry.ended(sub, "success" if outcome.success else "failed")
+        try:
+            self.registry.ended(sub, "success" if outcome.success else "failed")
+        except OSError as err:  # a full state folder: said, and the job fails loudly (its end is not on record)
+            ended = "succeeded" if outcome.success else f"failed ({outcome.describe()}; log: {sub.log})"
+            return Ended(sub, False, f"SLURM job {sub.jobid} {ended}, but its end could not be recorded: {err}")
         if outcome.success:
             try:
                 provenance.finish(

@@ -19,6 +19,7 @@ from snakemake_interface_executor_plugins.settings import CommonSettings, Execut
 from snakemake_executor_multinode.session import (
     EnvProfileError,
     JobPlan,
+    NotSubmitted,
     Planned,
     RequestError,
     RuleJob,
@@ -26,6 +27,7 @@ from snakemake_executor_multinode.session import (
     Settings,
     SettingsError,
     StateError,
+    StateWriteError,
     Submission,
     SubmitRefused,
     direct_command,
@@ -64,9 +66,9 @@ common_settings = CommonSettings(
 )
 
 
-class InputError(WorkflowError):
-    """Bad input found before anything is submitted. Its message names rule, field, value and what is allowed;
-    Snakemake prints it without a Python stack (which would only show the adapter's frames)."""
+class PlainError(WorkflowError):
+    """An error whose message says it all: Snakemake prints it without a Python stack (which would only show the
+    adapter's frames)."""
 
     @property  # type: ignore[override]
     def __traceback__(self) -> None:  # what Snakemake reads to print the stack; Python's own handling is untouched
@@ -75,6 +77,19 @@ class InputError(WorkflowError):
     @__traceback__.setter
     def __traceback__(self, value: object) -> None:
         pass
+
+
+class InputError(PlainError):
+    """Bad input found before anything is submitted. Its message names rule, field, value and what is allowed."""
+
+
+class StateFolderError(PlainError):
+    """A file of the plugin's state (.snakemake/multinode) could not be written, a full disk above all: the message
+    names the file, the bytes needed and the bytes free; nothing was submitted for the job (or it was cancelled)."""
+
+
+def refused(err: SubmitRefused) -> WorkflowError:
+    return StateFolderError(str(err)) if isinstance(err, NotSubmitted) else WorkflowError(str(err))
 
 
 @dataclass
@@ -97,6 +112,8 @@ class Executor(RemoteExecutor):
             raise WorkflowError(f"multinode settings: {err}") from err
         except StateError as err:
             raise InputError(f"multinode: {err}") from None
+        except StateWriteError as err:
+            raise StateFolderError(f"multinode: {err}") from None
         self._validate_planned_jobs()
 
     @property  # type: ignore[override]
@@ -125,6 +142,8 @@ class Executor(RemoteExecutor):
             )
         except RequestError as err:
             raise WorkflowError(str(err)) from err
+        except StateWriteError as err:  # the code snapshot, frozen with the plan
+            raise StateFolderError(f"rule {facts.name!r}: not submitted: {err}") from None
 
     def _validate_planned_jobs(self) -> None:
         """Plan every job whose resources are known now and ask SLURM about all of them at once, so that bad input
@@ -200,7 +219,7 @@ class Executor(RemoteExecutor):
         try:
             subs = self.session.submit_many(planned)
         except SubmitRefused as err:
-            raise WorkflowError(str(err)) from err
+            raise refused(err) from err
         except StateError as err:
             raise InputError(f"multinode: {err}") from None
         for job, sub in zip(jobs, subs, strict=True):
@@ -217,7 +236,7 @@ class Executor(RemoteExecutor):
         try:
             sub = self.session.submit(plan, facts.outputs, rerun_reason(job), upstream)
         except SubmitRefused as err:
-            raise WorkflowError(str(err)) from err
+            raise refused(err) from err
         except StateError as err:
             raise InputError(f"multinode: {err}") from None
         self._submitted(job, sub)

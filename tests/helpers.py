@@ -650,3 +650,71 @@ class PageTables(HTMLParser):
         elif self._heading:
             self.headings.append(data)
             self._heading = False
+
+
+# --- a small filesystem (tests/cluster/test_disk_full_cluster.py, tests/training/test_disk_full.py, unit tests)
+
+# Node i's slurmd has a private mount namespace (sandbox/cluster.py): a mount made on the host after its start never
+# reaches it. This clones the host's mount (open_tree) and moves the clone into the namespace of the pid given
+# (setns + move_mount): the nodes and the host then share one filesystem, as the nodes of a cluster share theirs.
+_INTO_NAMESPACE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+OPEN_TREE, MOVE_MOUNT, CLONE, CLOEXEC, AT_FDCWD, EMPTY_PATH, NEWNS = 428, 429, 1, 0o2000000, -100, 4, 0x20000
+path, pid = sys.argv[1].encode(), int(sys.argv[2])
+tree = libc.syscall(OPEN_TREE, AT_FDCWD, path, CLONE | CLOEXEC)
+if tree < 0 or libc.setns(os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY), NEWNS) < 0:
+    raise OSError(ctypes.get_errno(), "open_tree/setns")
+if libc.syscall(MOVE_MOUNT, tree, b"", AT_FDCWD, path, EMPTY_PATH) < 0:
+    raise OSError(ctypes.get_errno(), "move_mount")
+"""
+
+
+def node_pids(cl: Cluster) -> list[int]:
+    """Each node's slurmd (its pid file, checked in /proc): a process in the node's mount namespace."""
+    pids = []
+    for i in cl.spec.node_indices:
+        pid = int((cl.spec.dir / "run" / f"slurmd-{cl.spec.node_name(i)}.pid").read_text().split()[0])
+        assert alive(pid, "slurmd"), f"node {cl.spec.node_name(i)} runs no slurmd"
+        pids.append(pid)
+    return pids
+
+
+@contextmanager
+def small_filesystem(path: Path, size: int, cl: Cluster | None = None) -> Iterator[Path]:
+    """A tmpfs of `size` bytes (rounded up to pages) at `path` (made if missing) for the block, unmounted after it
+    whatever happens; with `cl` in every node of the sandbox too (the same filesystem: _INTO_NAMESPACE)."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    mounted: list[int] = []
+    try:
+        for pid in node_pids(cl) if cl is not None else []:
+            subprocess.run([sys.executable, "-c", _INTO_NAMESPACE, str(path), str(pid)], check=True, timeout=30)
+            mounted.append(pid)
+        yield path
+    finally:
+        for pid in mounted:  # lazily: a process of a job may still hold a file open there
+            subprocess.run(["nsenter", f"--mount=/proc/{pid}/ns/mnt", "umount", "-l", str(path)], check=False)
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def resize(path: Path, size: int) -> None:
+    """A mounted tmpfs to `size` bytes (not below what it holds): for every namespace it is mounted in."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
+
+
+def fill(path: Path, leave: int = 0) -> Path:
+    """A file in `path` that takes all its free space but `leave` bytes (whole pages); returns it."""
+    filler = path / "filler"
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    with open(filler, "wb") as fh:
+        fh.write(b"\0" * max(0, free - leave))
+    return filler
+
+
+def needs_root() -> None:
+    if os.geteuid() != 0:
+        import pytest
+
+        pytest.skip("mounting a small filesystem needs root")

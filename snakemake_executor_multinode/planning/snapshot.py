@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
+from snakemake_executor_multinode.contract.private_files import StateWriteError, no_space
 from snakemake_executor_multinode.contract.state_files import Damaged, foreign, ignored, read_json
 from snakemake_executor_multinode.planning.settings import SettingsError
 
@@ -158,7 +159,13 @@ class SnapshotStore:
         total = hashlib.sha256(json.dumps(entries).encode()).hexdigest()
         root = self.snapshots / total
         if not root.is_dir():
-            self._build(repo, root, entries)
+            new = sum(st[1] for st, (_, x, digest) in zip(stats, entries, strict=True) if not self._has(digest, x))
+            try:
+                self._build(repo, root, entries)
+            except OSError as err:  # a full disk: said with the bytes of code the store did not hold yet
+                if not no_space(err):
+                    raise
+                raise StateWriteError(Path(err.filename or root), err, new, "the code not yet in the store") from err
             self._note_built(root, entries, cache)
         elif total not in self._checked:
             self._repair(repo, root, entries, cache)
@@ -193,6 +200,9 @@ class SnapshotStore:
     def _object_path(self, digest: str, executable: bool) -> Path:
         return self.objects / digest[:2] / (digest + (".x" if executable else ""))
 
+    def _has(self, digest: str, executable: bool) -> bool:
+        return self._object_path(digest, executable).exists()
+
     def _object(self, source: Path, digest: str, executable: bool) -> Path:
         obj = self._object_path(digest, executable)
         if obj.exists() and (why := self._damage(obj, digest, self._load_cache())) is not None:
@@ -201,10 +211,14 @@ class SnapshotStore:
         if not obj.exists():
             obj.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd, tmp = tempfile.mkstemp(dir=obj.parent, prefix=".new-")
-            with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
-                shutil.copyfileobj(src, out, CHUNK)
-            os.chmod(tmp, 0o500 if executable else 0o400)  # read-only: a hard link must never be edited in place
-            os.replace(tmp, obj)
+            try:
+                with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+                    shutil.copyfileobj(src, out, CHUNK)
+                os.chmod(tmp, 0o500 if executable else 0o400)  # read-only: a hard link must never be edited in place
+                os.replace(tmp, obj)
+            except BaseException:  # a full disk: no half object left taking its space
+                Path(tmp).unlink(missing_ok=True)
+                raise
         return obj
 
     def _uncommitted(self, repo: Path, commit: str | None) -> str | None:
@@ -286,10 +300,14 @@ class SnapshotStore:
                 cache[_FROZEN + str(path)] = [st.st_size, st.st_mtime_ns, st.st_ino, digest]
 
     def _save_cache(self, cache: dict[str, list]) -> None:
-        self.objects.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Only spares hashing: one that cannot be written (a full disk) is left as it was."""
         tmp = self._cache_path.with_name(self._cache_path.name + f".{os.getpid()}")
-        tmp.write_text(json.dumps(cache))
-        os.replace(tmp, self._cache_path)
+        try:
+            self.objects.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp.write_text(json.dumps(cache))
+            os.replace(tmp, self._cache_path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
 
 
 _FROZEN = "frozen:"  # the stat cache's key prefix of a snapshot's file (the rest: a repository's file)

@@ -36,7 +36,7 @@ from typing import Any
 from snakemake_executor_multinode import __version__
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import PROVENANCE_DIR
-from snakemake_executor_multinode.contract.private_files import write_private
+from snakemake_executor_multinode.contract.private_files import StateWriteError, write_private
 from snakemake_executor_multinode.contract.state_files import Damaged, ignored, read_json
 from snakemake_executor_multinode.watching.jsonl import json_lines
 
@@ -288,6 +288,8 @@ def _write(path: Path, record: Mapping[str, Any]) -> None:
         path.parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # provenance/: owner only, as its files
         path.parent.mkdir(exist_ok=True, mode=0o700)
         write_private(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
+    except StateWriteError as err:  # names the file (and, on a full disk, the bytes needed and free)
+        raise ProvenanceError(f"the provenance record: {err}") from err
     except OSError as err:
         raise ProvenanceError(f"cannot write the provenance record {path}: {err}") from err
 

@@ -56,10 +56,17 @@ multinode_finish() {
     echo "[multinode] exit $rc, $MULTINODE_NOW"
     printf '{"event": "end", "job": "%s", "restart": %s, "exit": %s, "time": "%s"}\n' \
         "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$rc" "$MULTINODE_NOW" >>"$MULTINODE_RUNS_FILE"
-    local marker="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.exit"
+    local marker="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.exit" line
     # atomic (never read half-written); the restart tells a requeued job's earlier runs from its last, the job name
     # (unique to the submission) this job's marker from one of an earlier job with the same id
-    printf '%s %s %s\n' "$rc" "${SLURM_RESTART_COUNT:-0}" "$MULTINODE_JOB_NAME" >"$marker.tmp" && mv -f "$marker.tmp" "$marker"
+    printf -v line '%s %s %s\n' "$rc" "${SLURM_RESTART_COUNT:-0}" "$MULTINODE_JOB_NAME"
+    if ! { printf '%s' "$line" >"$marker.tmp" && mv -f "$marker.tmp" "$marker"; } 2>/dev/null; then
+        # a full disk: said, nothing waits on it (Snakemake learns of the end from SLURM at its next sweep)
+        rm -f "$marker.tmp" 2>/dev/null
+        echo "[multinode] cannot write the exit marker $marker: ${#line} bytes needed," \
+            "$(df -B1 --output=avail "$MULTINODE_STATE_DIR" 2>/dev/null | tail -n 1 | tr -d ' ') bytes free in" \
+            "$MULTINODE_STATE_DIR; Snakemake learns of the job's end from SLURM instead"
+    fi
 }
 trap multinode_finish EXIT
 trap 'exit 143' TERM

@@ -84,3 +84,13 @@ def events(path: Path) -> list[dict[str, Any]]:
 
 def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def checkpoint_bytes(cfg: dict[str, Any]) -> int:
+    """About the size of one torch_ddp fp32 checkpoint of `cfg` (AdamW): the model's parameters 4 bytes each, the
+    optimizer's two moments 8 more, plus 64 KiB for the per-rank files, indexes and trainer.json. What the disk-full
+    cluster test sizes its filesystem by; test_checkpoint_verify.py holds a real checkpoint to it."""
+    import lm
+
+    params = sum(p.numel() for p in lm.build_model(lm.merge_config(cfg), cuda=False).parameters())
+    return 12 * params + (64 << 10)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from tests.helpers import REPO, load_script
 
-from .helpers import TINY, events, records, train
+from .helpers import TINY, checkpoint_bytes, events, records, train
 
 STEPS, STOP, EVERY = 8, 6, 2
 CFG: dict[str, Any] = {**TINY, "plugin": "torch_ddp", "steps": STEPS, "lr": 3e-3, "ckpt_every": EVERY, "keep_ckpts": 3}
@@ -102,6 +102,14 @@ def test_every_saved_checkpoint_has_a_manifest_of_all_its_files_and_verifies(sto
 
 
 @pytest.mark.slow
+def test_a_checkpoint_is_as_large_as_the_estimate_the_disk_full_cluster_test_sizes_its_filesystem_by(
+    stopped: Path,
+) -> None:
+    """tests/cluster/test_disk_full_cluster.py mounts 1.5 estimates: one checkpoint must fit and two must not."""
+    size = checkpoint.tree_bytes(step_dir(stopped, EVERY))
+    assert abs(size - checkpoint_bytes(CFG)) < 0.05 * size, (size, checkpoint_bytes(CFG))
+
+
 def test_the_cost_of_fsync_manifest_and_verification_is_in_every_checkpoint_end_event(stopped: Path) -> None:
     ends = [e for e in events(stopped / "metrics.jsonl") if e["event"] == "checkpoint_end"]
     assert [e["step"] for e in ends] == [2, 4, 6]

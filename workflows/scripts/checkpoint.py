@@ -19,6 +19,14 @@ and on disk. A shared filesystem is assumed. Who writes which files is the plugi
 its temp dir behind, never a checkpoint: the next start (Checkpointer.choose, rank 0) removes every temp dir of the
 checkpoint folder with a line naming it, before any rank writes again.
 
+A failed save: the ranks agree after each phase (start, write, fsync, publish; diskspace.failures, an all-reduce of an
+ok flag in place of each barrier), so a write that fails on one rank fails the save on every rank at once, none left
+waiting in a barrier. Rank 0 removes the temp dir (and any left by an earlier failed or killed save) and every rank
+raises diskspace.WriteFailed with one message naming the checkpoint and, for a full disk (ENOSPC, EDQUOT, or torch's
+writer failing on a filesystem left with almost nothing free), the bytes needed (the size of the previous complete
+checkpoint, which must stay until the new one verifies; without one, at least what was written) and the bytes free
+after the removal. The previous checkpoints are untouched: pruning only ever follows a verified new one.
+
 Verified checkpoints: after the rename rank 0 verifies the new checkpoint (sizes, then sha256) before pruning, and
 pruning (keep_ckpts) counts verified checkpoints only, so the newest verified one is never deleted before a newer
 one has verified. A resume (Checkpointer.choose) takes the newest checkpoint whose files all match its manifest;
@@ -42,10 +50,13 @@ import os
 import random
 import shutil
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import diskspace
 import numpy as np
 import plugins
 import torch
@@ -178,6 +189,18 @@ def fsync_tree(root: Path, files: bool = True) -> None:
         fsync_path(Path(dirpath))
 
 
+def tree_bytes(root: Path) -> int:
+    """The bytes of every file under `root` (0 where it does not exist)."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.is_dir() else 0
+
+
+def _relative(path: Path, folder: Path) -> str:
+    try:
+        return str(path.relative_to(folder))
+    except ValueError:
+        return str(path)
+
+
 def rank_file(path: Path, rank: int) -> Path:
     return path / RANKS / f"rank{rank:05d}.pt"
 
@@ -221,38 +244,55 @@ class Checkpointer:
         self.masters_apart = plugins.masters_apart(cfg)
         self.verified: set[Path] = set()  # checkpoints verified by this process (rank 0): pruning counts these
         self.save_cost: dict[str, float] = {}  # the last save's fsync_s, manifest_s, verify_s (rank 0)
+        # The ranks agree on each phase of a save and on the resume point here: gloo, also under NCCL (no GPU sync),
+        # and a group of its own, never matched against a collective of the plugin's save (diskspace.failures).
+        self.group = dist.new_group(backend="gloo") if self.world > 1 else None
+        self.writing: str | None = None  # what this rank's save writes now: named where an error does not say
 
     def log(self, msg: str) -> None:
         if self.rank == 0:
             print(msg, flush=True)
 
     def save(self, state: TrainState) -> Path:
+        """Save, publish (rename) and verify a checkpoint; on every rank at once. A write that fails on any rank
+        (a full disk above all) fails the save on every rank together with one message (WriteFailed: the checkpoint,
+        the bytes needed and free); the partial save is removed and the previous checkpoints stay as they were."""
         import torch.distributed as dist
 
         final = self.root / f"{CKPT_PREFIX}{state.step:08d}"
         tmp = self.root / f"{TMP_PREFIX}{state.step:08d}"
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+        def begin() -> None:
+            for stale in unfinished_saves(self.root):  # a failed save's: never complete
+                shutil.rmtree(stale, ignore_errors=True)
             (tmp / RANKS).mkdir(parents=True)
-        dist.barrier()
-        # Every rank calls these: the plugin's IO decides who gathers and who writes.
-        self.booster.save_model(self.model, str(tmp / MODEL), shard=True)
-        self.booster.save_optimizer(self.optimizer, str(tmp / OPTIMIZER), shard=True)
-        self.booster.save_lr_scheduler(self.scheduler, str(tmp / SCHEDULER))
-        writes_masters = self.masters_apart and (self.rank == 0 or not self.spec.replicated)
-        masters = fp32_masters(self.model, self.optimizer) if writes_masters else None
-        per_rank = {
-            "rng": rng_state(),
-            "masters": None if masters is None else {k: v.detach().cpu().clone() for k, v in masters.items()},
-        }
-        torch.save(per_rank, rank_file(tmp, self.rank))
-        dist.barrier()
+
+        def write() -> None:
+            # Every rank calls these: the plugin's IO decides who gathers and who writes.
+            self.writing = f"{MODEL}/"
+            self.booster.save_model(self.model, str(tmp / MODEL), shard=True)
+            self.writing = f"{OPTIMIZER}/"
+            self.booster.save_optimizer(self.optimizer, str(tmp / OPTIMIZER), shard=True)
+            self.writing = SCHEDULER
+            self.booster.save_lr_scheduler(self.scheduler, str(tmp / SCHEDULER))
+            self.writing = str(rank_file(Path(), self.rank))
+            writes_masters = self.masters_apart and (self.rank == 0 or not self.spec.replicated)
+            masters = fp32_masters(self.model, self.optimizer) if writes_masters else None
+            per_rank = {
+                "rng": rng_state(),
+                "masters": None if masters is None else {k: v.detach().cpu().clone() for k, v in masters.items()},
+            }
+            torch.save(per_rank, rank_file(tmp, self.rank))
+
+        self._phase(begin if self.rank == 0 else None, final, tmp)
+        self._phase(write, final, tmp)
         # Every rank fsyncs every file: on a shared filesystem only the writer's own fsync flushes its data.
         t0 = time.perf_counter()
-        fsync_tree(tmp)
-        dist.barrier()
+        self._phase(lambda: fsync_tree(tmp), final, tmp)
         fsync_s = time.perf_counter() - t0
-        if self.rank == 0:
+        cost: dict[str, float] = {}
+
+        def publish() -> None:
             t1 = time.perf_counter()
             meta = {
                 "format": FORMAT,
@@ -263,20 +303,24 @@ class Checkpointer:
                 FILES: manifest(tmp),
             }
             meta[META_SHA] = meta_sha256(meta)
-            manifest_s = time.perf_counter() - t1
+            cost["manifest_s"] = time.perf_counter() - t1
             t2 = time.perf_counter()
+            self.writing = META
             (tmp / META).write_text(json.dumps(meta, indent=1))
             fsync_tree(tmp)  # trainer.json and every folder (the other files again: nothing left to flush)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             fsync_path(self.root)
-            fsync_s += time.perf_counter() - t2
+            cost["fsync_s"] = fsync_s + time.perf_counter() - t2
+
+        self._phase(publish if self.rank == 0 else None, final, tmp)
+        if self.rank == 0:
             t3 = time.perf_counter()
             problem = verify(final)
             verify_s = time.perf_counter() - t3
             self.save_cost = {
-                "fsync_s": round(fsync_s, 6),
-                "manifest_s": round(manifest_s, 6),
+                "fsync_s": round(cost["fsync_s"], 6),
+                "manifest_s": round(cost["manifest_s"], 6),
                 "verify_s": round(verify_s, 6),
             }
             if problem is None:
@@ -286,6 +330,65 @@ class Checkpointer:
                 self.log(f"checkpoint: {final} failed verification right after saving: {problem}; pruning skipped")
         dist.barrier()
         return final
+
+    def _phase(self, work: Callable[[], None] | None, final: Path, tmp: Path) -> None:
+        """Run this rank's part of a save (None: nothing to do here), then agree with every rank: where any part
+        failed, every rank raises WriteFailed together (diskspace.failures; also the barrier between phases)."""
+        mine, self.writing = None, None
+        if work is not None:
+            try:
+                work()
+            except Exception as err:  # noqa: BLE001 - every rank must hear of it, whatever it is
+                mine = self._describe(err, tmp)
+        try:
+            failed = diskspace.failures(self.group, self.world, mine)
+        except diskspace.WriteFailed:  # the others did not come (inside a collective of the plugin's save)
+            raise diskspace.WriteFailed(self._failure_message([mine], final, tmp), agreed=False) from None
+        if failed:
+            message = self._failure_message(failed, final, tmp) if self.rank == 0 else ""
+            if self.world > 1:  # rank 0's words (it removed the partial save first) on every rank
+                import torch.distributed as dist
+
+                said = [message]
+                dist.broadcast_object_list(said, src=0, group=self.group)
+                message = said[0]
+            raise diskspace.WriteFailed(message)
+
+    def _describe(self, err: Exception, tmp: Path) -> dict[str, Any]:
+        """What failed on this rank, for every rank to hear: a full disk by its name, any other error by its own
+        words (and its stack on this rank's output)."""
+        full = diskspace.disk_full(err, diskspace.free_bytes(self.root))
+        if not full:
+            traceback.print_exc()
+        filename = getattr(err, "filename", None)
+        writing = (_relative(Path(filename), tmp) if filename else self.writing) if full else None
+        return {"rank": self.rank, "reason": diskspace.reason(err, full), "full": full, "writing": writing}
+
+    def _failure_message(self, failed: list[dict[str, Any]], final: Path, tmp: Path) -> str:
+        """The save's failure in one message; rank 0 removes the partial save first (a rank leaving alone leaves it
+        to the next save). A full disk adds the bytes needed (the size of the previous checkpoint: with keep_ckpts
+        the new one must fit beside it; without one, at least what was written) and free after the removal."""
+        lead = next((f for f in failed if f["full"]), failed[0])
+        others = len(failed) - 1
+        who = f"rank {lead['rank']}" + (f" and {others} other rank{'s' if others > 1 else ''}" if others else "")
+        who += f", writing {lead['writing']}" if lead["writing"] else ""
+        message = f"cannot save checkpoint {final}: {lead['reason']} ({who})"
+        written = tree_bytes(tmp)
+        removed = self.rank == 0
+        if removed:
+            shutil.rmtree(tmp, ignore_errors=True)
+        earlier = [path for _, path in complete_checkpoints(self.root) if path != final]
+        previous = earlier[-1] if earlier else None
+        if lead["full"]:
+            if previous is not None:
+                needed = f"{tree_bytes(previous)} bytes needed (the size of the previous checkpoint, {previous.name})"
+            else:
+                needed = f"at least {written} bytes needed (written before it failed; no earlier checkpoint to size it)"
+            free = diskspace.free_bytes(self.root)
+            message += f"; {needed}, {'an unknown number of' if free is None else free} bytes free in {self.root}"
+        message += "; the partial save was removed" if removed else f"; the partial save {tmp} is left to the next save"
+        message += f"; the previous checkpoint {previous} is kept" if previous else "; there is no earlier checkpoint"
+        return message
 
     def _prune(self) -> None:
         """Delete the checkpoints older than the keep_ckpts-th newest verified one: those kept always include the
@@ -327,8 +430,7 @@ class Checkpointer:
                     self.log(f"checkpoint: no checkpoint in {self.root} verified; starting from step 0")
             choice[1] = time.perf_counter() - t0
         if self.world > 1:
-            group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
-            dist.broadcast_object_list(choice, src=0, group=group)
+            dist.broadcast_object_list(choice, src=0, group=self.group)
         path = None if choice[0] is None else Path(choice[0])
         if path is not None:
             self.verified.add(path)

@@ -51,6 +51,14 @@ table: plugins.PLUGIN_TABLE.
 Preemption: SIGUSR2 sets a flag; at the next step boundary the ranks agree (max-reduce), checkpoint, rank 0
 writes the step number to $MULTINODE_PREEMPT_FILE (when set), and every rank leaves with exit code 0.
 
+A write that fails (a full disk above all; diskspace.py): a checkpoint save, a metrics line or event, the metrics
+file's rewrite at start or the preempt file. Every rank leaves at once with exit 1 and the same line on stderr,
+`train.py: cannot save checkpoint <dir>: no space left on device (rank R, writing <file>); N bytes needed (the size
+of the previous checkpoint, step_...), M bytes free in <ckpt dir>; the partial save was removed; the previous
+checkpoint <dir> is kept` (a metrics line: `cannot write the metrics file <path>: ...; N bytes needed (the line), M
+bytes free in <folder>`, the file cut back to its whole lines). The ranks agree after rank 0's write (an all-reduce of
+an ok flag, which also serves as the barrier), so none is left waiting in a collective.
+
 Final model (--out, rank 0): torch.save({"model_config", "state_dict" (unsharded, LlamaForCausalLM names),
 "train_config", "step"}), loadable on CPU in one process by lm.load_final_model.
 
@@ -106,6 +114,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoint  # noqa: E402
+import diskspace  # noqa: E402
 import lm  # noqa: E402
 import plugins  # noqa: E402
 
@@ -118,6 +127,7 @@ logging.getLogger().addFilter(lambda r: not any(n in r.getMessage() for n in _NO
 # bf16 dense peak FLOP/s per GPU, by a substring of torch.cuda.get_device_name().
 GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
 EXIT_CONFIG = 2
+EXIT_WRITE_FAILED = 1  # a checkpoint, metrics line or preempt file could not be written (diskspace.WriteFailed)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -336,20 +346,45 @@ def mfu(run: Run, tokens_per_s: float) -> float | None:
     return None if peak is None else 6 * run.boosted.n_matmul * tokens_per_s / (peak * run.world)
 
 
-def prepare_metrics(path: str, resumed_step: int) -> None:
+def prepare_metrics(path: str, resumed_step: int) -> str | None:
     """Keep step lines up to the resumed step, so a rerun appends without duplicate steps. Later step lines are the
     work a failure threw away: kept as "superseded" events (readers of step lines skip events), for the goodput
-    ledger's lost work; events are history and stay."""
+    ledger's lost work; events are history and stay. Written aside and renamed: a write that fails (said in the
+    returned message; None: written) leaves the file as it was."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     records = lm.iter_metrics(p, events=True)
-    kept = [
+    text = "".join(
         json.dumps(m if "event" in m or m["step"] <= resumed_step else {**m, "event": "superseded"}) + "\n"
         for m in records
-    ]
+    )
     tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, p)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, p)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        return diskspace.cannot_write(f"the metrics file {p}", err, len(text.encode()), "the rewritten file", p.parent)
+    return None
+
+
+def append_metrics(path: str, record: dict[str, Any]) -> str | None:
+    """One JSON line at the end of the metrics file (rank 0). A write that fails is cut off again, so the file keeps
+    whole lines only, and said in the returned message (the path, the line's bytes, the bytes free); None: written."""
+    p = Path(path)
+    line = json.dumps(record) + "\n"
+    try:
+        size = p.stat().st_size
+    except OSError:
+        size = 0
+    try:
+        with open(p, "a") as f:
+            f.write(line)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.truncate(p, size)
+        return diskspace.cannot_write(f"the metrics file {p}", err, len(line.encode()), "the line", p.parent)
+    return None
 
 
 def link_metrics_file(path: str) -> None:
@@ -369,21 +404,31 @@ def link_metrics_file(path: str) -> None:
 
 
 def write_preempt_file(step: int) -> None:
+    """Rank 0, after the checkpoint: the job script requeues the job when it finds the file. One that cannot be
+    written is an error naming it (WriteFailed; the other ranks have left): no requeue, the job fails."""
     target = os.environ.get("MULTINODE_PREEMPT_FILE")
     if not target:
         return
     p = Path(target)
-    p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(f"{step}\n")
-    os.replace(tmp, p)
+    text = f"{step}\n"
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, p)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        message = diskspace.cannot_write(f"the preempt file {p}", err, len(text), "the step", p.parent)
+        raise diskspace.WriteFailed(f"{message}; checkpointed step {step}, but the job is not requeued") from None
 
 
 def write_event(run: Run, event: str, step: int, wall: float, **extra: Any) -> None:
-    """A metrics event (docs/training-contract.md), rank 0: where the goodput ledger cuts a run's time."""
-    if run.rank == 0:
-        with open(run.args.metrics, "a") as f:
-            f.write(json.dumps({"event": event, "step": step, "wall": round(wall, 6), **extra}) + "\n")
+    """A metrics event (docs/training-contract.md), rank 0: where the goodput ledger cuts a run's time. Every rank
+    calls it: a line that cannot be written fails the training on every rank at once (diskspace.agree)."""
+    record = {"event": event, "step": step, "wall": round(wall, 6), **extra}
+    failure = append_metrics(run.args.metrics, record) if run.rank == 0 else None
+    diskspace.agree(run.ckpt.group, run.world, failure)
 
 
 def save_final(run: Run, state: checkpoint.TrainState) -> None:
@@ -482,9 +527,9 @@ class Logger:
         }
         if self.busy is not None:
             rec["busy_s"] = self.busy_by_node(self.busy.take())
+        failure = append_metrics(run.args.metrics, rec) if run.rank == 0 else None
+        diskspace.agree(run.ckpt.group, run.world, failure)  # a line not written fails every rank at once
         if run.rank == 0:
-            with open(run.args.metrics, "a") as f:
-                f.write(json.dumps(rec) + "\n")
             curves = {"loss": loss, "lr": lr, "tokens_per_s": tps, "mfu": rec["mfu"], "step_ms": rec["step_ms"]}
             self.trackers.log(curves, state.step)
             m = "" if rec["mfu"] is None else f" mfu {100 * rec['mfu']:.1f}%"
@@ -521,12 +566,13 @@ def train(run: Run, preempt: Preemption) -> int:
         state = run.ckpt.load(latest)
         loaded = time.time()
         log0(run.rank, f"resumed from {latest} at step {state.step}")
+    failure = None
     if run.rank == 0:
-        prepare_metrics(run.args.metrics, state.step)
+        failure = prepare_metrics(run.args.metrics, state.step)
         link_metrics_file(run.args.metrics)
+    diskspace.agree(run.ckpt.group, run.world, failure)
     if latest is not None:  # after prepare_metrics, which rewrites the file; the time is the load's end
         write_event(run, "resume", state.step, loaded, restore_s=round(loaded - t0, 6), verify_s=round(verify_s, 6))
-    dist.barrier()
     end = cfg["stop_after"] or cfg["steps"]
     tokens_per_step = run.dp_size * cfg["micro_batch"] * cfg["grad_accum"] * cfg["seq_len"]
     log0(
@@ -625,6 +671,11 @@ def main(argv: list[str] | None = None) -> int:
     except lm.ConfigError as e:  # e.g. resuming a checkpoint written with another model config or layout
         print(f"train.py: config error: {e}", file=sys.stderr, flush=True)
         rc = EXIT_CONFIG
+    except diskspace.WriteFailed as e:  # a full disk above all: every rank says the same, and all leave at once
+        print(f"train.py: {e}", file=sys.stderr, flush=True)
+        if not e.agreed:  # the others may be inside a collective: leave now, torchrun ends them
+            fast_exit(EXIT_WRITE_FAILED)
+        rc = EXIT_WRITE_FAILED
     dist.destroy_process_group()
     if not cfg["compile"]:
         fast_exit(rc)

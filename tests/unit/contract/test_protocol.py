@@ -239,3 +239,20 @@ def test_success_ends_the_job_whatever_the_streak(tmp_path):
 def test_a_first_run_forgets_the_crashes_of_an_earlier_job_with_the_same_id(tmp_path):
     code, _, state, _ = run_job_script(tmp_path, restart=0, command="exit 3", crashes="2 3")
     assert (code, crash_marker(state)) == (3, "1 3")
+
+
+def test_an_exit_marker_that_cannot_be_written_is_said_and_the_job_ends_with_its_own_code(tmp_path):
+    """The state folder full (here: the marker's temp name taken by a folder, so the write fails): the job script
+    says so in the log, leaves nothing half-written, and ends at once with the rule's exit code; the status tracker
+    learns of the end from SLURM's sweep instead (tests/cluster/test_disk_full_cluster.py)."""
+    taken = jobfiles.marker(tmp_path / "state", "42", jobfiles.EXIT_MARKER + ".tmp")
+    code, _, state, out = run_job_script(tmp_path, restart=0, command=f"mkdir -p {taken}; exit 3")
+    assert code == 3, out
+    marker = jobfiles.marker(state, "42", jobfiles.EXIT_MARKER)
+    assert not marker.exists()
+    said = re.search(
+        r"^\[multinode\] cannot write the exit marker (\S+): (\d+) bytes needed, (\d+) bytes free in (\S+);", out, re.M
+    )
+    assert said, out
+    assert (said[1], int(said[2]), said[4]) == (str(marker), len("3 0 t\n"), str(state))
+    assert "write error" not in out and "Is a directory" not in out  # one line of ours, not bash's
