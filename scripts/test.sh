@@ -4,8 +4,8 @@
 # Snakemake 8.30 tier (scripts/snakemake8.sh). Each brings its own local cluster up once and down at the end.
 #   scripts/test.sh [--slurm RELEASE|both] [PYTEST ARGS]
 # The releases are snakemake_executor_multinode/contract/releases.py's (22.05, the default, and 24.11 today).
-# Arguments go to pytest. With --slurm both (the default) the other releases' tiers and the Snakemake 8.30 tier run
-# when no test is named (the arguments are options only, like --cpu-load), at the same time as the default's;
+# Arguments go to pytest. With --slurm both (the default) the other releases' tiers (beside the default's) and then the
+# Snakemake 8.30 tier run when no test is named (the arguments are options only, like --cpu-load);
 # --slurm 24.11 runs the named tests (by default tests/cluster) on 24.11 alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,14 +39,38 @@ run() {  # one pytest run; "no tests" is a failure
     [ $code -eq 5 ] && { echo "no tests were collected"; code=1; }
     [ $code -ne 0 ] && rc=$code
 }
-# With --slurm both (and no test named) the other releases' cluster tiers and the Snakemake 8.30 tier follow the
-# default's, one at a time: each brings its own cluster up and down. (Side by side they met lost nodes once, most
-# likely from stray test runs of stopped CIs on the same cluster folders; one at a time until measured clean.)
+# With --slurm both (and no test named) the other releases' cluster tiers run beside the default's, each on its own
+# cluster folder (most of a cluster test's time is waiting for SLURM, so they share this machine's cores); their output
+# is kept and printed after the default's. The Snakemake 8.30 tier follows (a third cluster beside two was not tried).
+declare -A beside=()  # tier -> "pid output-file"
+tiers=()              # the tiers beside, in the order they started
+if [ "$slurm" = both ] && [ $named = 0 ]; then
+    for release in "${releases[@]:1}"; do
+        # a cluster folder of its own also where MULTINODE_TEST_CLUSTER_DIR names one for the default's tier
+        dir=${MULTINODE_TEST_CLUSTER_DIR:+$MULTINODE_TEST_CLUSTER_DIR-$release}
+        tier="the cluster tests on SLURM $release"
+        out=$(mktemp "${TMPDIR:-/tmp}/multinode-tier-$release.XXXXXX")
+        echo "[test] $tier, beside the $default tier (output: $out, printed at the end)"
+        (env MULTINODE_TEST_SLURM="$release" ${dir:+MULTINODE_TEST_CLUSTER_DIR="$dir"} \
+            python3 -m pytest -q -ra "$@" tests/cluster >"$out" 2>&1) &
+        beside[$tier]="$! $out"
+        tiers+=("$tier")
+    done
+fi
 if [ "$slurm" = both ] || [ "$slurm" = "$default" ]; then
     run "$@"
 fi
+for tier in "${tiers[@]}"; do
+    read -r pid out <<<"${beside[$tier]}"
+    wait "$pid"
+    code=$?
+    echo "[test] $tier:"
+    cat "$out"
+    [ $code -eq 5 ] && { echo "no tests were collected"; code=1; }
+    [ $code -ne 0 ] && rc=$code
+done
 for release in "${releases[@]:1}"; do
-    if [ "$slurm" = "$release" ] || { [ "$slurm" = both ] && [ $named = 0 ]; }; then
+    if [ "$slurm" = "$release" ]; then
         echo "[test] the cluster tests on SLURM $release"
         if [ $named = 1 ]; then
             MULTINODE_TEST_SLURM=$release run "$@"

@@ -33,8 +33,8 @@ from snakemake_executor_multinode.contract.releases import DEFAULT as DEFAULT_SL
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.sandbox.cluster import slurm_env
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
-from snakemake_executor_multinode.session import Settings
-from snakemake_executor_multinode.slurm.client import JobState, QueryError
+from snakemake_executor_multinode.session import Session, Settings
+from snakemake_executor_multinode.slurm.client import JobState, QueryError, SlurmClient
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 
 T = TypeVar("T")
@@ -89,6 +89,14 @@ class FakeSlurm:
 
     def count(self, *prefix: str) -> int:
         return len(self.called(*prefix))
+
+
+def fake_session(tmp_path: Path, slurm: FakeSlurm) -> tuple[Session, list[str]]:
+    """A Session in `tmp_path` (run run1, no code snapshot) whose SLURM is `slurm`; its log and warnings, in order."""
+    said: list[str] = []
+    s = Session(Settings(snapshot="off"), tmp_path, said.append, said.append, run_id="run1")
+    s.client = s.tracker.client = SlurmClient(runner=slurm)
+    return s, said
 
 
 class FakeClient:
@@ -605,6 +613,30 @@ def restart_slurmd(cl: Cluster, name: str) -> tuple[float, float]:
 
     wait_for(registered, f"the new slurmd of {name} registered with slurmctld", 120, interval=0.1)
     return stopped, time.monotonic()
+
+
+def train_rule(
+    config: dict,
+    *,
+    script: str = "scripts/train.py",
+    output: str = "model.pt",
+    nodes: int = 2,
+    metrics: str = "ckpt/metrics.jsonl",
+    resources: str = "runtime=30",
+) -> str:
+    """A Snakefile of one rule `train`: the example training (or a script that wraps it) on `nodes` nodes x 1 rank
+    through `multinode torchrun`, `config` its --config-json, checkpoints in ckpt/ (training_folder makes the rest).
+    An output other than model.pt is written after the training ends well."""
+    out, then = ("{output}", "") if output == "model.pt" else ("model.pt", " && echo ok > {output}")
+    return f"""
+rule train:
+    output: {output!r}
+    params: cfg={json.dumps(config)!r}
+    resources: nodes={nodes}, gpus=1, cpus_per_task=1, mem_mb=3000, {resources}
+    shell:
+        "multinode torchrun {script} --data-dir data --out {out} --ckpt-dir ckpt "
+        "--metrics {metrics} --config-json {{params.cfg:q}}{then}"
+"""
 
 
 def training_folder(wd: Path, num_docs: int = 300, seed: int = 3) -> Path:

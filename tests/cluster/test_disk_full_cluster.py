@@ -27,6 +27,7 @@ from tests.helpers import (
     log_times,
     small_filesystem,
     snakemake,
+    train_rule,
     training_folder,
     wait_for,
 )
@@ -37,21 +38,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]
 NEEDED = re.compile(r"(?:at least )?(\d+) bytes needed \(([^)]*)\), (\d+) bytes free in ([^;\s]+)")
 QUICK_S = 60  # a job that fails at once ends within this of the failed write (a barrier would wait 30 minutes)
 
-TRAIN = """
-rule train:
-    output: "done.txt"
-    params: cfg={config!r}
-    resources: nodes=2, gpus=1, cpus_per_task=1, mem_mb=3000, runtime=30
-    shell:
-        "multinode torchrun scripts/train.py --data-dir data --out model.pt --ckpt-dir ckpt "
-        "--metrics {metrics} --config-json {{params.cfg:q}} && echo ok > {{output}}"
-"""
-
 
 def training(tmp_path: Path, name: str, config: dict, metrics: str) -> Path:
     wd = tmp_path / name
     training_folder(wd)
-    (wd / "Snakefile").write_text(TRAIN.format(config=json.dumps(config), metrics=metrics))
+    (wd / "Snakefile").write_text(train_rule(config, output="done.txt", metrics=metrics))
     return wd
 
 

@@ -708,9 +708,6 @@ def steps(wd: Path) -> int:
     return int(text) if text.isdigit() else 0
 
 
-# 22.05 only for now: in CI on 24.11 (beside the other tiers) the tests after it met nodes still COMPLETING for
-# minutes after the restart, and failed; alone on 24.11 it passed. Not yet understood: docs/reliability.md says so.
-@pytest.mark.one_release
 def test_a_slurmd_restart_on_a_node_of_a_running_two_node_job_is_no_failure(slurm_cluster, workflow):
     """slurmd restarted (SIGTERM by pid, started again as the sandbox starts it) on the non-head node of a running
     2-node torch job: the job's step lives in slurmstepd, which outlives its slurmd (proctrack/cgroup), and the new

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import time
 from datetime import datetime
@@ -33,6 +32,7 @@ from tests.helpers import (
     records,
     sacct_jobs,
     slurm,
+    train_rule,
     training_folder,
     wait_for,
 )
@@ -91,16 +91,6 @@ train.save_final = save_final
 sys.exit(train.main())
 """
 
-SNAKEFILE = """
-rule train:
-    output: "model.pt"
-    params: cfg={config!r}
-    resources: nodes={nodes}, gpus=1, cpus_per_task=1, mem_mb=3000, runtime=30
-    shell:
-        "multinode torchrun gated_train.py --data-dir data --out {{output}} --ckpt-dir ckpt "
-        "--metrics ckpt/metrics.jsonl --config-json {{params.cfg:q}}"
-"""
-
 
 def training_workflow(tmp_path: Path) -> Path:
     wd = tmp_path / "goodput"
@@ -116,7 +106,7 @@ def training_workflow(tmp_path: Path) -> Path:
             end_s=END_S,
         )
     )
-    (wd / "Snakefile").write_text(SNAKEFILE.format(nodes=NODES, config=json.dumps(CONFIG)))
+    (wd / "Snakefile").write_text(train_rule(CONFIG, script="gated_train.py", nodes=NODES))
     return wd
 
 

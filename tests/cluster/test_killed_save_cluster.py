@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import signal
 import time
@@ -38,6 +37,7 @@ from tests.helpers import (
     rank_pids,
     records,
     sacct_jobs,
+    train_rule,
     training_folder,
     wait_for,
 )
@@ -81,23 +81,13 @@ train.train_step, checkpoint.rank_file = step, rank_file
 sys.exit(train.main())
 """
 
-SNAKEFILE = """
-rule train:
-    output: "model.pt"
-    params: cfg={config!r}
-    resources: nodes=2, gpus=1, cpus_per_task=1, mem_mb=3000, runtime=30
-    shell:
-        "multinode torchrun paused_train.py --data-dir data --out {{output}} --ckpt-dir ckpt "
-        "--metrics ckpt/metrics.jsonl --config-json {{params.cfg:q}}"
-"""
-
 
 def workflow(tmp_path: Path) -> Path:
     wd = tmp_path / "killed-save"
     scripts = training_folder(wd)
     wrapper = WRAPPER.format(scripts=str(scripts), step_s=STEP_S, tmp=TMP, paused=str(wd / "paused"))
     (wd / "paused_train.py").write_text(wrapper)
-    (wd / "Snakefile").write_text(SNAKEFILE.format(config=json.dumps(CONFIG)))
+    (wd / "Snakefile").write_text(train_rule(CONFIG, script="paused_train.py"))
     return wd
 
 

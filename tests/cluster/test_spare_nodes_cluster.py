@@ -30,6 +30,7 @@ from tests.helpers import (
     rank_pids,
     records,
     sacct_jobs,
+    train_rule,
     training_folder,
     wait_for,
 )
@@ -224,15 +225,6 @@ def test_with_its_spare_used_up_a_second_dead_node_ends_the_job_and_the_retry_re
 # The real training (train.py, torch_ddp, gloo): long enough that it is still running when the test stops it after
 # its first checkpoint (about 10 ms a step here; 900 steps are left when the checkpoint of step 100 appears).
 TRAIN_CFG = {**TINY, "plugin": "torch_ddp", "steps": 1000, "ckpt_every": 100, "keep_ckpts": 2, "log_every": 10}
-TRAIN_SNAKEFILE = """
-rule train:
-    output: "model.pt"
-    params: cfg={cfg!r}
-    resources: nodes=2, gpus=1, cpus_per_task=1, mem_mb=3000, spare_nodes=1
-    shell:
-        "multinode torchrun scripts/train.py --data-dir data --out {{output}} --ckpt-dir ckpt "
-        "--metrics ckpt/metrics.jsonl --config-json {{params.cfg:q}}"
-"""
 
 
 @pytest.mark.one_release  # the replacement itself is the first test's, on both releases; this one adds the model
@@ -241,7 +233,7 @@ def test_a_training_whose_node_dies_resumes_on_the_spare_and_ends_with_the_model
 ):
     wd = tmp_path / "wf"
     training_folder(wd)
-    (wd / "Snakefile").write_text(TRAIN_SNAKEFILE.format(cfg=json.dumps(TRAIN_CFG)))
+    (wd / "Snakefile").write_text(train_rule(TRAIN_CFG, resources="spare_nodes=1"))
     sm = Snakemake(wd)  # no --retries: only the spare can save the job
     stopped: list[int] = []
     try:

@@ -13,6 +13,8 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,21 @@ class FakeBooster:
         torch.save({}, path)
 
 
+@contextmanager
+def one_rank(tmp_path: Path) -> Iterator[None]:
+    """A gloo process group of this process alone, for the block."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def one_rank_checkpointer(root: Path) -> checkpoint.Checkpointer:
+    cfg = lm.merge_config({"plugin": "torch_ddp", "keep_ckpts": 1})
+    return checkpoint.Checkpointer(FakeBooster(), None, None, None, root, cfg, 1)
+
+
 def test_a_checkpoint_that_does_not_fit_fails_naming_it_with_the_bytes_needed_and_free_and_the_previous_stays(
     tmp_path: Path,
 ) -> None:
@@ -96,48 +113,38 @@ def test_a_checkpoint_that_does_not_fit_fails_naming_it_with_the_bytes_needed_an
     keep_ckpts 1 run needs room for two: the old one stays until the new one verifies), and the second save fails
     inside torch.save, whose error carries no errno."""
     needs_root()
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        with small_filesystem(tmp_path / "ckpt", 4 << 20) as root:
-            cfg = lm.merge_config({"plugin": "torch_ddp", "keep_ckpts": 1})
-            ck = checkpoint.Checkpointer(FakeBooster(), None, None, None, root, cfg, 1)
-            first = ck.save(checkpoint.TrainState(step=1))
-            size = checkpoint.tree_bytes(first)
-            st = os.statvfs(root)
-            resize(root, (st.f_blocks - st.f_bfree) * st.f_frsize + size // 2)
-            with pytest.raises(diskspace.WriteFailed) as failed:
-                ck.save(checkpoint.TrainState(step=2))
-            message = str(failed.value)
-            assert failed.value.agreed
-            assert message.startswith(
-                f"cannot save checkpoint {root / 'step_00000002'}: no space left on device (torch.save: "
-            ), message
-            assert "(rank 0, writing optimizer/)" in message  # the model's shard fitted
-            needed, how, free, where = NEEDED.search(message).groups()  # type: ignore[union-attr]
-            assert (int(needed), how, where) == (size, "the size of the previous checkpoint, step_00000001", str(root))
-            assert 0 < int(free) < size
-            assert message.endswith(f"the partial save was removed; the previous checkpoint {first} is kept")
-            assert sorted(p.name for p in root.iterdir()) == ["step_00000001"]  # no temp dir left taking space
-            assert checkpoint.verify(first) is None
-    finally:
-        dist.destroy_process_group()
+    with one_rank(tmp_path), small_filesystem(tmp_path / "ckpt", 4 << 20) as root:
+        ck = one_rank_checkpointer(root)
+        first = ck.save(checkpoint.TrainState(step=1))
+        size = checkpoint.tree_bytes(first)
+        st = os.statvfs(root)
+        resize(root, (st.f_blocks - st.f_bfree) * st.f_frsize + size // 2)
+        with pytest.raises(diskspace.WriteFailed) as failed:
+            ck.save(checkpoint.TrainState(step=2))
+        message = str(failed.value)
+        assert failed.value.agreed
+        assert message.startswith(
+            f"cannot save checkpoint {root / 'step_00000002'}: no space left on device (torch.save: "
+        ), message
+        assert "(rank 0, writing optimizer/)" in message  # the model's shard fitted
+        needed, how, free, where = NEEDED.search(message).groups()  # type: ignore[union-attr]
+        assert (int(needed), how, where) == (size, "the size of the previous checkpoint, step_00000001", str(root))
+        assert 0 < int(free) < size
+        assert message.endswith(f"the partial save was removed; the previous checkpoint {first} is kept")
+        assert sorted(p.name for p in root.iterdir()) == ["step_00000001"]  # no temp dir left taking space
+        assert checkpoint.verify(first) is None
 
 
 def test_a_first_checkpoint_that_does_not_fit_says_at_least_what_was_written(tmp_path: Path) -> None:
     needs_root()
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        with small_filesystem(tmp_path / "ckpt", 48 << 10) as root:
-            cfg = lm.merge_config({"plugin": "torch_ddp", "keep_ckpts": 1})
-            ck = checkpoint.Checkpointer(FakeBooster(), None, None, None, root, cfg, 1)
-            with pytest.raises(diskspace.WriteFailed) as failed:
-                ck.save(checkpoint.TrainState(step=1))
-            message = str(failed.value)
-            assert "at least" in message and "(written before it failed; no earlier checkpoint to size it)" in message
-            assert message.endswith("the partial save was removed; there is no earlier checkpoint"), message
-            assert list(root.iterdir()) == []
-    finally:
-        dist.destroy_process_group()
+    with one_rank(tmp_path), small_filesystem(tmp_path / "ckpt", 48 << 10) as root:
+        ck = one_rank_checkpointer(root)
+        with pytest.raises(diskspace.WriteFailed) as failed:
+            ck.save(checkpoint.TrainState(step=1))
+        message = str(failed.value)
+        assert "at least" in message and "(written before it failed; no earlier checkpoint to size it)" in message
+        assert message.endswith("the partial save was removed; there is no earlier checkpoint"), message
+        assert list(root.iterdir()) == []
 
 
 def run_ranks(tmp_path: Path, fault: str, wait_for_rank1: bool) -> tuple[list[Any], list[subprocess.Popen]]:

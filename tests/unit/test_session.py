@@ -20,10 +20,9 @@ from snakemake_executor_multinode.contract.jobfiles import (
 from snakemake_executor_multinode.planning.plan import RuleJob
 from snakemake_executor_multinode.planning.request import RequestError
 from snakemake_executor_multinode.session import Session, Settings, SubmitRefused
-from snakemake_executor_multinode.slurm.client import SlurmClient
 from snakemake_executor_multinode.watching import provenance
 from snakemake_executor_multinode.watching.reattach import RunReason
-from tests.helpers import FakeSlurm
+from tests.helpers import FakeSlurm, fake_session
 
 
 def Slurm(refuse: str = "") -> FakeSlurm:  # noqa: N802 (reads as the fake it builds)
@@ -38,16 +37,9 @@ def Slurm(refuse: str = "") -> FakeSlurm:  # noqa: N802 (reads as the fake it bu
     return FakeSlurm(sbatch=sbatch)
 
 
-def session(tmp_path: Path, slurm: FakeSlurm) -> tuple[Session, list[str]]:
-    said: list[str] = []
-    s = Session(Settings(snapshot="off"), tmp_path, said.append, said.append, run_id="run1")
-    s.client = s.tracker.client = SlurmClient(runner=slurm)
-    return s, said
-
-
 def test_a_job_is_planned_submitted_watched_and_ended_with_its_records(tmp_path):
     (tmp_path / "train.py").write_text("print(1)\n")
-    s, said = session(tmp_path, Slurm())
+    s, said = fake_session(tmp_path, Slurm())
     job = RuleJob(
         "train", {"nodes": 2, "own_launcher": True}, "python train.py > out.txt", key="0.1", keep=("out.txt",)
     )
@@ -69,7 +61,7 @@ def test_a_job_is_planned_submitted_watched_and_ended_with_its_records(tmp_path)
 
 
 def test_a_retry_avoids_the_node_a_job_failed_on_and_every_node_a_spare_replaced_in_it(tmp_path):
-    s, _ = session(tmp_path, Slurm())
+    s, _ = fake_session(tmp_path, Slurm())
     job = RuleJob("train", {"nodes": 2, "spare_nodes": 1, "own_launcher": True}, "python t.py", key="0.1")
     sub = s.submit(s.plan(job, ["out.txt"]), ["out.txt"], RunReason())
     replacements = JobFiles.from_log(sub.log).replacements
@@ -87,7 +79,7 @@ def test_a_retry_avoids_the_node_a_job_failed_on_and_every_node_a_spare_replaced
 
 def test_the_session_refuses_a_multi_node_job_whose_command_leaves_nodes_idle(tmp_path):
     """The launch check runs in the session's plan, beside the container check: the adapter only passes the facts."""
-    s, _ = session(tmp_path, Slurm())
+    s, _ = fake_session(tmp_path, Slurm())
     with pytest.raises(RequestError, match=r"^rule train: nodes=2, gpus=0 but its command never starts"):
         s.plan(RuleJob("train", {"nodes": 2}, "python train.py", key="0.1"), ["out.txt"], shellcmd="python train.py")
     with pytest.raises(RequestError, match=r"it is a script rule, so nothing starts `multinode torchrun`"):
@@ -101,7 +93,7 @@ def test_the_session_refuses_a_multi_node_job_whose_command_leaves_nodes_idle(tm
 def test_a_job_started_by_a_sites_own_launcher_gets_no_stall_watchdog(tmp_path):
     """The watchdog lives in `multinode torchrun`: a job of --multinode-launchers (accelerate, deepspeed, ...) has
     none, so its request and script say 0 instead of the 30 min a `multinode torchrun` job gets."""
-    s, _ = session(tmp_path, Slurm())
+    s, _ = fake_session(tmp_path, Slurm())
     s.planner.launchers = ("bash",)  # --multinode-launchers=bash (Planner checks the name on PATH)
     own = "bash run_ranks.sh"
     plan = s.plan(RuleJob("train", {"nodes": 2}, own, key="0.1"), ["out.txt"], shellcmd=own)
@@ -112,7 +104,7 @@ def test_a_job_started_by_a_sites_own_launcher_gets_no_stall_watchdog(tmp_path):
 
 
 def test_a_refused_submission_names_the_rule_and_keeps_the_script(tmp_path):
-    s, _ = session(tmp_path, Slurm(refuse="Invalid account or account/partition combination specified"))
+    s, _ = fake_session(tmp_path, Slurm(refuse="Invalid account or account/partition combination specified"))
     plan = s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="0.1"), ["out.txt"])
     try:
         s.submit(plan, ["out.txt"], RunReason())
@@ -126,7 +118,7 @@ def test_a_refused_submission_names_the_rule_and_keeps_the_script(tmp_path):
 
 def test_an_upstream_jobs_id_becomes_an_afterok_dependency(tmp_path):
     slurm = Slurm()
-    s, _ = session(tmp_path, slurm)
+    s, _ = fake_session(tmp_path, slurm)
     first = s.plan(RuleJob("prep", {}, "true", key="0.1"), ["a.txt"])
     s.submit(first, ["a.txt"], RunReason())
     second = s.plan(RuleJob("train", {}, "true", key="1.1"), ["b.txt"])
@@ -146,7 +138,7 @@ def shards(s: Session, n: int, rule: str = "shard", resources: dict | None = Non
 
 def test_single_node_jobs_of_one_rule_with_the_same_resources_go_as_one_job_array(tmp_path):
     slurm = Slurm()
-    s, said = session(tmp_path, slurm)
+    s, said = fake_session(tmp_path, slurm)
     jobs = shards(s, 3) + shards(s, 1, rule="other") + shards(s, 2, resources={"mem_mb": 2000}, start=10)
     jobs += [
         (
@@ -175,19 +167,19 @@ def test_single_node_jobs_of_one_rule_with_the_same_resources_go_as_one_job_arra
 
 def test_with_no_arrays_every_job_goes_on_its_own(tmp_path):
     slurm = Slurm()
-    s, _ = session(tmp_path, slurm)
+    s, _ = fake_session(tmp_path, slurm)
     s.settings = Settings(snapshot="off", no_arrays=True)
     assert [sub.jobid for sub in s.submit_many(shards(s, 3))] == ["41", "42", "43"]
 
 
 def test_a_group_larger_than_slurms_array_limit_goes_as_several_arrays(tmp_path, monkeypatch):
     monkeypatch.setattr("snakemake_executor_multinode.session.MAX_ARRAY", 2)
-    s, _ = session(tmp_path, Slurm())
+    s, _ = fake_session(tmp_path, Slurm())
     assert [sub.jobid for sub in s.submit_many(shards(s, 5))] == ["41_0", "41_1", "42_0", "42_1", "43"]
 
 
 def test_an_array_elements_end_is_read_from_its_own_marker(tmp_path):
-    s, _ = session(tmp_path, Slurm())
+    s, _ = fake_session(tmp_path, Slurm())
     subs = s.submit_many(shards(s, 2))
     state = StateFolders(tmp_path).state
     marker(state, "41_1", EXIT_MARKER).write_text(f"0 0 {subs[1].job_name}\n")
@@ -201,7 +193,7 @@ def test_a_pending_job_is_explained_once_and_only_once_the_scheduler_has_said_wh
     from snakemake_executor_multinode.slurm.client import JobState
     from snakemake_executor_multinode.watching.tracker import Outcome
 
-    s, said = session(tmp_path, Slurm())
+    s, said = fake_session(tmp_path, Slurm())
     s.settings = Settings(snapshot="off", pending_notice_seconds=0)
     sub = s.submit(s.plan(RuleJob("held", {}, "true", key="0.1"), ["h.txt"]), ["h.txt"], RunReason())
     for reason in ("None", "(null)", "JobHeldUser", "JobHeldUser"):
@@ -214,7 +206,7 @@ def test_a_pending_job_is_explained_once_and_only_once_the_scheduler_has_said_wh
 
 def test_slurm_extra_is_read_with_the_options_of_the_release_the_session_finds(tmp_path):
     """sbatch --version is asked once, before the first plan: on 22.05 a 24.11 option is refused, naming it."""
-    s, _ = session(tmp_path, Slurm())
+    s, _ = fake_session(tmp_path, Slurm())
     with pytest.raises(RequestError, match=r"--segment is not an sbatch option \(sbatch 22\.05\.8\)"):
         s.plan(RuleJob("train", {"slurm_extra": "--segment=2"}, "true", key="0.1"), ["out.txt"])
     s.plan(RuleJob("train", {}, "true", key="0.2"), ["out2.txt"])

@@ -17,10 +17,9 @@ from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, StateFol
 from snakemake_executor_multinode.contract.private_files import StateWriteError, write_private
 from snakemake_executor_multinode.planning import snapshot
 from snakemake_executor_multinode.planning.plan import RuleJob
-from snakemake_executor_multinode.session import NotSubmitted, Session, Settings, SubmitRefused
-from snakemake_executor_multinode.slurm.client import SlurmClient
+from snakemake_executor_multinode.session import NotSubmitted, SubmitRefused
 from snakemake_executor_multinode.watching.reattach import RunReason
-from tests.helpers import FakeSlurm, fill, needs_root, small_filesystem
+from tests.helpers import FakeSlurm, fake_session, fill, needs_root, small_filesystem
 
 FULL = r"no space left on device; (\d+) bytes needed \(([^)]*)\), (\d+) bytes free in ([^;\s]+)"
 
@@ -33,13 +32,6 @@ def Slurm() -> FakeSlurm:  # noqa: N802 (reads as the fake it builds)
         return (0, "slurm-wlm 22.05.8\n", "") if cmd == ["sbatch", "--version"] else (0, f"{next(ids)}\n", "")
 
     return FakeSlurm(sbatch=sbatch)
-
-
-def session(tmp_path: Path, slurm: FakeSlurm) -> tuple[Session, list[str]]:
-    said: list[str] = []
-    s = Session(Settings(snapshot="off"), tmp_path, said.append, said.append, run_id="run1")
-    s.client = s.tracker.client = SlurmClient(runner=slurm)
-    return s, said
 
 
 def enospc() -> OSError:
@@ -68,7 +60,7 @@ def test_a_job_whose_script_does_not_fit_in_the_state_folder_is_not_submitted_an
     with small_filesystem(StateFolders(tmp_path).root, 64 << 10) as state:
         fill(state)
         slurm = Slurm()
-        s, _ = session(tmp_path, slurm)
+        s, _ = fake_session(tmp_path, slurm)
         plan = s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="0.1"), ["out.txt"])
         with pytest.raises(NotSubmitted) as failed:
             s.submit(plan, ["out.txt"], RunReason())
@@ -83,7 +75,7 @@ def test_a_job_whose_script_does_not_fit_in_the_state_folder_is_not_submitted_an
 
 def test_a_job_whose_record_fails_after_sbatch_is_cancelled_at_once(tmp_path, monkeypatch):
     slurm = Slurm()
-    s, _ = session(tmp_path, slurm)
+    s, _ = fake_session(tmp_path, slurm)
     plan = s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="0.1"), ["out.txt"])
 
     def full(*_a: object, **_kw: object) -> None:
@@ -100,7 +92,7 @@ def test_a_job_whose_record_fails_after_sbatch_is_cancelled_at_once(tmp_path, mo
 
 
 def test_a_job_end_that_cannot_be_recorded_fails_the_job_saying_so(tmp_path, monkeypatch):
-    s, _ = session(tmp_path, Slurm())
+    s, _ = fake_session(tmp_path, Slurm())
     plan = s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="0.1"), ["out.txt"])
     sub = s.submit(plan, ["out.txt"], RunReason())
     StateFolders(tmp_path).marker("41", EXIT_MARKER).write_text(f"0 0 {sub.job_name}\n")
