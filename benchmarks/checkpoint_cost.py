@@ -2,6 +2,10 @@
 verification, for the example model (workflows/config.yaml's train section) on 2 CPU ranks (torchrun, gloo).
 
     python benchmarks/checkpoint_cost.py [--ckpt-every 5] [--work-dir /var/tmp] [--out results-checkpoint-verify.json]
+        [--set JSON] [--num-docs N] [--nproc 2]
+
+--set overrides keys of the training config (a larger model on a GPU machine: where CUDA is there, train.py uses
+it); --num-docs the generated corpus.
 
 It trains the example once in two launches: to half of its steps (checkpoints every --ckpt-every steps), then on to
 the end, which resumes (and so verifies) the newest checkpoint. Everything is read from the metrics events the
@@ -15,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -55,6 +60,13 @@ def summarize(records: list[dict[str, Any]], checkpoint_bytes: int) -> dict[str,
     return out
 
 
+def gpu_name() -> str | None:
+    """The GPU train.py runs on (None: CPU ranks)."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
 def launch(data: Path, work: Path, cfg: dict[str, Any], nproc: int) -> None:
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     argv += [str(SCRIPTS / "train.py"), "--data-dir", str(data), "--out", str(work / "model.pt")]
@@ -66,20 +78,25 @@ def launch(data: Path, work: Path, cfg: dict[str, Any], nproc: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """argv: the arguments after the script's name (None: sys.argv's)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt-every", type=int, default=5)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--work-dir", default="/var/tmp", help="where checkpoints are written (a disk, not tmpfs)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results-checkpoint-verify.json"))
-    args = p.parse_args(argv)
+    p.add_argument("--set", default="{}", help="JSON object: training config keys over workflows/config.yaml's")
+    p.add_argument("--num-docs", type=int, help="generated documents (default: workflows/config.yaml's)")
+    given = sys.argv[1:] if argv is None else argv
+    args = p.parse_args(given)
     config = yaml.safe_load((REPO / "workflows" / "config.yaml").read_text())
-    cfg = {**config["train"], "ckpt_every": args.ckpt_every, "keep_ckpts": 2}
+    overrides = json.loads(args.set)
+    cfg = {**config["train"], "ckpt_every": args.ckpt_every, "keep_ckpts": 2, **overrides}
     work = Path(tempfile.mkdtemp(prefix="ckpt-cost-", dir=args.work_dir))
     try:
         d = config["data"]
         subprocess.run(
             [sys.executable, str(SCRIPTS / "preprocess.py"), "--out-dir", str(work / "data")]
-            + ["--num-docs", str(d["num_docs"]), "--seed", str(d["seed"])],
+            + ["--num-docs", str(args.num_docs or d["num_docs"]), "--seed", str(d["seed"])],
             check=True,
             capture_output=True,
         )
@@ -91,12 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         size = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())
         fs = subprocess.run(["findmnt", "-n", "-o", "FSTYPE,SOURCE", "-T", str(work)], capture_output=True, text=True)
         result = {
-            "what": "verified checkpoints: cost per checkpoint of the example model (workflows/config.yaml train)",
-            "command": "python benchmarks/checkpoint_cost.py",
+            "what": "verified checkpoints: cost per checkpoint of the example model (workflows/config.yaml train)"
+            + (f", with {args.set}" if overrides else ""),
+            "command": shlex.join(["python", "benchmarks/checkpoint_cost.py", *given]),
             "config": {k: cfg[k] for k in ("plugin", "n_layer", "d_model", "steps", "ckpt_every")},
             "ranks": args.nproc,
             "machine": {
                 "cpus": os.cpu_count(),
+                "gpu": gpu_name(),
                 "python": platform.python_version(),
                 "filesystem": " ".join(fs.stdout.split()),
             },

@@ -211,6 +211,12 @@ class Snakemake:
         with self._changed:
             return [(t, line) for t, line in self.lines if all(w in line for w in words)]
 
+    def submitted(self, rule: str, timeout: float = 120) -> tuple[str, Path]:
+        """The SLURM job id and the job log of the rule's first submission, from the plugin's line
+        `rule R: SLURM job N ...; log L`."""
+        _, line = self.wait_line(f"rule {rule}: SLURM job", timeout=timeout)
+        return line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+
     def wait_line(self, *words: str, timeout: float = 180) -> tuple[float, str]:
         """The first output line that contains every word, and when the reader got it."""
         deadline = time.monotonic() + timeout
@@ -522,16 +528,30 @@ def kill_node(cl: Cluster, name: str) -> float:
     return killed
 
 
+# The test scripts' step: one all_reduce in which every rank says whether it sees the file; all stop on the same step.
+# (Each rank testing the file on its own, a rank that saw it a step before the others would sit in the barrier after
+# the loop while they sit in the next all_reduce: a mismatch of collectives that hangs, seen under load.)
+RELEASED = """
+import pathlib
+import torch
+import torch.distributed as dist
+
+
+def released(path):
+    seen = torch.tensor([1.0 if pathlib.Path(path).exists() else 0.0])
+    dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+    return seen.item() > 0
+"""
+
+
 def ckpt_loop(pause_s: float = 0.1, print_steps: bool = False) -> str:
     """A tiny 2-node gloo training for the fault tests: every rank says where it starts (launch-<rank>.txt: relaunch,
     resumed step, host; a ready-<job>-<relaunch>-<rank>-<host> file), rank 0 saves the step after every all_reduce
     (step.txt, by rename; with `print_steps` it prints it: progress the stall watchdog sees) and every rank resumes
-    from it. A launch trains until release-<relaunch> exists; then rank 0 appends the job id to argv[1]."""
+    from it. A launch trains until release-<relaunch> exists (RELEASED); then rank 0 appends the job id to argv[1]."""
     say = '\n        print(f"step {step}", flush=True)' if print_steps else ""
-    return f"""
-import os, pathlib, socket, sys, time
-import torch
-import torch.distributed as dist
+    return f"""{RELEASED}
+import os, socket, sys, time
 
 dist.init_process_group("gloo")
 rank, host, job = dist.get_rank(), socket.gethostname(), os.environ["SLURM_JOB_ID"]
@@ -542,9 +562,8 @@ print(f"rank {{rank}} on {{host}}: relaunch {{relaunch}}, resuming at step {{sta
 with open(f"launch-{{rank}}.txt", "a") as fh:
     fh.write(f"{{relaunch}} {{start}} {{host}}\\n")
 pathlib.Path(f"ready-{{job}}-{{relaunch}}-{{rank}}-{{host}}").touch()
-step, x = start, torch.ones(1)
-while not pathlib.Path(f"release-{{relaunch}}").exists():
-    dist.all_reduce(x)
+step = start
+while not released(f"release-{{relaunch}}"):
     step += 1
     if rank == 0:
         pathlib.Path("step.tmp").write_text(str(step))

@@ -79,7 +79,8 @@ def test_a_checkpoint_that_does_not_fit_fails_the_job_at_once_naming_it_and_the_
             checkpoint.tree_bytes(previous), "the size of the previous checkpoint, step_00000002", "ckpt"
         )  # fmt: skip
         assert int(free) < int(needed)
-        assert re.search(r"\(rank \d, writing (model|optimizer)/\)", message), message  # torch's error names no file
+        # rank 0's shards never fit; rank 1's own file may fail too, by timing ("rank 0 and 1 other rank")
+        assert re.search(r"\(rank 0(?: and 1 other rank)?, writing (model|optimizer)/\)", message), message
         assert message.endswith("the partial save was removed; the previous checkpoint ckpt/step_00000002 is kept")
         assert re.search(r"SLURM job \d+ failed: .*job script exit 1", text), text[-6000:]
         assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000002"]  # no temp dir left taking the space

@@ -29,6 +29,7 @@ from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolder
 from snakemake_executor_multinode.sandbox import cluster
 from tests.helpers import (
     END_STATES,
+    RELEASED,
     Cluster,
     Snakemake,
     alive,
@@ -139,8 +140,7 @@ def test_scontrol_requeue_of_a_running_two_node_job_is_news_not_a_failure(slurm_
     snakefile(wd, REQUEUE)
     sm = Snakemake(wd)
     try:
-        _, line = sm.wait_line("rule work: SLURM job", timeout=120)
-        job = line.split("SLURM job ")[1].split()[0]
+        job, _ = sm.submitted("work")
         wait_for(lambda: lines(wd / "runs.txt") == ["run-0"], "the first run of the job", 300)
         assert squeue_states(slurm_cluster, [job]) == {job: "RUNNING"}
         slurm_cluster.run("scontrol", "requeue", job)  # the fault: an admin, before maintenance
@@ -198,8 +198,7 @@ def kill_snakemake_while_its_job_runs(wd: Path, cl: Cluster) -> tuple[str, str, 
     """Run 1 submits the job; once the job runs, SIGKILL Snakemake (by its pid). Returns (job, run id, when)."""
     first = Snakemake(wd)
     try:
-        _, line = first.wait_line("rule work: SLURM job", timeout=120)
-        job = line.split("SLURM job ")[1].split()[0]
+        job, _ = first.submitted("work")
         wait_for(lambda: lines(wd / "runs.txt") == [job], "the job running", 300)
         os.kill(first.pid, signal.SIGKILL)
         killed = time.monotonic()
@@ -294,8 +293,7 @@ def test_rerun_with_no_reattach_submits_a_new_job(slurm_cluster, workflow):
     unlock(wd)
     second = Snakemake(wd, "--multinode-no-reattach")
     try:
-        _, line = second.wait_line("rule work: SLURM job", timeout=120)
-        new = line.split("SLURM job ")[1].split()[0]
+        new, _ = second.submitted("work")
         assert new != job
         assert not second.matching("reattached")
         recs = {r["run_id"]: r for r in records(wd)}
@@ -451,8 +449,7 @@ def test_slurmctld_outage_while_a_job_ends_and_the_next_is_submitted(slurm_clust
     snakefile(wd, CHAIN)
     sm = Snakemake(wd)
     try:
-        _, line = sm.wait_line("rule up: SLURM job", timeout=120)
-        up = line.split("SLURM job ")[1].split()[0]
+        up, _ = sm.submitted("up")
         wait_for(lambda: lines(wd / "runs.txt") == ["up"], "the upstream job running", 300)
         saved_by_slurmctld(slurm_cluster, up)
         with daemon_outage(slurm_cluster):
@@ -671,8 +668,10 @@ def test_a_burst_of_submissions_through_a_frozen_slurmctld_submits_and_runs_ever
 
 # --- 9. a node's slurmd restarts under a running two-node job -------------------------------------------------------
 # Every rank writes where and as which process it starts (start-<rank>: host pid relaunch, one line per start), then
-# all_reduces until `release` exists; rank 0 counts the collectives (steps.txt, by rename).
-RING = """
+# all_reduces until `release` exists (RELEASED); rank 0 counts the collectives (steps.txt, by rename).
+RING = (
+    RELEASED
+    + """
 import os, pathlib, socket, sys, time
 import torch
 import torch.distributed as dist
@@ -681,9 +680,8 @@ dist.init_process_group("gloo")
 rank, host = dist.get_rank(), socket.gethostname()
 with open(f"start-{rank}", "a") as fh:
     fh.write(f"{host} {os.getpid()} {os.environ.get('MULTINODE_RELAUNCH', 'unset')}\\n")
-step, x = 0, torch.ones(1)
-while not pathlib.Path("release").exists():
-    dist.all_reduce(x)
+step = 0
+while not released("release"):
     step += 1
     if rank == 0:
         pathlib.Path("steps.tmp").write_text(str(step))
@@ -694,6 +692,7 @@ if rank == 0:
     pathlib.Path(sys.argv[1]).write_text(os.environ["SLURM_JOB_ID"] + "\\n")
 dist.destroy_process_group()
 """
+)
 
 RING_RULE = """
 rule train:
@@ -717,8 +716,7 @@ def test_a_slurmd_restart_on_a_node_of_a_running_two_node_job_is_no_failure(slur
     snakefile(wd, RING_RULE)
     sm = Snakemake(wd)
     try:
-        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
-        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        job, joblog = sm.submitted("train")
         wait_for(lambda: all((wd / f"start-{r}").exists() for r in (0, 1)) and steps(wd) >= 3, "both ranks", 300)
         starts = {r: (wd / f"start-{r}").read_text().split() for r in (0, 1)}
         (head, _, _), (other, other_pid, _) = starts[0], starts[1]

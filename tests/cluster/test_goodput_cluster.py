@@ -150,8 +150,7 @@ def test_requeued_two_node_training_ledger_adds_up_to_sacct_and_to_the_events_th
     metrics_file = wd / "ckpt" / "metrics.jsonl"
     sm = Snakemake(wd)
     try:
-        _, line = sm.wait_line("rule train: SLURM job", timeout=180)
-        job = line.split("SLURM job ")[1].split()[0]
+        job, _ = sm.submitted("train", timeout=180)
 
         def held_at_the_gate() -> bool:
             recs = metrics(metrics_file)

@@ -120,8 +120,7 @@ def test_a_save_killed_midway_resumes_from_the_last_complete_checkpoint_and_lose
     ckpt, metrics_file, paused = wd / "ckpt", wd / "ckpt" / "metrics.jsonl", wd / "paused"
     sm = Snakemake(wd, "--retries", "1")
     try:
-        _, line = sm.wait_line("rule train: SLURM job", timeout=180)
-        first = line.split("SLURM job ")[1].split()[0]
+        first, _ = sm.submitted("train", timeout=180)
 
         def saving() -> bool:  # the event: rank 1 stopped inside the save of KILL_AT, which has begun
             return paused.exists() and any(

@@ -102,8 +102,7 @@ def test_a_node_cut_off_by_a_network_split_is_named_and_replaced_by_the_spare(sl
     cut: str | None = None
     startup = StartUp(slurm_cluster)
     try:
-        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
-        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        job, joblog = sm.submitted("train")
         startup.files = JobFiles.from_log(joblog)
         first = wait_for(
             lambda: len(r := sorted(wd.glob(f"ready-{job}-0-*"))) == 2 and r, "both ranks ready", 300, sm.proc

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Snakemake, figures, kill_node, records, sacct_jobs, wait_for
+from tests.helpers import RELEASED, Snakemake, figures, kill_node, records, sacct_jobs, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-# Every rank says it is ready (a file, and a line), then all_reduces until `release` exists.
-RING = """
+# Every rank says it is ready (a file, and a line), then all_reduces until `release` exists (RELEASED).
+RING = (
+    RELEASED
+    + """
 import os, pathlib, socket, sys, time
 import torch
 import torch.distributed as dist
@@ -27,9 +29,7 @@ dist.init_process_group("gloo")
 rank, host, job = dist.get_rank(), socket.gethostname(), os.environ["SLURM_JOB_ID"]
 print(f"rank {rank} ready on {host}", flush=True)
 pathlib.Path(f"ready-{job}-{rank}-{host}").touch()
-x = torch.ones(1)
-while not pathlib.Path("release").exists():
-    dist.all_reduce(x)
+while not released("release"):
     time.sleep(0.1)
 dist.barrier()
 if rank == 0:
@@ -37,6 +37,7 @@ if rank == 0:
         fh.write(job + "\\n")
 dist.destroy_process_group()
 """
+)
 
 SNAKEFILE = """
 rule train:
@@ -53,8 +54,7 @@ def test_a_dead_node_is_named_and_the_retry_runs_without_it(slurm_cluster, tmp_p
     (wd / "Snakefile").write_text(SNAKEFILE)
     sm = Snakemake(wd, "--retries", "1")
     try:
-        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
-        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        job, joblog = sm.submitted("train")
         ready = wait_for(lambda: len(r := sorted(wd.glob(f"ready-{job}-*"))) == 2 and r, "both ranks ready", 300)
         # and their lines in the job log: what the node printed last must be there to be quoted
         wait_for(lambda: joblog.read_text().count(" ready on ") == 2, "both ready lines in the job log", 60)

@@ -43,8 +43,7 @@ def test_a_job_requeued_by_an_admin_three_times_still_requeues_itself_after_its_
     wd = copied_workflow("timelimit", tmp_path)
     sm = Snakemake(wd, "--multinode-max-requeues", "1")
     try:
-        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
-        job = line.split("SLURM job ")[1].split()[0]
+        job, _ = sm.submitted("train")
         for restart in range(1, 4):
             wait_for(
                 lambda: timelimit_ranks_waiting(wd), f"both workers waiting for the signal (restart {restart - 1})", 300

@@ -60,8 +60,7 @@ def test_a_dead_node_is_replaced_by_the_spare_in_the_same_job(slurm_cluster, tmp
     (wd / "Snakefile").write_text(SNAKEFILE)
     sm = Snakemake(wd)  # no --retries: only the spare can save the job
     try:
-        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
-        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        job, joblog = sm.submitted("train")
         first = wait_for(lambda: len(r := sorted(wd.glob(f"ready-{job}-0-*"))) == 2 and r, "both ranks ready", 300)
         head, other = (p.name.split("-", 4)[4] for p in first)  # ready-<job>-<relaunch>-<rank>-<host>
         wait_for(lambda: saved_step(wd) >= 5, "five steps saved", 120)
@@ -146,8 +145,7 @@ def test_the_node_of_a_stalled_rank_is_replaced_by_the_spare_in_the_same_job(slu
     (wd / "Snakefile").write_text(STALL_SNAKEFILE)
     sm = Snakemake(wd)
     try:
-        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
-        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        job, joblog = sm.submitted("train")
         rc = sm.wait(600)
     finally:
         sm.stop()
@@ -183,8 +181,7 @@ def test_with_its_spare_used_up_a_second_dead_node_ends_the_job_and_the_retry_re
     (wd / "Snakefile").write_text(SNAKEFILE)
     sm = Snakemake(wd, "--retries", "1")
     try:
-        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
-        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        job, joblog = sm.submitted("train")
         first = wait_for(lambda: len(r := sorted(wd.glob(f"ready-{job}-0-*"))) == 2 and r, "both ranks ready", 300)
         head, dead = (p.name.split("-", 4)[4] for p in first)
         wait_for(lambda: saved_step(wd) >= 3, "three steps saved", 120)
@@ -237,8 +234,7 @@ def test_a_training_whose_node_dies_resumes_on_the_spare_and_ends_with_the_model
     sm = Snakemake(wd)  # no --retries: only the spare can save the job
     stopped: list[int] = []
     try:
-        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
-        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        job, joblog = sm.submitted("train")
         wait_for(lambda: (wd / "ckpt" / "step_00000100").exists(), "the checkpoint of step 100", 600, interval=0.05)
         head, other = re.search(r"; nodes (\S+),(\S+), 1 spare\(s\) left", joblog.read_text()).groups()
         # the training halted by pid where it is (after its first checkpoint, long before its end), then the node

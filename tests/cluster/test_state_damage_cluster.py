@@ -93,8 +93,7 @@ def made(slurm_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
     _git(wd, "commit", "-qm", "workflow")
     first = Snakemake(wd)
     try:
-        _, line = first.wait_line("rule work: SLURM job", timeout=300)
-        work = line.split("SLURM job ")[1].split()[0]
+        work, _ = first.submitted("work", timeout=300)
         wait_for(lambda: len(lines(wd / "runs.txt")) == 2, "the 2-node job running", 300)
         os.kill(first.pid, signal.SIGKILL)
         assert first.wait(60) == -signal.SIGKILL

@@ -125,8 +125,7 @@ def test_a_straggling_node_is_named_and_replaced_by_the_spare_in_the_same_job(sl
     sm = Snakemake(wd)  # no --retries: only the spare can take the slow node's place
     slow: Slowdown | None = None
     try:
-        _, line = sm.wait_line("rule train: SLURM job", timeout=120)
-        job, joblog = line.split("SLURM job ")[1].split()[0], Path(line.split("; log ")[1].strip())
+        job, joblog = sm.submitted("train")
         wait_for(lambda: all((wd / f"pid-0-{r}").exists() for r in (0, 1)), "both ranks started", 300)
         head, other = ((wd / f"pid-0-{r}").read_text().split()[0] for r in (0, 1))
         host, pid = (wd / "pid-0-1").read_text().split()

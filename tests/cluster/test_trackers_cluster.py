@@ -147,8 +147,7 @@ def test_a_twice_requeued_two_node_training_is_one_run_in_every_tracker_and_a_fo
     (wd / "Snakefile").write_text(SNAKEFILE.format(wd=wd))
     sm = Snakemake(wd, "--config", f"hold={HELD_RUNS}")
     try:
-        _, line = sm.wait_line("rule train: SLURM job", timeout=180)
-        job = line.split("SLURM job ")[1].split()[0]
+        job, _ = sm.submitted("train", timeout=180)
         first = records(wd)[0]["tracking_id"]
         for restart in range(HELD_RUNS):
             logged = wd / f"logged-{first}-{restart}"
