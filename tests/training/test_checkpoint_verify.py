@@ -5,6 +5,7 @@ and the cost of both in the metrics events."""
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -126,6 +127,22 @@ def test_the_cost_benchmark_summarizes_a_runs_events(stopped: Path) -> None:
     assert summary["verify_s"]["max"] == max(e["verify_s"] for e in ends)
     assert 0 < summary["fsync_share_of_save"] < 1
     assert "resume" not in summary  # the stopped run started fresh
+
+
+@pytest.mark.slow
+def test_the_cost_benchmark_runs_end_to_end_with_its_overrides(tmp_path: Path) -> None:
+    """The benchmark's own run (train to half the steps, then resume to the end), small: what a GPU machine runs
+    with a larger model through --set."""
+    bench = load_script(REPO / "benchmarks" / "checkpoint_cost.py", "checkpoint_cost_end_to_end")
+    out = tmp_path / "result.json"
+    argv = ["--nproc", "1", "--ckpt-every", "2", "--num-docs", "40", "--work-dir", str(tmp_path)]
+    argv += ["--set", json.dumps({"steps": 8}), "--out", str(out)]
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["steps"] == 8 and result["ranks"] == 1 and result["machine"]["gpu"] is None
+    assert result["checkpoints"] == 4 and result["resume"]["verify_s"] > 0  # steps 2 and 4, resumed, 6 and 8
+    assert result["command"] == "python benchmarks/checkpoint_cost.py " + shlex.join(argv)  # to run it again
+    assert list(tmp_path.glob("ckpt-cost-*")) == []  # its work folder is removed
 
 
 @pytest.mark.slow
