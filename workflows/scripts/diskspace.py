@@ -16,6 +16,7 @@ and srun on the other nodes, end the rest.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import os
@@ -92,6 +93,21 @@ def cannot_write(what: str, err: BaseException, needed: int, needed_how: str, wh
     if full:
         message += f"; {needed} bytes needed ({needed_how}), {_figure(free)} bytes free in {where}"
     return message
+
+
+def replace_file(path: Path, text: str, what: str, needed_how: str) -> str | None:
+    """Write `text` beside `path` and rename it there (a reader sees the old file or the new one). A write that
+    fails leaves the old file and no temp file, and is said (cannot_write: `what` names the file); None: written."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        return cannot_write(f"{what} {path}", err, len(text.encode()), needed_how, path.parent)
+    return None
 
 
 def _figure(value: int | None) -> str:

@@ -358,14 +358,7 @@ def prepare_metrics(path: str, resumed_step: int) -> str | None:
         json.dumps(m if "event" in m or m["step"] <= resumed_step else {**m, "event": "superseded"}) + "\n"
         for m in records
     )
-    tmp = p.with_name(p.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, p)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        return diskspace.cannot_write(f"the metrics file {p}", err, len(text.encode()), "the rewritten file", p.parent)
-    return None
+    return diskspace.replace_file(p, text, "the metrics file", "the rewritten file")
 
 
 def append_metrics(path: str, record: dict[str, Any]) -> str | None:
@@ -409,18 +402,9 @@ def write_preempt_file(step: int) -> None:
     target = os.environ.get("MULTINODE_PREEMPT_FILE")
     if not target:
         return
-    p = Path(target)
-    tmp = p.with_name(p.name + ".tmp")
-    text = f"{step}\n"
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text)
-        os.replace(tmp, p)
-    except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        message = diskspace.cannot_write(f"the preempt file {p}", err, len(text), "the step", p.parent)
-        raise diskspace.WriteFailed(f"{message}; checkpointed step {step}, but the job is not requeued") from None
+    message = diskspace.replace_file(Path(target), f"{step}\n", "the preempt file", "the step")
+    if message is not None:
+        raise diskspace.WriteFailed(f"{message}; checkpointed step {step}, but the job is not requeued")
 
 
 def write_event(run: Run, event: str, step: int, wall: float, **extra: Any) -> None:
