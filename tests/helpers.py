@@ -601,8 +601,18 @@ def rank_pids(cl: Cluster, name: str) -> dict[int, int]:
         except OSError:
             continue  # ended meanwhile
         if env.get("RANK", "").isdigit() and "TORCHELASTIC_RUN_ID" in env:
-            found[int(env["RANK"])] = pid
+            rank = int(env["RANK"])
+            # a worker's child inherits its RANK: the fault must reach the worker itself, so two claimants fail
+            assert rank not in found, f"rank {rank}: {found[rank]} {cmdline(found[rank])!r}, {pid} {cmdline(pid)!r}"
+            found[rank] = pid
     return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "(ended)"
 
 
 def slurmd_start_time(cl: Cluster, name: str) -> str:

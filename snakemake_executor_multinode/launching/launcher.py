@@ -63,6 +63,7 @@ SLURM_NODE_RANK = "$SLURM_NODEID"
 # What srun says when a task ends badly (srun's own messages; one task per node, so a task names its node).
 TASK_FAILED = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<task>\d+)[\d,\-]*: (?P<what>.+?)\s*$")
 NODE_FAILED = re.compile(r"^srun: error: Node failure on (?P<node>[^\s,]+)")
+NODE_FAILURE = "node failure"  # a Failure's `what` for NODE_FAILED
 STEP_CANCELLED = re.compile(r"\*\*\* (STEP|JOB) \S+ ON \S+ CANCELLED")  # scancel, time limit, preemption
 EXITED = re.compile(r"Exited with exit code (\d+)")
 SIGNAL_CODES = {signal.strsignal(s): 128 + s for s in signal.Signals}  # srun names a fatal signal by strsignal()
@@ -308,6 +309,12 @@ class Failure:
     what: str
     victim: str = ""  # set when `node` does not answer: the node whose task failed first, after losing its peer
 
+    @property
+    def node_down(self) -> bool:
+        """The node is gone: its slurmd did not answer the launcher (a victim failed first), or SLURM itself declared
+        a node failure (after SlurmdTimeout, when no live rank failed on the lost peer before)."""
+        return bool(self.victim) or self.what == NODE_FAILURE
+
 
 class StepWatch:
     """Reads srun's stderr as it passes through: the first task that ends badly names the failing node, unless
@@ -349,7 +356,7 @@ class StepWatch:
         groups = m.groupdict()
         # one task per node: the task id is the node rank torchrun was given (SLURM_NODEID)
         rank = int(groups["task"]) if groups.get("task") else self.nodes.index(node) if node in self.nodes else -1
-        what = groups.get("what") or "node failure"
+        what = groups.get("what") or NODE_FAILURE
         exited = EXITED.search(what)
         code = int(exited[1]) if exited else SIGNAL_CODES.get(what.removesuffix(" (core dumped)"), 1)
         self.failure = Failure(node, rank, code, what)
@@ -433,7 +440,7 @@ def launch_step(
 def failure_why(f: Failure) -> str:
     if f.what in (STALLED_WHAT, UNREACHABLE_WHAT) or f.what.startswith(straggler.WHAT):
         return f.what
-    return "does not answer: the node is down" if f.victim else f"exited with {f.code}"
+    return "does not answer: the node is down" if f.node_down else f"exited with {f.code}"
 
 
 def _supervise(
@@ -483,7 +490,7 @@ def _supervise(
                 give_up = told + STOP_WAIT_S
                 watch.failure = failed = blame(failed, watch.nodes, env)  # ~1 s at most
                 report_failure(failed, env)
-                if failed.victim:  # a dead node never reports its task's end: srun would wait for nothing
+                if failed.node_down:  # a dead node never reports its task's end: srun would wait for nothing
                     give_up = min(give_up, time.monotonic() + DEAD_NODE_WAIT_S)
         elif proc.poll() is not None:
             break

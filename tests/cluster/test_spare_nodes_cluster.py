@@ -238,7 +238,8 @@ def test_a_training_whose_node_dies_resumes_on_the_spare_and_ends_with_the_model
         wait_for(lambda: (wd / "ckpt" / "step_00000100").exists(), "the checkpoint of step 100", 600, interval=0.05)
         head, other = re.search(r"; nodes (\S+),(\S+), 1 spare\(s\) left", joblog.read_text()).groups()
         # the training halted by pid where it is (after its first checkpoint, long before its end), then the node
-        # killed; the head's rank goes on, and fails on its lost peer
+        # killed; the head's rank goes on, and fails on its lost peer (or hangs in its all_reduce until SLURM reports
+        # the node failure: said alike)
         workers = {**rank_pids(slurm_cluster, head), **rank_pids(slurm_cluster, other)}
         assert sorted(workers) == [0, 1], workers
         for pid in workers.values():

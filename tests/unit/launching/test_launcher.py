@@ -490,6 +490,26 @@ def test_a_node_that_does_not_answer_is_blamed_not_the_live_node_whose_rank_fail
     assert "FAILED: node node2 (node_rank 1) does not answer: the node is down" in err
 
 
+def test_a_node_failure_slurm_reports_itself_is_said_as_a_node_that_is_down_not_as_an_exit_code(
+    tmp_path, monkeypatch, capfd
+):
+    # No live rank failed on its lost peer (it hung instead): SLURM declares the node failed after SlurmdTimeout.
+    monkeypatch.setattr(launcher.liveness, "slurmd_port", lambda env: 6818)
+    monkeypatch.setattr(launcher.liveness, "unreachable", lambda nodes, port: ["node2"])
+    monkeypatch.setattr(launcher.socket, "gethostname", lambda: "node1")
+    marker = tmp_path / "failed-node"
+    srun = fake_srun(
+        tmp_path,
+        "echo 'srun: error: Node failure on node2' >&2; echo 'srun: error: node1: task 0: Killed' >&2; exit 1",
+    )
+    end = launcher.launch_step(srun, {protocol.FAILED_NODE_FILE_VAR: str(marker)}, ["node1", "node2"])
+    assert end.failure is not None and end.failure.node == "node2" and end.failure.node_down
+    assert marker.read_text() == "node2\n"
+    err = capfd.readouterr().err
+    assert "FAILED: node node2 (node_rank 1) does not answer: the node is down" in err
+    assert "exited with" not in err
+
+
 def test_when_every_node_answers_srun_s_failing_node_is_blamed(monkeypatch):
     failed = launcher.Failure("node2", 1, 3, "Exited with exit code 3")
     monkeypatch.setattr(launcher.liveness, "slurmd_port", lambda env: 6818)
