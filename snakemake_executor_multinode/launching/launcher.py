@@ -634,6 +634,8 @@ def report_failure(failed: Failure, env: Mapping[str, str]) -> None:
             f"node {failed.node} (node_rank {failed.rank}) does not answer (its slurmd is unreachable: the node is "
             f"down); node {failed.victim} failed after it, having lost its peer; stopping the other nodes"
         )
+    elif failed.node_down:
+        log(f"node {failed.node} (node_rank {failed.rank}) is down (SLURM reports a node failure); stopping the others")
     else:
         how = f"with exit code {failed.code}" if EXITED.search(failed.what) else f"({failed.what})"
         log(f"node {failed.node} (node_rank {failed.rank}) failed {how}; stopping the other nodes")

@@ -506,6 +506,7 @@ def test_a_node_failure_slurm_reports_itself_is_said_as_a_node_that_is_down_not_
     assert end.failure is not None and end.failure.node == "node2" and end.failure.node_down
     assert marker.read_text() == "node2\n"
     err = capfd.readouterr().err
+    assert "node node2 (node_rank 1) is down (SLURM reports a node failure); stopping the others" in err
     assert "FAILED: node node2 (node_rank 1) does not answer: the node is down" in err
     assert "exited with" not in err
 
