@@ -1,8 +1,10 @@
 """What verified checkpoints cost per checkpoint (issue 38, part 1): fsync, the manifest's sha256 and the
 verification, for the example model (workflows/config.yaml's train section) on 2 CPU ranks (torchrun, gloo).
+Beside it, side by side on the newest checkpoint's files: its manifest hashed on one thread and on the threads
+train.py uses (checkpoint.hash_threads), alternately, --repeat times each.
 
     python benchmarks/checkpoint_cost.py [--ckpt-every 5] [--work-dir /var/tmp] [--out results-checkpoint-verify.json]
-        [--set JSON] [--num-docs N] [--nproc 2]
+        [--set JSON] [--num-docs N] [--nproc 2] [--repeat 3]
 
 --set overrides keys of the training config (a larger model on a GPU machine: where CUDA is there, train.py uses
 it); --num-docs the generated corpus.
@@ -60,6 +62,31 @@ def summarize(records: list[dict[str, Any]], checkpoint_bytes: int) -> dict[str,
     return out
 
 
+def hashing(step_dir: Path, repeat: int) -> dict[str, Any]:
+    """One thread against checkpoint.hash_threads on the same files, alternately (the page cache serves both alike:
+    the checkpoint was just written and verified)."""
+    sys.path.insert(0, str(SCRIPTS))
+    import checkpoint
+
+    files = checkpoint.data_files(step_dir)
+    threads = checkpoint.hash_threads(len(files))
+    took: dict[int, list[float]] = {1: [], threads: []}
+    for _ in range(repeat):
+        for n in took:
+            t0 = time.perf_counter()
+            checkpoint.manifest(step_dir, threads=n)
+            took[n].append(time.perf_counter() - t0)
+    one, many = statistics.median(took[1]), statistics.median(took[threads])
+    return {
+        "files": len(files),
+        "threads": threads,
+        "one_thread_s": round(one, 6),
+        "threads_s": round(many, 6),
+        "speedup": round(one / many, 2),
+        "repeat": repeat,
+    }
+
+
 def gpu_name() -> str | None:
     """The GPU train.py runs on (None: CPU ranks)."""
     import torch
@@ -86,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results-checkpoint-verify.json"))
     p.add_argument("--set", default="{}", help="JSON object: training config keys over workflows/config.yaml's")
     p.add_argument("--num-docs", type=int, help="generated documents (default: workflows/config.yaml's)")
+    p.add_argument("--repeat", type=int, default=3, help="hashings of the newest checkpoint per thread count")
     given = sys.argv[1:] if argv is None else argv
     args = p.parse_args(given)
     config = yaml.safe_load((REPO / "workflows" / "config.yaml").read_text())
@@ -121,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "wall_s": round(time.perf_counter() - t0, 1),
             **summarize(records, size),
+            "manifest_hashing": hashing(newest, args.repeat),
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)

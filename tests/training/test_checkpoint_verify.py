@@ -5,6 +5,7 @@ and the cost of both in the metrics events."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 from collections.abc import Callable
@@ -142,6 +143,9 @@ def test_the_cost_benchmark_runs_end_to_end_with_its_overrides(tmp_path: Path) -
     assert result["config"]["steps"] == 8 and result["ranks"] == 1 and result["machine"]["gpu"] is None
     assert result["checkpoints"] == 4 and result["resume"]["verify_s"] > 0  # steps 2 and 4, resumed, 6 and 8
     assert result["command"] == "python benchmarks/checkpoint_cost.py " + shlex.join(argv)  # to run it again
+    hashing = result["manifest_hashing"]  # one thread and train.py's threads, side by side on one checkpoint
+    assert hashing["files"] >= 4 and hashing["threads"] == min(hashing["files"], len(os.sched_getaffinity(0)), 16)
+    assert hashing["one_thread_s"] > 0 and hashing["threads_s"] > 0 and hashing["repeat"] == 3
     assert list(tmp_path.glob("ckpt-cost-*")) == []  # its work folder is removed
 
 
@@ -254,6 +258,26 @@ def test_verify_names_the_file_and_what_is_wrong(tmp_path: Path) -> None:
     (path / checkpoint.META).write_text("[]")
     assert checkpoint.verify(path) == f"{checkpoint.META}: not a JSON object"
     assert checkpoint.verify(fake_checkpoint(tmp_path, 2, manifest=False)) == checkpoint.NO_MANIFEST
+
+
+def test_files_hash_on_several_threads_to_the_same_manifest_and_the_first_damaged_file_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = fake_checkpoint(tmp_path, 1)
+    for i in range(6):  # shards of one folder, hashed at once
+        (path / SHARD).with_name(f"extra-{i}.bin").write_bytes(bytes([i]) * 100_000)
+    threads: list[int] = []
+    real_pool = checkpoint.ThreadPoolExecutor
+    monkeypatch.setattr(checkpoint, "ThreadPoolExecutor", lambda n: threads.append(n) or real_pool(n))
+    files = checkpoint.manifest(path)
+    assert files == checkpoint.manifest(path, threads=1)
+    assert threads == [min(len(files), len(os.sched_getaffinity(0)), 16), 1]
+    meta = {"format": checkpoint.FORMAT, "step": 1, checkpoint.FILES: files}
+    (path / checkpoint.META).write_text(json.dumps({**meta, checkpoint.META_SHA: checkpoint.meta_sha256(meta)}))
+    assert checkpoint.verify(path) is None
+    for rel in list(files)[1:]:  # every file but the first altered, same size: the manifest's first of them named
+        (path / rel).write_bytes(bytes(b ^ 1 for b in (path / rel).read_bytes()))
+    assert checkpoint.verify(path) == f"{list(files)[1]}: checksum mismatch"
 
 
 def local_checkpointer(root: Path, keep: int = 2) -> Any:
