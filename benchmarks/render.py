@@ -1357,22 +1357,38 @@ def goodput_spares_setup() -> str:
 
 
 CKPT_COST = "benchmarks/results-checkpoint-verify.json"  # one run of benchmarks/checkpoint_cost.py
+CKPT_COST_H100 = "benchmarks/results-checkpoint-verify-h100.json"  # the same on the lent H100, a GPT-2-medium model
+
+
+def checkpoint_cost_text(rel: str) -> str:
+    def mean(key: str) -> str:
+        return f"{data(rel, key, 'mean'):.4f} s"
+
+    text = (
+        f"{data(rel, 'checkpoints')} checkpoints of {data(rel, 'checkpoint_bytes') / 1e6:.1f} MB "
+        f"({data(rel, 'machine', 'filesystem')}): a save takes {mean('save_s')} mean, of which fsync "
+        f"{mean('fsync_s')} ({pct(data(rel, 'fsync_share_of_save'))}, with the ranks' barrier after it), the "
+        f"manifest's sha256 {mean('manifest_s')} ({pct(data(rel, 'manifest_share_of_save'))}), verifying the "
+        f"published checkpoint {mean('verify_s')} ({pct(data(rel, 'verify_share_of_save'))}); the resume's "
+        f"verification {data(rel, 'resume', 'verify_s'):.4f} s of its {data(rel, 'resume', 'restore_s'):.4f} s restore"
+    )
+    if "manifest_hashing" not in _load(ROOT / rel):  # a run from before the threads
+        return text + "; the files hashed on one thread"
+    h = data(rel, "manifest_hashing")
+    return text + (
+        f"; the newest checkpoint's {h['files']} files hashed side by side: {h['one_thread_s']:.4f} s on one thread, "
+        f"{h['threads_s']:.4f} s on {h['threads']} threads ({h['speedup']:.2f}x, medians of {h['repeat']})"
+    )
 
 
 @renders("checkpoint-cost")
 def checkpoint_cost() -> str:
-    def mean(key: str) -> str:
-        return f"{data(CKPT_COST, key, 'mean'):.4f} s"
+    return checkpoint_cost_text(CKPT_COST)
 
-    return (
-        f"{data(CKPT_COST, 'checkpoints')} checkpoints of {data(CKPT_COST, 'checkpoint_bytes') / 1e6:.1f} MB "
-        f"({data(CKPT_COST, 'machine', 'filesystem')}): a save takes {mean('save_s')} mean, of which fsync "
-        f"{mean('fsync_s')} ({pct(data(CKPT_COST, 'fsync_share_of_save'))}, with the ranks' barrier after it), the "
-        f"manifest's sha256 {mean('manifest_s')} ({pct(data(CKPT_COST, 'manifest_share_of_save'))}), verifying the "
-        f"published checkpoint {mean('verify_s')} ({pct(data(CKPT_COST, 'verify_share_of_save'))}); the resume's "
-        f"verification {data(CKPT_COST, 'resume', 'verify_s'):.4f} s of its "
-        f"{data(CKPT_COST, 'resume', 'restore_s'):.4f} s restore"
-    )
+
+@renders("checkpoint-cost-h100")
+def checkpoint_cost_h100() -> str:
+    return checkpoint_cost_text(CKPT_COST_H100)
 
 
 @renders("goodput-setup")
