@@ -36,7 +36,12 @@ MULTINODE_RUNS_FILE={{runs_file}}  # each run's start and end, for the outputs' 
 MULTINODE_REQUEUED=0
 multinode_finish() {
     local rc=$?
-    [ "$MULTINODE_REQUEUED" = 1 ] && return
+    if [ "$MULTINODE_REQUEUED" = 1 ]; then
+        # Said here, as slurmctld's SIGTERM ends the run: that SIGTERM can end this shell before it sees scontrol
+        # requeue return, and a line after scontrol would then be lost.
+        echo "[multinode] requeued; the next run resumes from the checkpoint"
+        return
+    fi
     multinode_now
     echo "[multinode] exit $rc, $MULTINODE_NOW"
     printf '{"event": "end", "job": "%s", "restart": %s, "exit": %s, "time": "%s"}\n' \
@@ -173,8 +178,7 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
         [ -e "$MULTINODE_STALL_FILE" ] && MULTINODE_WHY="stalled: ended by the progress watchdog, on_stall requeue"
         printf '%s %s\n' "$((${SLURM_RESTART_COUNT:-0} + 1))" "$MULTINODE_WHY" >{{requeue_marker}}
         if scontrol requeue "$SLURM_JOB_ID"; then
-            echo "[multinode] requeued; the next run resumes from the checkpoint"
-            sleep 600 & wait  # slurmctld ends this run
+            sleep 600 & wait  # slurmctld ends this run (the EXIT trap says so)
         fi
         MULTINODE_REQUEUED=0
     fi

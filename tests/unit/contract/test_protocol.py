@@ -160,6 +160,15 @@ def test_preemptions_and_admin_requeues_do_not_use_up_the_jobs_own_requeue_budge
     assert code == 143  # ended by slurmctld's SIGTERM, as a requeued run is
 
 
+def test_a_requeue_is_said_in_the_log_even_when_slurmctlds_sigterm_comes_before_scontrol_returns(tmp_path):
+    """The stand-in scontrol sends the SIGTERM while it runs, as slurmctld may under load: the shell runs its trap
+    as soon as scontrol ends, before any line after it (seen in CI: the requeued run's log lacked the line)."""
+    code, calls, _, out = run_job_script(tmp_path, restart=0)
+    assert "requeue 42" in calls and code == 143, out
+    assert out.count("[multinode] requeued; the next run resumes from the checkpoint\n") == 1, out
+    assert "[multinode] exit" not in out and "not requeued" not in out, out
+
+
 def test_a_job_that_used_its_own_requeues_stops_and_a_rerun_resumes(tmp_path):
     code, calls, _, _ = run_job_script(tmp_path, restart=1, own_requeues=3)
     assert not any(c.startswith("requeue") for c in calls) and code == protocol.EXIT_PREEMPTED
