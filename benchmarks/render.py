@@ -1372,8 +1372,6 @@ def checkpoint_cost_text(rel: str) -> str:
         f"published checkpoint {mean('verify_s')} ({pct(data(rel, 'verify_share_of_save'))}); the resume's "
         f"verification {data(rel, 'resume', 'verify_s'):.4f} s of its {data(rel, 'resume', 'restore_s'):.4f} s restore"
     )
-    if "manifest_hashing" not in _load(ROOT / rel):  # a run from before the threads
-        return text + "; the files hashed on one thread"
     h = data(rel, "manifest_hashing")
     return text + (
         f"; the newest checkpoint's {h['files']} files hashed side by side: {h['one_thread_s']:.4f} s on one thread, "
