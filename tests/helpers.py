@@ -544,14 +544,25 @@ def released(path):
 """
 
 
-def ckpt_loop(pause_s: float = 0.1, print_steps: bool = False) -> str:
+def ckpt_loop(
+    pause_s: float = 0.1, print_steps: bool = False, metrics: bool = False, crash_at: int = 0, save_every: int = 1
+) -> str:
     """A tiny 2-node gloo training for the fault tests: every rank says where it starts (launch-<rank>.txt: relaunch,
-    resumed step, host; a ready-<job>-<relaunch>-<rank>-<host> file), rank 0 saves the step after every all_reduce
-    (step.txt, by rename; with `print_steps` it prints it: progress the stall watchdog sees) and every rank resumes
-    from it. A launch trains until release-<relaunch> exists (RELEASED); then rank 0 appends the job id to argv[1]."""
+    resumed step, host; a ready-<job>-<relaunch>-<rank>-<host> file), rank 0 saves the step after every `save_every`
+    all_reduce (step.txt, by rename; with `print_steps` it prints it: progress the stall watchdog sees) and every rank
+    resumes from it. A launch trains until release-<relaunch> exists (RELEASED); then rank 0 appends the job id to
+    argv[1]. `metrics`: rank 0 writes a metrics step line per step ($MULTINODE_METRICS_FILE, with its `wall`), the
+    pace the adaptive stall timeout follows. `crash_at`: rank 1 exits 3 on reaching that step, on every launch."""
     say = '\n        print(f"step {step}", flush=True)' if print_steps else ""
+    line = (
+        '\n        with open(os.environ["MULTINODE_METRICS_FILE"], "a") as fh:'
+        '\n            fh.write(json.dumps({"step": step, "wall": time.time()}) + "\\n")'
+        if metrics
+        else ""
+    )
+    crash = f"\n    if rank == 1 and step == {crash_at}:\n        os._exit(3)" if crash_at else ""
     return f"""{RELEASED}
-import os, socket, sys, time
+import json, os, socket, sys, time
 
 dist.init_process_group("gloo")
 rank, host, job = dist.get_rank(), socket.gethostname(), os.environ["SLURM_JOB_ID"]
@@ -564,10 +575,11 @@ with open(f"launch-{{rank}}.txt", "a") as fh:
 pathlib.Path(f"ready-{{job}}-{{relaunch}}-{{rank}}-{{host}}").touch()
 step = start
 while not released(f"release-{{relaunch}}"):
-    step += 1
+    step += 1{crash}
     if rank == 0:
-        pathlib.Path("step.tmp").write_text(str(step))
-        os.replace("step.tmp", saved){say}
+        if step % {save_every} == 0:
+            pathlib.Path("step.tmp").write_text(str(step))
+            os.replace("step.tmp", saved){say}{line}
     time.sleep({pause_s})
 dist.barrier()
 if rank == 0:

@@ -66,8 +66,16 @@ REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run hand
 REPLACED_VAR = "MULTINODE_REPLACED"  # internal to the job script: a spare replaced a node (or unknown): no requeue
 REQUEUE_WHY_VAR = "MULTINODE_WHY"  # internal to the job script: why it requeues itself (the requeue marker's text)
 COMMAND_VAR = "MULTINODE_COMMAND"  # internal to the job script: the rule's command (its process group's id)
-STALL_TIMEOUT_VAR = "MULTINODE_STALL_TIMEOUT"  # the launcher's watchdog: seconds without progress; 0 or unset: off
-ON_STALL_VAR = "MULTINODE_ON_STALL"  # fail | requeue
+# The launcher's watchdog: seconds without progress; "auto": the training's own pace (launching/stall.py,
+# adaptive_timeout: the default); 0 or unset: off.
+STALL_TIMEOUT_VAR = "MULTINODE_STALL_TIMEOUT"
+STALL_AUTO = "auto"
+ON_STALL_VAR = "MULTINODE_ON_STALL"  # fail | requeue: what a stall does once no restart is left
+# In-job restarts (launching/restarts.py): how many times a crashed or stalled training starts again on the same
+# nodes in one run of the job, and how many failed launches in a row without progress make a crash loop that ends
+# them (--multinode-crash-loop-runs); unset: 0, none.
+MAX_RESTARTS_VAR = "MULTINODE_MAX_RESTARTS"
+CRASH_LOOP_RUNS_VAR = "MULTINODE_CRASH_LOOP_RUNS"
 # The launcher's straggler check (launching/straggler.py): what a named straggler does (warn | replace), how many
 # times slower than the other nodes' median a node's ranks must be, and for how many seconds in a row.
 ON_STRAGGLER_VAR = "MULTINODE_ON_STRAGGLER"
@@ -76,8 +84,9 @@ STRAGGLER_WINDOW_VAR = "MULTINODE_STRAGGLER_WINDOW"
 # The nodes `multinode torchrun` trains on when the job has spare nodes (resource spare_nodes): the first this many of
 # the allocation's nodes not known bad; unset: all of them.
 TRAIN_NODES_VAR = "MULTINODE_TRAIN_NODES"
-# Training: which launch of the training this is within one run of the job: 0 the first, K after the K-th
-# replacement of a failed node by a spare (resume from your checkpoint; docs/training-contract.md).
+# Training: which launch of the training this is within one run of the job: 0 the first, K after the K-th relaunch
+# (a spare replaced a failed node, or an in-job restart on the same nodes; resume from your checkpoint;
+# docs/training-contract.md).
 RELAUNCH_VAR = "MULTINODE_RELAUNCH"
 RUNS_FILE_VAR = "MULTINODE_RUNS_FILE"  # internal to the job script: where each run's start and end are recorded
 CHANGED_VAR = "MULTINODE_CHANGED"  # internal to the job script: the files a restart found changed
@@ -147,6 +156,8 @@ NODE_CHECK_VARIABLES = (NODE_CHECK_VAR, NODE_CHECK_COMMAND_VAR, NODE_CHECK_TIMEO
 LAUNCHER_VARIABLES = (
     STALL_TIMEOUT_VAR,
     ON_STALL_VAR,
+    MAX_RESTARTS_VAR,
+    CRASH_LOOP_RUNS_VAR,
     TRAIN_NODES_VAR,
     ON_STRAGGLER_VAR,
     STRAGGLER_FACTOR_VAR,

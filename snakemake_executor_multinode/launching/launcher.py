@@ -36,6 +36,7 @@ from snakemake_executor_multinode.launching import (
     netcheck,
     nodecheck,
     nodelog,
+    restarts,
     spares,
     stall,
     straggler,
@@ -47,6 +48,7 @@ from snakemake_executor_multinode.launching.allocation import (
     hostnames,
     read_allocation,
 )
+from snakemake_executor_multinode.launching.metrics_tail import MetricsTail
 from snakemake_executor_multinode.launching.torchrun_flags import option_value, split_torchrun_args
 
 __all__ = ["split_torchrun_args"]  # re-exported: torchrun's flags live in torchrun_flags.py
@@ -366,10 +368,14 @@ class StepWatch:
 @dataclass(frozen=True)
 class StepEnd:
     """How a step ended: the launcher's exit code, and the node to blame when one failed (not a stall, not a stop
-    from outside)."""
+    from outside). `stalled`: the verdict of a stall the step was ended for and that was not recorded, because a
+    restart may follow (the caller records it when none does); `reached`: the highest step of the launch's metrics
+    step lines (None: none), the restart policy's measure of progress."""
 
     code: int
     failure: Failure | None = None
+    stalled: str = ""
+    reached: float | None = None
 
 
 def run_step(argv: Sequence[str], env: Mapping[str, str], nodes: Sequence[str]) -> int:
@@ -389,15 +395,19 @@ def launch_step(
     nodes: Sequence[str],
     spare_left: bool = False,
     spares: Sequence[str] = (),
+    restartable: bool = False,
 ) -> StepEnd:
     """Runs the srun step, its stderr passed through; the first failing node is logged and written to
     $MULTINODE_FAILED_NODE_FILE (first failure wins) as soon as srun reports it, and the step is killed (see
     STOP_WAIT_S). `spare_left`: a stall whose odd ranks are on one node, or one of whose nodes the head cannot reach,
     ends with that node blamed, for a spare to replace, instead of the stall's verdict and requeue; so does a
-    straggler under on_straggler replace. `spares`: the job's unused nodes, also asked on a stall (liveness.split)."""
+    straggler under on_straggler replace. `spares`: the job's unused nodes, also asked on a stall (liveness.split).
+    `restartable`: a restart is left (restarts.py): a stall every node answers in ends with its verdict unrecorded
+    (StepEnd.stalled), for the caller to restart the training or else record it (end_stall)."""
     proc = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
     assert proc.stderr is not None
-    watch, stalls = StepWatch(nodes), StallCheck(env, nodes, replaceable=spare_left, spares=spares)
+    stalls = StallCheck(env, nodes, replaceable=spare_left, spares=spares, restartable=restartable)
+    watch = StepWatch(nodes)
     stragglers = straggler.StragglerCheck(env, nodes, replaceable=spare_left, log=log)
 
     def forward(signum: int, _frame: object) -> None:
@@ -411,12 +421,13 @@ def launch_step(
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+    reached = stalls.read_pace()  # the lines written up to the end count too
     if code == 0:
-        return StepEnd(0)
+        return StepEnd(0, reached=reached)
     if (slow := stragglers.blamed) is not None and stalls.verdict is None:
         what = slow.describe(stragglers.settings.factor, stragglers.settings.window_s)
         log(f"step ended: {what}")
-        return StepEnd(code if code > 0 else 1, Failure(slow.node, list(nodes).index(slow.node), code, what))
+        return StepEnd(code if code > 0 else 1, Failure(slow.node, list(nodes).index(slow.node), code, what), "", reached)
     if stalls.verdict is not None and stalls.odd_node is not None:
         if stalls.split is not None:
             log(f"{stalls.verdict}; ending the step to replace node {stalls.odd_node}")
@@ -425,16 +436,31 @@ def launch_step(
             log(f"{stalls.verdict}; node {stalls.odd_node} holds the rank(s) that differ")
             what = STALLED_WHAT
         odd = Failure(stalls.odd_node, list(nodes).index(stalls.odd_node), protocol.EXIT_STALLED, what)
-        return StepEnd(protocol.EXIT_STALLED, odd)
+        return StepEnd(protocol.EXIT_STALLED, odd, "", reached)
+    if stalls.verdict is not None and stalls.unrecorded and stalls.restartable:
+        log(f"step ended: {stalls.verdict}")
+        return StepEnd(protocol.EXIT_STALLED, None, stalls.verdict, reached)
     if stalls.verdict is not None:
-        log(f"{stalls.verdict}; requeued to resume" if stalls.requeue else f"FAILED: {stalls.verdict}")
-        return StepEnd(protocol.EXIT_STALLED)
+        if stalls.unrecorded:
+            end_stall(env, stalls.verdict)
+        else:  # a split's verdict, recorded when it was found (_split_verdict)
+            log(f"FAILED: {stalls.verdict}")
+        return StepEnd(protocol.EXIT_STALLED, reached=reached)
     if watch.failure is not None:
         f = watch.failure
         log(f"FAILED: node {f.node} (node_rank {f.rank}) {failure_why(f)}")
-        return StepEnd(f.code, f)
+        return StepEnd(f.code, f, "", reached)
     log(f"srun exited with {code}" + (" after the step was stopped" if watch.stopped else ""))
-    return StepEnd(code if code > 0 else 1)
+    return StepEnd(code if code > 0 else 1, reached=reached)
+
+
+def end_stall(env: Mapping[str, str], message: str) -> int:
+    """A stall no restart follows, recorded as `on_stall` says (stall.record) and said; the launcher's exit code."""
+    recorded = stall.record(env, message, env.get(protocol.ON_STALL_VAR, "fail"))
+    for error in recorded.errors:
+        log(f"ERROR: {error}")
+    log(f"{recorded.verdict}; requeued to resume" if recorded.requeue else f"FAILED: {recorded.verdict}")
+    return protocol.EXIT_STALLED
 
 
 def failure_why(f: Failure) -> str:
@@ -506,18 +532,26 @@ class StallCheck:
         nodes: Sequence[str],
         replaceable: bool = False,
         spares: Sequence[str] = (),
+        restartable: bool = False,
     ) -> None:
         value = env.get(protocol.STALL_TIMEOUT_VAR, "0")
-        self.timeout_s = int(value) if value.isdigit() else 0
         self.on_stall = env.get(protocol.ON_STALL_VAR, "fail")
         self.env, self.nodes, self.stem = env, list(nodes), nodelog.log_stem(env)
         paths = [JobFiles(Path(self.stem)).node_out(n) for n in nodes] if self.stem else []
-        if metrics := env.get(protocol.METRICS_FILE_VAR):
+        metrics = env.get(protocol.METRICS_FILE_VAR)
+        if metrics:
             paths.append(Path(metrics))
-        self.watchdog = stall.Watchdog(self.timeout_s if paths else 0, paths)
+        # The training's pace, from this launch's metrics lines (written on the head node or a node whose clock
+        # agrees: an earlier launch's lines, read again from a rewritten file, are older)
+        self.pace = stall.Pace(since_wall=time.time() - straggler.WALL_SLACK_S)
+        self.metrics = MetricsTail(Path(metrics) if metrics else None)
+        self.adaptive = value == protocol.STALL_AUTO
+        timeout: float | Callable[[], float] = (
+            (lambda: stall.adaptive_timeout(self.pace)) if self.adaptive else int(value) if value.isdigit() else 0
+        )
+        self.watchdog = stall.Watchdog(timeout if paths else 0, paths)
         self.asked: float | None = None  # when every node was asked for its stacks
         self.verdict: str | None = None
-        self.requeue = False  # the stall's requeue was asked for and its request written (stall.record)
         # A spare can take the place of the node holding the odd ranks: then nothing is recorded (no verdict for
         # the tracker, no requeue), the launcher relaunches instead.
         self.replaceable = replaceable
@@ -526,16 +560,30 @@ class StallCheck:
         # unreachable node is blamed whatever the stacks say (in a split every rank waits alike).
         self.spares = list(spares)
         self.split: liveness.Split | None = None
+        # The verdict of a stall every node answers in is recorded once the step has ended (end_stall), unless a
+        # restart is left (restarts.py): then the launcher restarts the training, or else records it.
+        self.restartable = restartable
+        self.unrecorded = False
+
+    def read_pace(self) -> float | None:
+        """Takes the metrics lines written since the last call; the highest step this launch reached."""
+        now = time.time()
+        for line in self.metrics.lines():
+            self.pace.feed(line, now)
+        return self.pace.reached
 
     def due(self) -> bool:
         """True once, when the step should end: the stacks of every node are in (or STACKS_WAIT_S passed)."""
+        self.read_pace()
         if self.verdict is not None:
             return False
         if self.asked is None:
             if not self.watchdog.stalled():
                 return False
             when = datetime.now().astimezone().isoformat(timespec="seconds")
-            log(f"{stall.NOTICED} {when}: no progress for {self.timeout_s} s on any rank: taking every rank's stack")
+            rule = f" (the adaptive timeout: {stall.adaptive_rule(self.pace)})" if self.adaptive else ""
+            log(f"{stall.NOTICED} {when}: no progress for {self.watchdog.limit:.0f} s on any rank: taking every "
+                f"rank's stack{rule}")  # fmt: skip
             self.split = self._probe()
             stall.request_file(self.stem).write_text(f"{time.time()}\n")
             self.asked = time.monotonic()
@@ -543,16 +591,13 @@ class StallCheck:
         done = all(stall.done_file(self.stem, n).exists() for n in self.nodes if n not in cut)
         if not done and time.monotonic() - self.asked < stall.STACKS_WAIT_S:
             return False
-        message = stall.verdict(self.stem, self.nodes, self.timeout_s, f"{self.stem}.log")
+        message = stall.verdict(self.stem, self.nodes, self.watchdog.limit, f"{self.stem}.log")
         if self.split is not None:
             return self._split_verdict(message, self.split)
         if self.replaceable and (node := stall.odd_node(self.stem, self.nodes)) is not None:
             self.verdict, self.odd_node = message, node
             return True
-        recorded = stall.record(self.env, message, self.on_stall)
-        for error in recorded.errors:
-            log(f"ERROR: {error}")
-        self.verdict, self.requeue = recorded.verdict, recorded.requeue
+        self.verdict, self.unrecorded = message, True  # recorded after the step's end, unless a restart follows
         return True
 
     def split_nodes(self) -> tuple[str, ...]:
@@ -748,11 +793,16 @@ def launch_with_spares(
     env: Mapping[str, str],
     box: container_spec.ContainerSpec | None,
 ) -> int:
-    """One step on the training's nodes; while a failed step names a node and a spare is left, that node is
-    dropped and a new step starts on the survivors plus the spare (spares.py). Without spares: one step, as ever."""
+    """One step on the training's nodes, and the relaunches after a failed one, each a new step in the same job:
+    while a failed step names a node and a spare is left, that node is dropped and the step starts on the survivors
+    plus the spare (spares.py); a crash or stall on nodes that still answer starts again on the same nodes while a
+    restart is left (restarts.py). Before every launch the node check runs on every usable node (check_nodes): a
+    failed node kept for a restart is checked again. Without spares or restarts: one step, as ever."""
     roster = spares.Roster(alloc.nodes, spares.train_nodes(env, len(alloc.nodes)))
-    relaunch, overlap = 0, False
+    budget = restarts.Budget.from_env(env)
+    relaunch, restarted, overlap = 0, 0, False
     lost: list[node_events.NodeEvent] = []  # spares' takeovers the node events could not hold
+    reached: list[float | None] = []  # each failed launch's highest step (the crash-loop rule's progress)
     while True:
         if (code := check_nodes(roster, alloc.gpus_per_node, env, relaunch, lost)) is not None:
             return code
@@ -767,17 +817,41 @@ def launch_with_spares(
         step_env = worker_env(step, nproc, env, opts) | {protocol.RELAUNCH_VAR: str(relaunch)}
         with nodelog.Merger(nodelog.log_stem(env), step.nodes):  # the nodes' labelled lines into the job log
             end = launch_step(
-                argv_srun, step_env, step.nodes, spare_left=roster.spare() is not None, spares=roster.idle()
+                argv_srun,
+                step_env,
+                step.nodes,
+                spare_left=roster.spare() is not None,
+                spares=roster.idle(),
+                restartable=restarted < budget.max_restarts,
             )
-        failed = end.failure
-        if end.code == 0 or failed is None or (spare := roster.drop(failed.node)) is None:
+        if end.code == 0:
             return unrecorded_exit(end.code, lost, env)
-        relaunch += 1
-        log(f"replacing node {failed.node} ({failure_why(failed)}) with spare {spare}; relaunch {relaunch}")
-        event = node_events.NodeEvent(node_events.REPLACED, failed.node, failure_why(failed), spare, relaunch)
-        if not spares.record(env, event, log):
-            lost.append(event)
-        spares.forget_failed_node(env, failed.node, log)
+        failed = end.failure
+        reached.append(end.reached)
+        if failed is not None and (spare := roster.drop(failed.node)) is not None:
+            relaunch += 1
+            log(f"replacing node {failed.node} ({failure_why(failed)}) with spare {spare}; relaunch {relaunch}")
+            event = node_events.NodeEvent(node_events.REPLACED, failed.node, failure_why(failed), spare, relaunch)
+            if not spares.record(env, event, log):
+                lost.append(event)
+            spares.forget_failed_node(env, failed.node, log)
+        else:
+            what = restartable_failure(end, env)
+            why_not = None if what is None else restarts.why_not(budget, restarted, reached)
+            if what is None or why_not is not None:
+                if why_not is not None:
+                    log(f"not restarted in the job: {why_not}")
+                if end.stalled:
+                    return end_stall(env, f"{end.stalled}; not restarted: {why_not}")
+                return unrecorded_exit(end.code, lost, env)
+            relaunch += 1
+            restarted += 1
+            log(
+                f"restarting the training on the same nodes ({what}); relaunch {relaunch}, restart {restarted} of "
+                f"max_restarts {budget.max_restarts}"
+            )
+            if failed is not None:
+                spares.forget_failed_node(env, failed.node, log)
         spares.clear_stall_exchange(nodelog.log_stem(env), alloc.nodes)
         # SLURM keeps a step that had a dead node until it marks the node down (SlurmdTimeout), and with it the
         # survivors' CPUs and memory: a new step would wait for them that long, so it overlaps the old one instead
@@ -787,6 +861,24 @@ def launch_with_spares(
                 f"the failed step is still listed {spares.STEP_GONE_WAIT_S:.0f} s after its end (a dead node holds "
                 "it): the new step overlaps it (srun --overlap)"
             )
+
+
+def restartable_failure(end: StepEnd, env: Mapping[str, str]) -> str | None:
+    """What a failed step that an in-job restart may follow says of its failure ('stalled: ...', 'node2 exited with
+    1'); None for any other end: a dead or unreachable node (a spare's case, or the retry's), a stop from outside
+    (scancel, the time limit), srun failing without a failed task, or a training that checkpointed on the
+    pre-time-limit signal (the job script requeues it)."""
+    preempt = env.get(protocol.PREEMPT_FILE_VAR, "")
+    if preempt and os.path.exists(preempt):
+        return None
+    if end.stalled:
+        return end.stalled
+    failed = end.failure
+    if failed is None or failed.node_down or failed.what in (STALLED_WHAT, UNREACHABLE_WHAT):
+        return None
+    if failed.what.startswith(straggler.WHAT):
+        return None
+    return f"node {failed.node} {failure_why(failed)}"
 
 
 def main(argv: Sequence[str]) -> int:

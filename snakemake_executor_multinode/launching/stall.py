@@ -5,7 +5,13 @@ file beside the job log: a training that logs, prints or warns at all moves it) 
 ($MULTINODE_METRICS_FILE). Both are stat() calls on the head node, once a second: a deadlocked collective, a data
 loader waiting forever or every rank blocked on I/O show as files that stop growing, whatever the cause.
 
-After `stall_timeout` seconds without progress the launcher (head node):
+How long without progress is a stall: the rule's `stall_timeout`, or by default ($MULTINODE_STALL_TIMEOUT auto) the
+training's own pace (`Pace`, `adaptive_timeout`): PACE_FACTOR times the longest of the last PACE_WINDOW intervals
+between its metrics step lines, at least PACE_FLOOR_S; LONG_S before a launch's second step line (startup: imports,
+compilation, the checkpoint's load), while a checkpoint save runs (a checkpoint_begin without its checkpoint_end), and
+for a training that writes no step lines at all.
+
+After that long without progress the launcher (head node):
 0. asks every other node of the step, and every spare, whether its slurmd answers (liveness.split, ~1 s): in a
    network split every rank waits in its collective with the same stack, so the stacks name no node; a node the head
    cannot reach (twice) is named in the log at once and blamed: a spare takes its place where one is left, else it
@@ -21,20 +27,24 @@ After `stall_timeout` seconds without progress the launcher (head node):
    STOP_GRACE_S by srun's forced termination;
 3. writes its verdict to the stall marker ("stalled: no progress for 10m on any rank; stacks in <log>; rank 1 differs:
    time.sleep (worker.py:12)"), which Snakemake's error quotes;
-4. on_stall fail: exits EXIT_STALLED; requeue: writes the preempt file, so the job script requeues the job (it resumes
-   from its last checkpoint) as after the pre-time-limit signal. A file it cannot write is logged as an error naming
-   it; without the preempt file the job fails, its verdict saying it was not requeued (record).
+4. with a restart left (resource max_restarts, launching/restarts.py) starts the training again on the same nodes,
+   recording nothing; else on_stall fail: exits EXIT_STALLED; requeue: writes the preempt file, so the job script
+   requeues the job (it resumes from its last checkpoint) as after the pre-time-limit signal. A file it cannot write
+   is logged as an error naming it; without the preempt file the job fails, its verdict saying it was not requeued
+   (record).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import subprocess
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from snakemake_executor_multinode.contract import logline, protocol
@@ -64,16 +74,95 @@ def stop_file(stem: str) -> Path:
     return JobFiles(Path(stem)).stop_request
 
 
-class Watchdog:
-    """Tells a stall from progress by the sizes of the files every rank's output and the metrics reach."""
+# The adaptive timeout, the default (protocol.STALL_AUTO): the training's own pace, from its metrics lines.
+PACE_FACTOR = 10.0  # times the longest recent interval between step lines (NVIDIA's resiliency extension: 5x)
+PACE_WINDOW = 20  # the recent intervals: the last this many
+PACE_FLOOR_S = 30.0  # never shorter: a hang of a sub-second-step training is noticed within a minute
+# Before a launch's second step line, during a checkpoint save, and for a training without step lines: the fixed
+# default of before (longer than any save or startup this project has seen).
+LONG_S = 30 * 60.0
 
-    def __init__(self, timeout_s: float, paths: Sequence[Path], clock: Callable[[], float] = time.monotonic) -> None:
-        self.timeout_s, self.paths, self.clock = timeout_s, list(paths), clock
+
+@dataclass
+class Pace:
+    """The training's steps as its metrics lines tell them (docs/training-contract.md): the recent intervals between
+    step lines, whether a checkpoint save runs, and the highest step this launch reached (the restart policy's
+    progress). Lines written before `since_wall` are an earlier launch's (a resumed training rewrites the file)."""
+
+    since_wall: float
+    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=PACE_WINDOW))
+    saving: bool = False  # a checkpoint_begin without its checkpoint_end
+    reached: float | None = None  # the highest step of this launch's step lines; None: none yet
+    last: float | None = None  # the time of the last step line, or of the end of the save after it
+
+    def feed(self, line: str, now: float) -> None:
+        """One metrics line; `now` stands in for the time of a line that says none (`wall`, else `time`)."""
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(rec, dict):
+            return
+        wall = _number(rec.get("wall"))
+        wall = _number(rec.get("time")) if wall is None else wall
+        if wall is not None and wall < self.since_wall:
+            return
+        at = now if wall is None else wall
+        event, step = rec.get("event"), _number(rec.get("step"))
+        if event == "checkpoint_begin":
+            self.saving = True
+        elif event == "checkpoint_end":
+            self.saving = False
+            if self.last is not None:
+                self.last = at  # the save is no step: the next interval starts after it
+        elif event is None and step is not None:
+            if self.last is not None:
+                self.intervals.append(max(0.0, at - self.last))
+            self.last = at
+            self.reached = step if self.reached is None else max(self.reached, step)
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def adaptive_timeout(pace: Pace) -> float:
+    """Seconds without progress that make a stall, by the training's pace so far."""
+    if pace.saving or not pace.intervals:
+        return LONG_S
+    return max(PACE_FLOOR_S, PACE_FACTOR * max(pace.intervals))
+
+
+def adaptive_rule(pace: Pace) -> str:
+    """Why the adaptive timeout is what it is now, for the log line that says a stall was noticed."""
+    if pace.saving:
+        return "during a checkpoint save"
+    if not pace.intervals:
+        return "before the training's second step line"
+    return (
+        f"{PACE_FACTOR:g}x the longest of the last {len(pace.intervals)} intervals between step lines, "
+        f"{max(pace.intervals):.3g} s, at least {PACE_FLOOR_S:g} s"
+    )
+
+
+class Watchdog:
+    """Tells a stall from progress by the sizes of the files every rank's output and the metrics reach. `timeout`:
+    seconds, or a function giving them at each look (the adaptive timeout); 0 or less: never a stall."""
+
+    def __init__(
+        self, timeout: float | Callable[[], float], paths: Sequence[Path], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.timeout = timeout if callable(timeout) else (lambda: float(timeout))
+        self.paths, self.clock = list(paths), clock
         self.last_progress = clock()
+        self.limit = 0.0  # the timeout at the last look: the one a stall exceeded
         self._seen: dict[Path, tuple[int, int]] = {}
 
     def stalled(self) -> bool:
-        if self.timeout_s <= 0:
+        self.limit = self.timeout()
+        if self.limit <= 0:
             return False
         for path in self.paths:
             try:
@@ -84,7 +173,7 @@ class Watchdog:
             if self._seen.get(path) != now:
                 self._seen[path] = now
                 self.last_progress = self.clock()
-        return self.clock() - self.last_progress >= self.timeout_s
+        return self.clock() - self.last_progress >= self.limit
 
 
 def worker_ranks(

@@ -27,7 +27,6 @@ survivors plus the spare from the last checkpoint (spares.py); without a spare i
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +36,7 @@ from pathlib import Path
 from snakemake_executor_multinode.contract import node_events, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import spares
+from snakemake_executor_multinode.launching.metrics_tail import MetricsTail, size
 
 EVENT = "ranks"  # the metrics event with each node's busy time per step
 ON_STRAGGLER = ("warn", "replace")
@@ -114,7 +114,7 @@ class LineRates:
 
     def __init__(self, paths: Mapping[str, Path]) -> None:
         self.paths = dict(paths)
-        self.offsets = {node: _size(path) for node, path in self.paths.items()}  # earlier launches' lines: not ours
+        self.offsets = {node: size(path) for node, path in self.paths.items()}  # earlier launches' lines: not ours
         self.counts = dict.fromkeys(self.paths, 0)
 
     def read(self) -> None:
@@ -134,46 +134,6 @@ class LineRates:
         if not counts or min(counts.values()) < MIN_LINES:
             return None
         return {node: seconds / n for node, n in counts.items()}
-
-
-class MetricsTail:
-    """New complete lines of the metrics file, read from where the last call stopped. A file replaced or cut shorter
-    (a resumed training rewrites it, keeping the old lines) is read again from its start: the caller tells this
-    launch's lines by their time."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path, self.partial = path, b""
-        self.offset, self.inode = _size(path), _inode(path)
-
-    def lines(self) -> list[str]:
-        if self.path is None:
-            return []
-        try:
-            with open(self.path, "rb") as fh:
-                inode, size = os.fstat(fh.fileno()).st_ino, fh.seek(0, 2)
-                if inode != self.inode or size < self.offset:
-                    self.inode, self.offset, self.partial = inode, 0, b""
-                fh.seek(self.offset)
-                data = fh.read()
-        except OSError:
-            return []
-        self.offset += len(data)
-        *done, self.partial = (self.partial + data).split(b"\n")
-        return [raw.decode(errors="replace") for raw in done]
-
-
-def _size(path: Path | None) -> int:
-    try:
-        return path.stat().st_size if path else 0
-    except OSError:
-        return 0
-
-
-def _inode(path: Path | None) -> int:
-    try:
-        return path.stat().st_ino if path else 0
-    except OSError:
-        return 0
 
 
 @dataclass(frozen=True)

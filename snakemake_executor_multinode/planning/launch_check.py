@@ -9,6 +9,7 @@ import shlex
 import shutil
 from collections.abc import Sequence
 
+from snakemake_executor_multinode.launching import stall
 from snakemake_executor_multinode.planning.request import JobRequest, RequestError
 from snakemake_executor_multinode.planning.settings import SettingsError
 
@@ -70,13 +71,25 @@ def site_launcher(shellcmd: str | None, launchers: Sequence[str]) -> bool:
 
 
 def watchdog(req: JobRequest, command: str) -> str:
-    """The stall watchdog as the submission line states it (it ends a job, so the user hears of it up front). It
-    lives in `multinode torchrun`: a job whose command does not run it has none, whatever the request says."""
-    if not req.stall_timeout_s or not starts(command, ()):
+    """The stall watchdog and the in-job restarts as the submission line states them (they end and restart a
+    training, so the user hears of them up front). Both live in `multinode torchrun`: a job whose command does not
+    run it has neither, whatever the request says."""
+    if not starts(command, ()):
         return ""
-    minutes, seconds = divmod(req.stall_timeout_s, 60)
-    span = f"{minutes} min" if not seconds else f"{req.stall_timeout_s} s"
-    return f", stall watchdog {span} (resources stall_timeout; 0 turns it off)"
+    said = ""
+    if req.stall_timeout_s is None:
+        said = (
+            f", stall watchdog adaptive ({stall.PACE_FACTOR:g}x the interval between step lines, at least "
+            f"{stall.PACE_FLOOR_S:g} s; {stall.LONG_S / 60:g} min before the second step line, during a checkpoint "
+            "save and without step lines; resources stall_timeout)"
+        )
+    elif req.stall_timeout_s:
+        minutes, seconds = divmod(req.stall_timeout_s, 60)
+        span = f"{minutes} min" if not seconds else f"{req.stall_timeout_s} s"
+        said = f", stall watchdog {span} (resources stall_timeout; 0 turns it off)"
+    if req.max_restarts:
+        said += f", up to {req.max_restarts} in-job restart(s) (resources max_restarts)"
+    return said
 
 
 def check(req: JobRequest, shellcmd: str | None, kind: str | None, launchers: Sequence[str]) -> None:

@@ -79,14 +79,18 @@ OWN_RESOURCES = frozenset(
         "straggler_window",
         "own_launcher",
         "spare_nodes",
+        "max_restarts",
     }
 )
 # Resources a profile may set for every rule that uses it (environment.py takes these keys; a rule's own wins).
-PROFILE_RESOURCES = ("stall_timeout", "on_stall", "on_straggler", "straggler_factor", "straggler_window")
-# A multi-node `multinode torchrun` job with no stall_timeout of its own (rule or profile) is ended once no rank has
-# written a line (and no metrics line came) for this long: a deadlock holds N nodes until the time limit otherwise.
-DEFAULT_STALL_TIMEOUT_S = 30 * 60
+PROFILE_RESOURCES = (
+    "stall_timeout", "on_stall", "on_straggler", "straggler_factor", "straggler_window", "max_restarts",
+)  # fmt: skip
+# A multi-node `multinode torchrun` job with no stall_timeout of its own (rule or profile) gets the adaptive timeout
+# (None here, protocol.STALL_AUTO in the job script): the training's own pace (launching/stall.py, adaptive_timeout).
 ON_STALL = ("fail", "requeue")
+# In-job restarts of a crashed or stalled training on the same nodes (launching/restarts.py), per run of the job.
+DEFAULT_MAX_RESTARTS = 3
 # The launcher's straggler check (launching/straggler.py): a node whose ranks are busy more than FACTOR times the
 # other nodes' median per step for WINDOW seconds in a row is named; `replace` also swaps in a spare where one is left.
 ON_STRAGGLER = ("warn", "replace")
@@ -321,8 +325,9 @@ class JobRequest:
     # quick failures in a row that end a requeued job (0: no bound); "quick": within crash_loop_s of the run's start
     crash_loop_runs: int = PlanningSettings.crash_loop_runs
     crash_loop_s: int = int(PlanningSettings.crash_loop_seconds)
-    stall_timeout_s: int = 0  # the launcher's progress watchdog; 0: off
-    on_stall: str = "fail"  # fail | requeue (resumes from the last checkpoint)
+    stall_timeout_s: int | None = 0  # the launcher's progress watchdog: seconds; None: the adaptive timeout; 0: off
+    on_stall: str = "fail"  # fail | requeue (resumes from the last checkpoint), once no restart is left
+    max_restarts: int = DEFAULT_MAX_RESTARTS  # in-job restarts on the same nodes (launching/restarts.py); 0: none
     on_straggler: str = "warn"  # warn | replace (a spare takes the slow node's place, where one is left)
     straggler_factor: float = DEFAULT_STRAGGLER_FACTOR  # > 1: how many times the other nodes' median busy time
     straggler_window_s: int = DEFAULT_STRAGGLER_WINDOW_S  # that long in a row before a node is named
@@ -340,9 +345,12 @@ class JobRequest:
     def launcher_variables(self) -> dict[str, str]:
         """What `multinode torchrun` reads of this job's resources; the job script exports each (a resource that
         reaches the launcher adds its variable here, and nowhere else in planning)."""
+        stall = protocol.STALL_AUTO if self.stall_timeout_s is None else str(self.stall_timeout_s)
         out = {
-            protocol.STALL_TIMEOUT_VAR: str(self.stall_timeout_s),
+            protocol.STALL_TIMEOUT_VAR: stall,
             protocol.ON_STALL_VAR: self.on_stall,
+            protocol.MAX_RESTARTS_VAR: str(self.max_restarts),
+            protocol.CRASH_LOOP_RUNS_VAR: str(self.crash_loop_runs),
             protocol.ON_STRAGGLER_VAR: self.on_straggler,
             protocol.STRAGGLER_FACTOR_VAR: f"{self.straggler_factor:g}",
             protocol.STRAGGLER_WINDOW_VAR: str(self.straggler_window_s),
@@ -587,6 +595,13 @@ def build_request(
             "`multinode torchrun`, whose progress watchdog it sets"
         )
         stall_timeout_s = 0
+    max_restarts = _max_restarts(rule, r, profile or {})
+    if (site_launcher or own_launcher) and _given(r, "max_restarts"):  # said, not dropped in silence
+        warnings.append(
+            f"rule {rule!r}: max_restarts has no effect: its command starts its ranks itself "
+            f"({'a --multinode-launchers command' if site_launcher else 'own_launcher'}), and only `multinode "
+            "torchrun` restarts a training in the job"
+        )
     if nodes > 1 and not gpus:
         warnings.append(
             f"rule {rule!r}: nodes={nodes} without gpus: a CPU multi-node job. Each node gets one task and no GPU; "
@@ -633,6 +648,7 @@ def build_request(
         crash_loop_s=math.ceil(defaults.crash_loop_seconds),
         stall_timeout_s=stall_timeout_s,
         on_stall=_on_stall(rule, r, profile or {}),
+        max_restarts=max_restarts,
         on_straggler=_on_straggler(rule, r, profile or {}),
         straggler_factor=_straggler_factor(rule, r, profile or {}),
         straggler_window_s=_straggler_window(rule, r, profile or {}),
@@ -766,14 +782,14 @@ def _master_port(rule: str, r: Mapping[str, Any]) -> int | None:
     return port
 
 
-def _stall_timeout(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any], watched: bool) -> int:
-    """Seconds without progress before the launcher ends the step: the rule's, the profile's, or the default for a
-    `watched` job (multi-node, started by `multinode torchrun`, whose watchdog it is); a duration with its unit
-    ('20m', '90s', '1h'), or 'off' / 0."""
+def _stall_timeout(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any], watched: bool) -> int | None:
+    """Seconds without progress before the launcher ends the step: the rule's, the profile's, or for a `watched` job
+    (multi-node, started by `multinode torchrun`, whose watchdog it is) None, the adaptive timeout; a duration with
+    its unit ('20m', '90s', '1h'), or 'off' / 0."""
     where = "stall_timeout" if "stall_timeout" in r else "env_profile stall_timeout"
     value = r.get("stall_timeout", profile.get("stall_timeout"))
     if value is None:
-        return DEFAULT_STALL_TIMEOUT_S if watched else 0
+        return None if watched else 0
     if value in (0, "0", "off", "none", False):
         return 0
     allowed = "a duration with its unit, e.g. '20m', '90s' or '1h' (a bare number is ambiguous), or 'off'"
@@ -805,6 +821,17 @@ def _own_launcher(rule: str, r: Mapping[str, Any]) -> bool:
         value,
         "True (the command starts its ranks on every node itself, e.g. with srun or mpirun) or False",
     )
+
+
+def _max_restarts(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any]) -> int:
+    value = r.get("max_restarts", profile.get("max_restarts"))
+    if value is None:
+        return DEFAULT_MAX_RESTARTS
+    allowed = (
+        "an integer >= 0: how many times `multinode torchrun` starts a crashed or stalled training again on the same "
+        "nodes in one run of the job (0: never)"
+    )
+    return _int(rule, _where(r, "max_restarts"), value, 0, allowed)
 
 
 def _on_stall(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any]) -> str:

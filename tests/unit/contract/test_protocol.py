@@ -59,7 +59,7 @@ def test_the_job_script_exports_what_the_launcher_reads_of_the_rules_resources(t
     exports = [line for line in jobscript.render(req, ctx, []).splitlines() if protocol.ON_STALL_VAR in line]
     names = " ".join(f'"${name}"' for name in protocol.LAUNCHER_VARIABLES)
     out = subprocess.run(["bash", "-c", f"{exports[-1]}\nprintf '%s\\n' {names}"], capture_output=True, text=True)
-    assert out.stdout.split() == ["1200", "requeue", "warn", "1.5", "120"]  # no spares: no training nodes
+    assert out.stdout.split() == ["1200", "requeue", "3", "3", "warn", "1.5", "120"]  # no spares: no training nodes
 
 
 def test_python_modules_take_markers_exit_codes_and_ports_from_the_protocol():

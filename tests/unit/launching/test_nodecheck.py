@@ -254,7 +254,12 @@ def launches(
         return checks.pop(0), 0
 
     def launch_step(
-        argv: Sequence[str], env: object, nodes: Sequence[str], spare_left: bool, spares: Sequence[str] = ()
+        argv: Sequence[str],
+        env: object,
+        nodes: Sequence[str],
+        spare_left: bool,
+        spares: Sequence[str] = (),
+        restartable: bool = False,
     ) -> StepEnd:
         trained.append(tuple(nodes))
         return ends.pop(0)

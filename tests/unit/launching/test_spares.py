@@ -69,7 +69,12 @@ def fake_steps(
     started: list[tuple[tuple[str, ...], str, str]] = []
 
     def launch_step(
-        argv: Sequence[str], env: dict[str, str], nodes: Sequence[str], spare_left: bool, spares: Sequence[str] = ()
+        argv: Sequence[str],
+        env: dict[str, str],
+        nodes: Sequence[str],
+        spare_left: bool,
+        spares: Sequence[str] = (),
+        restartable: bool = False,
     ) -> StepEnd:
         started.append((tuple(nodes), env[protocol.RELAUNCH_VAR], env["MASTER_PORT"]))
         if argvs is not None:

@@ -70,7 +70,7 @@ def test_own_launcher_opts_out_and_takes_the_stall_watchdog_with_it():
     assert accepted({"nodes": 2, "gpus": 8, "own_launcher": True}, "srun python train.py")
     assert accepted({"nodes": 2, "own_launcher": "True"}, None)  # --set-resources hands over text
     assert build_request("train", {"nodes": 2, "own_launcher": True}).stall_timeout_s == 0
-    assert build_request("train", {"nodes": 2}).stall_timeout_s == 30 * 60
+    assert build_request("train", {"nodes": 2}).stall_timeout_s is None  # the adaptive timeout
 
 
 def test_a_sites_own_launcher_takes_the_stall_watchdog_with_it():
@@ -125,16 +125,19 @@ def test_a_cpu_multinode_rule_is_accepted_with_a_warning_naming_the_rule():
     assert build_request("train", {"nodes": 3, "gpus": 1}).warnings == ()
 
 
-def test_the_submission_line_states_the_stall_watchdog_where_it_applies():
+def test_the_submission_line_states_the_stall_watchdog_and_the_restarts_where_they_apply():
     torchrun = "multinode torchrun train.py"
+    restarts = ", up to 3 in-job restart(s) (resources max_restarts)"
     assert watchdog(build_request("train", {"nodes": 2, "gpus": 1}), torchrun) == (
-        ", stall watchdog 30 min (resources stall_timeout; 0 turns it off)"
+        ", stall watchdog adaptive (10x the interval between step lines, at least 30 s; 30 min before the second "
+        "step line, during a checkpoint save and without step lines; resources stall_timeout)" + restarts
     )
     assert watchdog(build_request("train", {"nodes": 2, "gpus": 1, "stall_timeout": "90s"}), torchrun) == (
-        ", stall watchdog 90 s (resources stall_timeout; 0 turns it off)"
+        ", stall watchdog 90 s (resources stall_timeout; 0 turns it off)" + restarts
     )
-    assert watchdog(build_request("eval", {"gpus": 1}), torchrun) == ""  # one node: off by default
-    assert watchdog(build_request("train", {"nodes": 2, "gpus": 1, "stall_timeout": "off"}), torchrun) == ""
+    assert watchdog(build_request("eval", {"gpus": 1}), torchrun) == restarts  # one node: no watchdog by default
+    off = {"nodes": 2, "gpus": 1, "stall_timeout": "off", "max_restarts": 0}
+    assert watchdog(build_request("train", off), torchrun) == ""
 
 
 def test_a_job_started_by_another_launcher_is_told_of_no_watchdog_it_does_not_have():

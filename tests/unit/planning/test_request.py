@@ -14,8 +14,10 @@ import subprocess
 import pytest
 import yaml
 
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.units import parse_mem_mb, parse_runtime
 from snakemake_executor_multinode.planning.request import KNOWN_RESOURCES, RequestError, build_request
+from snakemake_executor_multinode.planning.settings import PlanningSettings
 from snakemake_executor_multinode.sandbox import releases
 from snakemake_executor_multinode.session import Settings
 from snakemake_executor_multinode.slurm.sbatch_flags import (
@@ -719,10 +721,12 @@ def test_a_signal_lead_as_long_as_the_runtime_is_reported():
     assert build_request("train", {"gpus": 1, "runtime": 10}).warnings == ()
 
 
-def test_a_multinode_job_gets_the_documented_stall_timeout_and_a_plain_job_none():
-    from snakemake_executor_multinode.planning.request import DEFAULT_STALL_TIMEOUT_S
-
-    assert build_request("train", {"nodes": 2}).stall_timeout_s == DEFAULT_STALL_TIMEOUT_S == 1800
+def test_a_multinode_job_gets_the_adaptive_stall_timeout_and_a_plain_job_none():
+    """Unset (rule and profile) is not a value: a multi-node job gets the adaptive timeout (`auto` in its script), a
+    user's duration wins, and 'off' is off."""
+    req = build_request("train", {"nodes": 2})
+    assert req.stall_timeout_s is None
+    assert req.launcher_variables()[protocol.STALL_TIMEOUT_VAR] == protocol.STALL_AUTO == "auto"
     assert build_request("prep", {}).stall_timeout_s == 0
     r = build_request("train", {"nodes": 2, "stall_timeout": "90s", "on_stall": "requeue"})
     assert (r.stall_timeout_s, r.on_stall) == (90, "requeue")
@@ -745,6 +749,40 @@ def test_a_bad_stall_setting_is_refused_naming_rule_key_and_what_is_allowed(reso
         build_request("train", {"nodes": 2, **resources})
     assert err.value.field == field and "train" in str(err.value)
     assert ("'20m'" in str(err.value)) if field == "stall_timeout" else ("'fail' or 'requeue'" in str(err.value))
+
+
+def test_in_job_restarts_default_to_three_and_come_from_the_rule_or_the_profile():
+    req = build_request("train", {"nodes": 2})
+    assert req.max_restarts == 3
+    told = req.launcher_variables()
+    assert (told[protocol.MAX_RESTARTS_VAR], told[protocol.CRASH_LOOP_RUNS_VAR]) == ("3", "3")
+    assert build_request("train", {"nodes": 2, "max_restarts": 0}).max_restarts == 0
+    assert build_request("train", {"nodes": 2, "max_restarts": "5"}).max_restarts == 5  # --set-resources: text
+    assert build_request("train", {"nodes": 2}, profile={"max_restarts": 1}).max_restarts == 1
+    assert build_request("train", {"nodes": 2, "max_restarts": 2}, profile={"max_restarts": 1}).max_restarts == 2
+    crash = build_request("train", {"nodes": 2}, defaults=PlanningSettings(crash_loop_runs=5))
+    assert crash.launcher_variables()[protocol.CRASH_LOOP_RUNS_VAR] == "5"  # the job script's own crash-loop bound
+
+
+@pytest.mark.parametrize("value", [-1, "many", 1.5, True])
+def test_a_bad_max_restarts_is_refused_naming_rule_key_and_what_is_allowed(value):
+    with pytest.raises(RequestError) as err:
+        build_request("train", {"nodes": 2, "max_restarts": value})
+    assert str(err.value).startswith(
+        f"rule 'train': resource max_restarts={value!r} is invalid: an integer >= 0: how many times `multinode "
+        "torchrun` starts a crashed or stalled training again on the same nodes in one run of the job (0: never)"
+    )
+    with pytest.raises(RequestError) as err:
+        build_request("train", {"nodes": 2}, profile={"max_restarts": "x"})
+    assert err.value.field == "env_profile max_restarts"
+
+
+def test_max_restarts_for_a_command_that_starts_its_own_ranks_is_said_to_have_no_effect():
+    for kw in ({"site_launcher": True}, {}):
+        resources = {"nodes": 2, "max_restarts": 5} | ({} if kw else {"own_launcher": True})
+        req = build_request("train", resources, **kw)
+        assert any("max_restarts has no effect" in w for w in req.warnings), req.warnings
+    assert not [w for w in build_request("train", {"nodes": 2, "own_launcher": True}).warnings if "max_restarts" in w]
 
 
 def test_the_straggler_settings_default_and_come_from_the_rule_or_the_profile():
