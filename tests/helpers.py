@@ -552,7 +552,7 @@ def ckpt_loop(
     all_reduce (step.txt, by rename; with `print_steps` it prints it: progress the stall watchdog sees) and every rank
     resumes from it. A launch trains until release-<relaunch> exists (RELEASED); then rank 0 appends the job id to
     argv[1]. `metrics`: rank 0 writes a metrics step line per step ($MULTINODE_METRICS_FILE, with its `wall`), the
-    pace the adaptive stall timeout follows. `crash_at`: rank 1 exits 3 on reaching that step, on every launch."""
+    pace the adaptive stall timeout follows. `crash_at`: rank 1 exits 3 before that step, on every launch."""
     say = '\n        print(f"step {step}", flush=True)' if print_steps else ""
     line = (
         '\n        with open(os.environ["MULTINODE_METRICS_FILE"], "a") as fh:'
@@ -560,7 +560,8 @@ def ckpt_loop(
         if metrics
         else ""
     )
-    crash = f"\n    if rank == 1 and step == {crash_at}:\n        os._exit(3)" if crash_at else ""
+    # before the step's all_reduce: rank 0 waits in it, so no launch logs a step beyond crash_at - 1
+    crash = f"\n    if rank == 1 and step + 1 == {crash_at}:\n        os._exit(3)" if crash_at else ""
     return f"""{RELEASED}
 import json, os, socket, sys, time
 
@@ -575,12 +576,12 @@ with open(f"launch-{{rank}}.txt", "a") as fh:
 pathlib.Path(f"ready-{{job}}-{{relaunch}}-{{rank}}-{{host}}").touch()
 step = start
 while not released(f"release-{{relaunch}}"):
-    step += 1{crash}
+    step += 1
     if rank == 0:
         if step % {save_every} == 0:
             pathlib.Path("step.tmp").write_text(str(step))
             os.replace("step.tmp", saved){say}{line}
-    time.sleep({pause_s})
+    time.sleep({pause_s}){crash}
 dist.barrier()
 if rank == 0:
     with open(sys.argv[1], "a") as fh:

@@ -481,11 +481,14 @@ def _supervise(
     give_up: float | None = None  # set by a failure
     told = 0.0  # when srun was told to end the step (SIGTERM)
     gentle: float | None = None  # a stalled (or straggling) step's gentle end: srun is forced to end it then
+    job = env.get("SLURM_JOB_ID", "")
     while True:
         if give_up is not None and time.monotonic() >= give_up:
             waited = time.monotonic() - told
             log(f"srun still waits for the step {waited:.1f} s after being told to end it: not the launcher")
             proc.kill()  # SLURM ends what is left of the step with the job
+            if job:  # ... or now: a relaunch may need its nodes
+                spares.kill_steps(job, log)
             break
         wait = 1.0 if give_up is None else max(0.0, min(1.0, give_up - time.monotonic()))
         # no progress for stall_timeout (stacks taken), or a straggler for a spare to replace (on_straggler replace)
@@ -493,7 +496,7 @@ def _supervise(
             watch.stopped = True  # the tasks' ends that follow are the launcher's doing, no node's failure
             stall.stop_file(stalls.stem).write_text(f"{time.time()}\n")
             proc.send_signal(signal.SIGUSR1)  # srun passes it to every node's task: SIGTERM to its torchrun
-            gentle = time.monotonic() + stall.STOP_GRACE_S
+            gentle = time.monotonic() + stall.stop_grace(container.from_env(env) is not None)
         if give_up is None and gentle is not None and stalls.only_cut_off_left(watch.ended):
             # a split: every node the head reaches has ended its task; srun would wait on the cut-off node's
             log(f"every reachable node's task has ended; not waiting for {', '.join(stalls.split_nodes())}")
@@ -502,6 +505,8 @@ def _supervise(
             give_up = told + DEAD_NODE_WAIT_S
         if give_up is None and gentle is not None and time.monotonic() >= gentle:
             proc.send_signal(signal.SIGTERM)  # srun: "forcing job termination"
+            if job:  # its SIGKILL would come only after KillWait: a stopped or hung worker outlives the SIGTERM
+                spares.kill_steps(job, log)
             told = time.monotonic()
             give_up = told + STOP_WAIT_S
         if select.select([fd], [], [], wait)[0]:

@@ -345,6 +345,7 @@ def test_with_a_spare_left_the_unreachable_node_is_named_at_once_and_blamed_for_
     nodes = ["node1", "node2"]
     # a gentle stop's grace far beyond any run of this test: the step can only end because it is not waited for
     monkeypatch.setattr(stall, "STOP_GRACE_S", 3600.0)
+    monkeypatch.setattr(stall, "STOP_GRACE_BARE_S", 3600.0)
     end, marker, preempt, failed, _ = split_step(tmp_path, monkeypatch, ["node2"], True, nodes, SRUN_WAITS_ON_NODE2)
     assert end.code == protocol.EXIT_STALLED and end.failure is not None
     assert (end.failure.node, end.failure.rank, end.failure.what) == ("node2", 1, launcher.UNREACHABLE_WHAT)
