@@ -23,6 +23,10 @@ EXIT_CRASH_LOOP = 88
 # events could not record that (a full disk): the job script then does not requeue itself, as it would not with the
 # record (contract/node_events.py); the retry resumes.
 EXIT_UNRECORDED = 89
+# Exit code of a node's network preflight (launching/netcheck.py) that failed, or stopped because another node did:
+# the node is at fault, not the training, so `multinode torchrun` does not restart the training on it (the failed-node
+# marker names it for the retry to exclude).
+EXIT_PREFLIGHT = 90
 
 # GPU samples of a job with GPUs, one file per node beside the job's first log (every run of a requeued job appends
 # to it): nvidia-smi's CSV lines of GPU_QUERY (no header, no units: MiB and %), one line per GPU every

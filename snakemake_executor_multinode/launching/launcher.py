@@ -427,7 +427,8 @@ def launch_step(
     if (slow := stragglers.blamed) is not None and stalls.verdict is None:
         what = slow.describe(stragglers.settings.factor, stragglers.settings.window_s)
         log(f"step ended: {what}")
-        return StepEnd(code if code > 0 else 1, Failure(slow.node, list(nodes).index(slow.node), code, what), "", reached)
+        slow_end = Failure(slow.node, list(nodes).index(slow.node), code, what)
+        return StepEnd(code if code > 0 else 1, slow_end, "", reached)
     if stalls.verdict is not None and stalls.odd_node is not None:
         if stalls.split is not None:
             log(f"{stalls.verdict}; ending the step to replace node {stalls.odd_node}")
@@ -870,9 +871,9 @@ def launch_with_spares(
 
 def restartable_failure(end: StepEnd, env: Mapping[str, str]) -> str | None:
     """What a failed step that an in-job restart may follow says of its failure ('stalled: ...', 'node2 exited with
-    1'); None for any other end: a dead or unreachable node (a spare's case, or the retry's), a stop from outside
-    (scancel, the time limit), srun failing without a failed task, or a training that checkpointed on the
-    pre-time-limit signal (the job script requeues it)."""
+    1'); None for any other end: a dead or unreachable node (a spare's case, or the retry's), a node that failed the
+    network preflight (its exit code), a stop from outside (scancel, the time limit), srun failing without a failed
+    task, or a training that checkpointed on the pre-time-limit signal (the job script requeues it)."""
     preempt = env.get(protocol.PREEMPT_FILE_VAR, "")
     if preempt and os.path.exists(preempt):
         return None
@@ -880,6 +881,8 @@ def restartable_failure(end: StepEnd, env: Mapping[str, str]) -> str | None:
         return end.stalled
     failed = end.failure
     if failed is None or failed.node_down or failed.what in (STALLED_WHAT, UNREACHABLE_WHAT):
+        return None
+    if failed.code == protocol.EXIT_PREFLIGHT:  # the node's network failed its check: the node is at fault
         return None
     if failed.what.startswith(straggler.WHAT):
         return None

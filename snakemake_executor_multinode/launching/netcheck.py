@@ -38,7 +38,7 @@ from snakemake_executor_multinode.launching.allocation import Allocation, free_p
 
 PREFIX = "[multinode preflight]"
 MODULE = "snakemake_executor_multinode.launching.netcheck"
-EXIT_FAILED = 1
+EXIT_FAILED = protocol.EXIT_PREFLIGHT  # not the training's failure: no in-job restart follows
 QUOTED_LINES = 12  # backend lines (NCCL_DEBUG, c10d) quoted in a failure, the last ones
 LINE_LIMIT = 900  # srun splits longer lines (about 1 KiB) and interleaves the pieces with other nodes' lines
 STORE_TRY_S = 2.0  # each store operation after the connection

@@ -64,11 +64,11 @@ PY_SPY_TIMEOUT_S = 15.0
 # cannot run in a hung collective) would not end by waiting longer.
 STOP_GRACE_S = 20.0
 STOP_GRACE_BARE_S = 5.0
+_FRAME = re.compile(r"^\s+(\S.*?) \((\S+?):(\d+)\)")  # py-spy: "    sleep (worker.py:12)"
 
 
 def stop_grace(contained: bool) -> float:
     return STOP_GRACE_S if contained else STOP_GRACE_BARE_S
-_FRAME = re.compile(r"^\s+(\S.*?) \((\S+?):(\d+)\)")  # py-spy: "    sleep (worker.py:12)"
 
 
 def request_file(stem: str) -> Path:

@@ -7,9 +7,11 @@ time is cut at the records' times, so the parts add up to the run's allocated ti
 - startup: the run's start to its first record (less a resume's `restore_s`, and less the first line's own steps
   where it says `step_ms`); a run without any record of a job that writes metrics is all startup;
 - restore: the resume's `restore_s` (the seconds loading the checkpoint took);
-- relaunch: within a run, a spare's replacement of a node (launching/spares.py): the last record before a resume
-  that is not the run's first record, to that resume (less its restore_s): the failure's notice, the node check and
-  the new step's start. Steps above the step it resumed from were computed again: lost, as across runs;
+- relaunch: within a run, a new step of `multinode torchrun`: a spare's replacement of a node (launching/spares.py)
+  or an in-job restart on the same nodes (launching/restarts.py): the last record before a resume that is not the
+  run's first record, to that resume (less its restore_s): the failure's notice (a stall's timeout included), the
+  node check and the new step's start. Steps above the step it resumed from were computed again: lost, as across
+  runs;
 - checkpoint: checkpoint_begin to checkpoint_end;
 - productive / lost: the interval before a step line (or a checkpoint_begin) covers the steps since the previous
   record. Steps above the step a later run resumed from were computed again: lost. A later run is the job's own
@@ -260,7 +262,7 @@ def _run_seconds(
         gap = b.wall - a.wall
         if a.kind == _BEGIN or b.kind == _END:
             seconds["checkpoint"] += gap
-        elif b.kind == _RESUME:  # a relaunch inside the run (a spare took a node's place)
+        elif b.kind == _RESUME:  # a relaunch inside the run (a spare took a node's place, or an in-job restart)
             restore = min(b.restore_s, gap)
             seconds["restore"] += restore
             seconds["relaunch"] += gap - restore

@@ -201,7 +201,8 @@ def test_a_stalled_job_in_podman_is_ended_with_every_ranks_stack(slurm_cluster, 
     (tmp_path / "Snakefile").write_text(
         "rule train:\n"
         '    output: "done.txt"\n'
-        '    resources: nodes=2, gpus=0, cpus_per_task=2, runtime=30, env_profile="probe", stall_timeout="20s"\n'
+        '    resources: nodes=2, gpus=0, cpus_per_task=2, runtime=30, env_profile="probe", stall_timeout="20s",\n'
+        "        max_restarts=0\n"  # the stall's verdict at once (the in-job restart: test_restart_cluster.py)
         '    shell: "multinode torchrun --nproc_per_node=2 stall.py && touch {output}"\n'
     )
     proc = snakemake(tmp_path, "--multinode-profile-file", "profiles.yaml", timeout=600, check=False)

@@ -41,7 +41,10 @@ NEEDED = re.compile(r"(?:at least )?(\d+) bytes needed \(([^)]*)\), (\d+) bytes 
 def training(tmp_path: Path, name: str, config: dict, metrics: str) -> Path:
     wd = tmp_path / name
     training_folder(wd)
-    (wd / "Snakefile").write_text(train_rule(config, output="done.txt", metrics=metrics))
+    # max_restarts 0: the failure ends the job at once (by default the training would be restarted in the job, and
+    # fail again on the same full disk until the crash-loop rule ends it)
+    resources = "runtime=30, max_restarts=0"
+    (wd / "Snakefile").write_text(train_rule(config, output="done.txt", metrics=metrics, resources=resources))
     return wd
 
 

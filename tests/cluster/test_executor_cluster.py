@@ -175,7 +175,7 @@ def test_failing_node_stops_the_others_and_is_named(slurm_cluster, tmp_path):
         "Path('survivor.slept').write_text('the sleep completed')\n"
     )
     (wd / "Snakefile").write_text(
-        'rule train:\n    output: "out.txt"\n    resources: nodes=2, gpus=1\n'
+        'rule train:\n    output: "out.txt"\n    resources: nodes=2, gpus=1, max_restarts=0\n'
         '    shell: "multinode torchrun fail.py && touch {output}"\n'
     )
     proc = snakemake(wd, check=False)  # its 300 s hang guard is far below the survivor's sleep

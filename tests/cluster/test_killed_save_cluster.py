@@ -87,7 +87,8 @@ def workflow(tmp_path: Path) -> Path:
     scripts = training_folder(wd)
     wrapper = WRAPPER.format(scripts=str(scripts), step_s=STEP_S, tmp=TMP, paused=str(wd / "paused"))
     (wd / "paused_train.py").write_text(wrapper)
-    (wd / "Snakefile").write_text(train_rule(CONFIG, script="paused_train.py"))
+    # max_restarts 0: the retry's path (a new job without the node); by default the rank is restarted in the job
+    (wd / "Snakefile").write_text(train_rule(CONFIG, script="paused_train.py", resources="runtime=30, max_restarts=0"))
     return wd
 
 

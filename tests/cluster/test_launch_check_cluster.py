@@ -81,5 +81,6 @@ def test_a_cpu_multinode_rule_runs_with_a_warning_and_the_watchdog_is_stated_at_
     proc = snakemake(wd)
     text = proc.stderr + proc.stdout
     assert text.count("rule 'cpu': nodes=2 without gpus: a CPU multi-node job.") == 1
-    assert "node(s) x 0 GPU(s)), stall watchdog 30 min (resources stall_timeout; 0 turns it off); log " in text
+    assert "node(s) x 0 GPU(s)), stall watchdog adaptive (10x the interval between step lines, at least 30 s; " in text
+    assert "; resources stall_timeout), up to 3 in-job restart(s) (resources max_restarts); log " in text
     assert (wd / "out.txt").read_text() == "done\n"

@@ -25,7 +25,7 @@ if bad.exists() and bad.read_text() == socket.gethostname():
 def test_a_retry_excludes_the_node_the_failed_attempt_named(slurm_cluster, tmp_path):
     (tmp_path / "work.py").write_text(BAD_NODE)
     (tmp_path / "Snakefile").write_text(
-        'rule train:\n    output: "out.txt"\n    resources: nodes=2, gpus=1\n'
+        'rule train:\n    output: "out.txt"\n    resources: nodes=2, gpus=1, max_restarts=0\n'
         '    shell: "multinode torchrun work.py && hostname > {output}"\n'
     )
     proc = snakemake(tmp_path, "--retries", "1", jobs=1, timeout=600, check=False)

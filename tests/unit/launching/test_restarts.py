@@ -13,7 +13,7 @@ import pytest
 
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from snakemake_executor_multinode.launching import launcher, restarts, stall
+from snakemake_executor_multinode.launching import launcher, restarts, spares, stall
 from snakemake_executor_multinode.launching.launcher import Allocation, Failure, StepEnd
 from tests.helpers import Clock
 from tests.unit.launching.test_nodecheck import job_env, launches
@@ -294,3 +294,34 @@ def test_a_restartable_stall_is_left_unrecorded_by_the_step(tmp_path):
     assert end.code == protocol.EXIT_STALLED and end.failure is None
     assert end.stalled.startswith("stalled: no progress for 1s on any rank")
     assert not marker.exists() and not preempt.exists()
+
+
+def test_a_node_that_failed_the_network_preflight_is_no_restart_its_node_is_at_fault(tmp_path, monkeypatch):
+    code = protocol.EXIT_PREFLIGHT
+    started = fake_steps(monkeypatch, [StepEnd(code, Failure("node2", 1, code, f"Exited with exit code {code}"))])
+    assert launcher.launch_with_spares(ALLOC, [], ["train.py"], restart_env(tmp_path), None) == code
+    assert len(started) == 1
+
+
+def fake_slurm_commands(folder: Path, monkeypatch: pytest.MonkeyPatch, squeue_out: str) -> Path:
+    """squeue answering `squeue_out`, scancel recording its arguments (in the returned file), first on PATH."""
+    folder.mkdir()
+    calls = folder / "scancel.args"
+    (folder / "steps.txt").write_text(squeue_out)
+    (folder / "squeue").write_text(f"#!/bin/bash\ncat {folder / 'steps.txt'}\n")
+    (folder / "scancel").write_text(f'#!/bin/bash\necho "$@" >> {calls}\n')
+    for tool in ("squeue", "scancel"):
+        (folder / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
+    return calls
+
+
+def test_a_step_being_ended_gets_its_sigkill_now_not_after_slurms_killwait(tmp_path, monkeypatch):
+    """Only the launcher's steps (by name): the job's other steps (the GPU sampler) run on."""
+    said: list[str] = []
+    calls = fake_slurm_commands(tmp_path / "two", monkeypatch, "77.0 torchrun\n77.1 gpu-samples\n77.2 torchrun\n")
+    spares.kill_steps("77", said.append)
+    assert calls.read_text() == "--signal=KILL 77.0 77.2\n" and said == []
+    calls = fake_slurm_commands(tmp_path / "none", monkeypatch, "77.1 gpu-samples\n")
+    spares.kill_steps("77", said.append)
+    assert not calls.exists() and said == []  # no launcher step left: nothing to kill
