@@ -482,14 +482,11 @@ def _supervise(
     give_up: float | None = None  # set by a failure
     told = 0.0  # when srun was told to end the step (SIGTERM)
     gentle: float | None = None  # a stalled (or straggling) step's gentle end: srun is forced to end it then
-    job = env.get("SLURM_JOB_ID", "")
     while True:
         if give_up is not None and time.monotonic() >= give_up:
             waited = time.monotonic() - told
             log(f"srun still waits for the step {waited:.1f} s after being told to end it: not the launcher")
             proc.kill()  # SLURM ends what is left of the step with the job
-            if job:  # ... or now: a relaunch may need its nodes
-                spares.kill_steps(job, log)
             break
         wait = 1.0 if give_up is None else max(0.0, min(1.0, give_up - time.monotonic()))
         # no progress for stall_timeout (stacks taken), or a straggler for a spare to replace (on_straggler replace)
@@ -506,8 +503,6 @@ def _supervise(
             give_up = told + DEAD_NODE_WAIT_S
         if give_up is None and gentle is not None and time.monotonic() >= gentle:
             proc.send_signal(signal.SIGTERM)  # srun: "forcing job termination"
-            if job:  # its SIGKILL would come only after KillWait: a stopped or hung worker outlives the SIGTERM
-                spares.kill_steps(job, log)
             told = time.monotonic()
             give_up = told + STOP_WAIT_S
         if select.select([fd], [], [], wait)[0]:

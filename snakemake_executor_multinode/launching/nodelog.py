@@ -271,7 +271,7 @@ def run(torchrun: Sequence[str], nproc: int, dynamic: bool, env: dict[str, str],
             return node_rank * nproc + local
         return rank_of_worker(proc.pid, local, attempt)  # the rendezvous picked it; None until the worker runs
 
-    _handle_signals(proc, log_stem(env))
+    _handle_signals(proc, log_stem(env), contained=bool(env.get(protocol.CONTAINER_RUNTIME_VAR)))
     files = RankFiles(root, node, rank, lambda local: shown_ranks is None or local in shown_ranks)
     stacks = StackRequests(log_stem(env), node, proc.pid, out)
     try:
@@ -296,14 +296,26 @@ def _first_output_file(env: Mapping[str, str], node: str) -> Path | None:
     return JobFiles(Path(stem)).first_output(node) if stem else None
 
 
-def _handle_signals(proc: subprocess.Popen, stem: str) -> None:
+def _handle_signals(proc: subprocess.Popen, stem: str, contained: bool = False) -> None:
     """SIGTERM/SIGINT go to torchrun (it stops its workers; the reading goes on until it is gone); USR2 to torchrun
     and everything below it. USR1 is the launcher's gentle end of a stalled step (stall.stop_file exists): SIGTERM
-    to torchrun; else a user's checkpoint signal (signal="USR1@..."), passed on as USR2 is."""
+    to torchrun, and without a container (`contained`) a SIGKILL to it and every process below it stall.STOP_KILL_S
+    later (a stopped or hung worker outlives the SIGTERM; SLURM's own SIGKILL waits for its KillWait); else a user's
+    checkpoint signal (signal="USR1@..."), passed on as USR2 is."""
+    stopping: list[threading.Timer] = []
 
     def forward(signum: int, _frame: object) -> None:
         if proc.poll() is None:
             proc.send_signal(signum)
+
+    def kill_all() -> None:
+        if proc.poll() is not None:
+            return  # torchrun ended on the SIGTERM
+        for pid in (*descendants(proc.pid), proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     def pass_on(signum: int, _frame: object) -> None:
         # torchrun's agent ignores it (inherited) and its workers checkpoint; a container runtime's client (podman)
@@ -317,6 +329,10 @@ def _handle_signals(proc: subprocess.Popen, stem: str) -> None:
     def usr1(signum: int, frame: object) -> None:
         if stem and stall.stop_file(stem).exists():
             forward(signal.SIGTERM, frame)
+            if not contained and not stopping:
+                stopping.append(threading.Timer(stall.STOP_KILL_S, kill_all))
+                stopping[0].daemon = True
+                stopping[0].start()
         else:
             pass_on(signum, frame)
 

@@ -168,29 +168,6 @@ def step_present(job_id: str) -> bool:
     return STEP_NAME in out.stdout.split()
 
 
-def kill_steps(job_id: str, log: Callable[[str], None]) -> None:
-    """SIGKILL, now, to every process of the job's launcher steps (squeue -s, by name; scancel --signal=KILL): a step
-    the launcher is ending would otherwise hold its nodes until SLURM's KillWait (30 s by default) after its SIGTERM,
-    which a stopped or hung worker outlives, and a relaunch on the same nodes would wait for it. Called only once the
-    step was asked to end (its gentle stop's grace, or STOP_WAIT_S after a failure), before any new step starts.
-    A query or scancel that fails is said: SLURM then ends the step after KillWait, as without this."""
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"], capture_output=True, text=True, timeout=10, check=False
-        )
-        steps = [w[0] for w in (line.split(None, 1) for line in out.stdout.splitlines()) if w[1:] == [STEP_NAME]]
-        if out.returncode != 0 or not steps:
-            return
-        done = subprocess.run(
-            ["scancel", "--signal=KILL", *steps], capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        log(f"could not SIGKILL the step's processes ({err}): SLURM ends them after its KillWait")
-        return
-    if done.returncode != 0:
-        log(f"scancel --signal=KILL {' '.join(steps)} failed ({done.stderr.strip()}): SLURM ends them after KillWait")
-
-
 def wait_step_gone(
     job_id: str,
     present: Callable[[str], bool] = step_present,

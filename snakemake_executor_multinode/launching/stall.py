@@ -24,8 +24,8 @@ After that long without progress the launcher (head node):
 2. ends the step: first gently (it writes `<stem>.stop-request` and sends srun SIGUSR1, which srun passes to every
    node's task; the labeller, seeing the request, sends its torchrun SIGTERM: torchrun ends its workers, and a
    container runtime's client ends its container, which a SIGKILL to the client would leave running), after
-   stop_grace (20 s in a container, 5 s without) by force: srun's forced termination and a SIGKILL to every process
-   of the step (spares.kill_steps; SLURM's own would wait for its KillWait);
+   stop_grace (20 s in a container, 5 s without) by srun's forced termination; without a container each node's
+   labeller SIGKILLs its torchrun and every process below it STOP_KILL_S after the gentle stop (nodelog.py);
 3. writes its verdict to the stall marker ("stalled: no progress for 10m on any rank; stacks in <log>; rank 1 differs:
    time.sleep (worker.py:12)"), which Snakemake's error quotes;
 4. with a restart left (resource max_restarts, launching/restarts.py) starts the training again on the same nodes,
@@ -58,12 +58,15 @@ NOTICED = "stall noticed at"  # the job log's line when the watchdog ends a step
 NODE_FAILURE_SAID = "is down (SLURM reports a node failure)"
 STACKS_WAIT_S = 30.0  # every node's stacks, at most this long after the request (py-spy takes ~0.1 s per process)
 PY_SPY_TIMEOUT_S = 15.0
-# A stalled step's gentle end (SIGTERM to each node's torchrun), before its processes are SIGKILLed: in a container
-# its runtime's client stops the container meanwhile (a SIGKILL to the client would leave it running); without one
+# A stalled step's gentle end (SIGTERM to each node's torchrun), before srun's forced termination: in a container its
+# runtime's client stops the container meanwhile (a SIGKILL to the client would leave it running); without one
 # torchrun's SIGTERM reaches the workers directly, and a worker that outlives it (stopped, or a SIGTERM handler that
-# cannot run in a hung collective) would not end by waiting longer.
+# cannot run in a hung collective) would not end by waiting longer: each node's labeller SIGKILLs torchrun and every
+# process below it STOP_KILL_S after the gentle stop, so the step ends, its nodes free for a restart, before srun's
+# forced termination (whose SIGKILL comes only after SLURM's KillWait, 30 s by default).
 STOP_GRACE_S = 20.0
 STOP_GRACE_BARE_S = 5.0
+STOP_KILL_S = 3.0
 _FRAME = re.compile(r"^\s+(\S.*?) \((\S+?):(\d+)\)")  # py-spy: "    sleep (worker.py:12)"
 
 

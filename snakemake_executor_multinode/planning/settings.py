@@ -89,7 +89,8 @@ class PlanningSettings:
             "help": "A job whose runs fail this many times in a row, each within --multinode-crash-loop-seconds of "
             "its start, is not run again: it fails with its last error (0: no bound). Only a requeued failed run "
             "can loop (SLURM's RequeueExit, a node failure); SLURM's own SIGTERM (preemption, admin requeue, "
-            "scancel) is not a failure here."
+            "scancel) is not a failure here. Inside a run, this many failed launches in a row without a step "
+            "beyond the first one's end the in-job restarts (resource max_restarts)."
         },
     )
     crash_loop_seconds: float = field(

@@ -6,6 +6,9 @@ test_restart_cluster.py)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,9 +16,9 @@ import pytest
 
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from snakemake_executor_multinode.launching import launcher, restarts, spares, stall
+from snakemake_executor_multinode.launching import launcher, nodelog, restarts, stall
 from snakemake_executor_multinode.launching.launcher import Allocation, Failure, StepEnd
-from tests.helpers import Clock
+from tests.helpers import Clock, wait_for
 from tests.unit.launching.test_nodecheck import job_env, launches
 from tests.unit.launching.test_spares import fake_steps
 
@@ -303,25 +306,32 @@ def test_a_node_that_failed_the_network_preflight_is_no_restart_its_node_is_at_f
     assert len(started) == 1
 
 
-def fake_slurm_commands(folder: Path, monkeypatch: pytest.MonkeyPatch, squeue_out: str) -> Path:
-    """squeue answering `squeue_out`, scancel recording its arguments (in the returned file), first on PATH."""
-    folder.mkdir()
-    calls = folder / "scancel.args"
-    (folder / "steps.txt").write_text(squeue_out)
-    (folder / "squeue").write_text(f"#!/bin/bash\ncat {folder / 'steps.txt'}\n")
-    (folder / "scancel").write_text(f'#!/bin/bash\necho "$@" >> {calls}\n')
-    for tool in ("squeue", "scancel"):
-        (folder / tool).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
-    return calls
+def test_a_stalled_step_s_processes_that_outlive_the_gentle_stop_are_sigkilled_by_the_labeller(tmp_path):
+    """The gentle stop's SIGTERM reaches torchrun; a worker that outlives it (stopped, or hung with a SIGTERM handler)
+    would hold the step until SLURM's KillWait. Without a container the labeller SIGKILLs torchrun and every process
+    below it stall.STOP_KILL_S later: here a stand-in torchrun that ignores SIGTERM, and its child."""
+    stem = str(JobFiles.of(tmp_path, "7", 1).prefix)
+    stall.stop_file(stem).write_text("stop\n")  # the launcher's request: USR1 is the gentle stop, not a checkpoint
+    child = tmp_path / "child.pid"
+    torchrun = subprocess.Popen(["bash", "-c", f'trap "" TERM; sleep 600 & echo $! > {child}; wait'])
+    wait_for(lambda: child.exists() and child.read_text().strip(), "the stand-in's child", 30)
+    sleeper = int(child.read_text())
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        nodelog._handle_signals(torchrun, stem, contained=False)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert torchrun.wait(timeout=120) == -signal.SIGKILL  # not the SIGTERM, which it ignores
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        if torchrun.poll() is None:
+            torchrun.kill()
+    wait_for(lambda: ended(sleeper), "the stand-in's child ended", 30)
 
 
-def test_a_step_being_ended_gets_its_sigkill_now_not_after_slurms_killwait(tmp_path, monkeypatch):
-    """Only the launcher's steps (by name): the job's other steps (the GPU sampler) run on."""
-    said: list[str] = []
-    calls = fake_slurm_commands(tmp_path / "two", monkeypatch, "77.0 torchrun\n77.1 gpu-samples\n77.2 torchrun\n")
-    spares.kill_steps("77", said.append)
-    assert calls.read_text() == "--signal=KILL 77.0 77.2\n" and said == []
-    calls = fake_slurm_commands(tmp_path / "none", monkeypatch, "77.1 gpu-samples\n")
-    spares.kill_steps("77", said.append)
-    assert not calls.exists() and said == []  # no launcher step left: nothing to kill
+def ended(pid: int) -> bool:
+    """Gone, or a zombie left for its new parent to reap."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
