@@ -66,6 +66,7 @@ STATE = "benchmarks/results-state-scaling.json"
 LAUNCH = "benchmarks/results-launch.json"
 GOODPUT = "benchmarks/results-goodput.json"  # one run of goodput.py: every scenario and variant side by side
 GOODPUT_SPARES = "benchmarks/results-goodput-spares.json"  # one run: the busy cluster, without and with a spare node
+RESTART = "benchmarks/results-restart.json"  # one run of restart.py: rounds of the hung- and crashed-rank tests
 H200 = "benchmarks/gpu/results-h200.jsonl"  # one device run, 2026-12-02
 I14 = "benchmarks/gpu/results-h200-issue14.jsonl"  # runs A-F: key "run", told apart by its letter
 DET = "benchmarks/gpu/results-h200-determinism.jsonl"  # one device run
@@ -1396,6 +1397,48 @@ def goodput_setup() -> str:
     return (
         f"{data(GOODPUT, 'date')}, {cfg['steps']} steps, a checkpoint every {cfg['ckpt_every']}, "
         f"time limit {cfg['limit_min']} min, the other user's jobs {cfg['busy_job_s']} s; load average {load}"
+    )
+
+
+# --- In-job restarts: restart.py -------------------------------------------------------------------------------
+
+RESTART_FAULTS = (
+    ("hung rank restarted", "a hung rank (SIGSTOP)"),
+    ("crashed rank restarted", "a crashed rank (SIGKILL)"),
+)
+
+
+def _median_range(d: dict[str, float]) -> str:
+    return f"{f1(d['median'])} s ({f1(d['min'])}-{f1(d['max'])})"
+
+
+@renders("restart-times")
+def restart_times() -> str:
+    rows = []
+    for name, label in RESTART_FAULTS:
+        e = data(RESTART, "summary", name)
+        rows.append(
+            [
+                label,
+                str(e["rounds"]),
+                _median_range(e["fault_to_noticed_s"]),
+                _median_range(e["fault_to_restart_s"]),
+                _median_range(e["fault_to_new_step_s"]),
+                _median_range(e["fault_to_relaunched_ranks_s"]),
+                f"{f0(e['target_s'])} s: {e['met']} of {e['rounds']}",
+                ", ".join(f1(x) for x in e["load_average_1m"]),
+            ]
+        )
+    header = ["fault", "rounds", "fault -> noticed", "-> restart decided", "-> new step started",
+              "-> relaunched ranks ready", "target: rounds within", "load average (1 min)"]  # fmt: skip
+    return table(header, rows)
+
+
+@renders("restart-setup")
+def restart_setup() -> str:
+    return (
+        f"{data(RESTART, 'date')}, SLURM {data(RESTART, 'slurm')}, {data(RESTART, 'machine', 'cpus')} CPUs shared with "
+        f"other sessions' tests; `{data(RESTART, 'command')}`"
     )
 
 

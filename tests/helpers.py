@@ -28,8 +28,10 @@ from typing import Any, TypeVar
 
 import yaml
 
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
 from snakemake_executor_multinode.contract.releases import DEFAULT as DEFAULT_SLURM
+from snakemake_executor_multinode.launching import launcher, spares
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.sandbox.cluster import slurm_env
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
@@ -97,6 +99,39 @@ def fake_session(tmp_path: Path, slurm: FakeSlurm) -> tuple[Session, list[str]]:
     s = Session(Settings(snapshot="off"), tmp_path, said.append, said.append, run_id="run1")
     s.client = s.tracker.client = SlurmClient(runner=slurm)
     return s, said
+
+
+def fake_steps(
+    monkeypatch: Any,
+    ends: list[launcher.StepEnd],
+    gone: bool = True,
+    argvs: list[list[str]] | None = None,
+    idle: list[tuple[str, ...]] | None = None,
+) -> list[tuple[tuple[str, ...], str, str]]:
+    """The launcher's steps replaced (pytest's monkeypatch): each returns the next of `ends`; what each was started
+    with is recorded (its nodes, its MULTINODE_RELAUNCH, its --master_port; its srun line in `argvs`, the spares it
+    was told of in `idle`). `gone`: whether SLURM forgets a failed step in time."""
+    started: list[tuple[tuple[str, ...], str, str]] = []
+
+    def launch_step(
+        argv: Sequence[str],
+        env: dict[str, str],
+        nodes: Sequence[str],
+        spare_left: bool,
+        spares: Sequence[str] = (),
+        restartable: bool = False,
+    ) -> launcher.StepEnd:
+        started.append((tuple(nodes), env[protocol.RELAUNCH_VAR], env["MASTER_PORT"]))
+        if argvs is not None:
+            argvs.append(list(argv))
+        if idle is not None:
+            idle.append(tuple(spares))
+        return ends.pop(0)
+
+    monkeypatch.setattr(launcher, "launch_step", launch_step)
+    monkeypatch.setattr(spares, "wait_step_gone", lambda job: gone)
+    monkeypatch.setattr(spares, "head_address", lambda head, peers: f"addr-of-{head}")
+    return started
 
 
 class FakeClient:
@@ -332,7 +367,12 @@ END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_O
 
 
 def figures(test: str, **values: object) -> None:
+    """A test's measured figures, printed; with $MULTINODE_FIGURES_FILE set (a benchmark that runs the test, e.g.
+    benchmarks/restart.py) also appended to it as one JSON line, `test` its name."""
     print(f"\n[figures] {test}: " + ", ".join(f"{k}={v}" for k, v in values.items()), flush=True)
+    if path := os.environ.get("MULTINODE_FIGURES_FILE"):
+        with open(path, "a") as fh:
+            fh.write(json.dumps({"test": test, **values}, default=str) + "\n")
 
 
 def record(

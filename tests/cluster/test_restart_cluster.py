@@ -63,7 +63,8 @@ def starts(wd: Path) -> list[tuple[str, int, str]]:
 def run_with_fault(slurm_cluster, tmp_path: Path, sig: signal.Signals, noticed: str) -> dict:
     """Runs the training, sends `sig` to rank 1's worker (on the second node) after five saved steps, lets the
     relaunched training finish; what the test checks, and when (from the fault) the job log first said `noticed`, the
-    restart, and both relaunched ranks were ready."""
+    restart, the new step's start (the launcher's second "one srun step" line: the step before it gone), and both
+    relaunched ranks were ready."""
     wd = tmp_path / "wf"
     wd.mkdir()
     (wd / "ckpt.py").write_text(ckpt_loop(metrics=True))
@@ -86,6 +87,8 @@ def run_with_fault(slurm_cluster, tmp_path: Path, sig: signal.Signals, noticed: 
         wait_for(lambda: "restarting the training" in joblog.read_text(), "the launcher's restart line", 300,
                  interval=0.05)  # fmt: skip
         restarted = time.monotonic()
+        wait_for(lambda: joblog.read_text().count("one srun step") == 2, "the new step's start", 300, interval=0.05)
+        stepped = time.monotonic()
         second = wait_for(lambda: ready(wd, job, 1), "relaunched ranks", 300, interval=0.05)
         relaunched = time.monotonic()
         (wd / "release-1").touch()
@@ -103,6 +106,7 @@ def run_with_fault(slurm_cluster, tmp_path: Path, sig: signal.Signals, noticed: 
         "head": head, "other": other, "second": [host_of(p) for p in second], "before": before,
         "figures": {
             "fault_to_noticed_s": round(seen - faulted, 1), "fault_to_restart_s": round(restarted - faulted, 1),
+            "fault_to_new_step_s": round(stepped - faulted, 1),
             "fault_to_relaunched_ranks_s": round(relaunched - faulted, 1),
             "load_average_1m": round(os.getloadavg()[0], 1),
         },

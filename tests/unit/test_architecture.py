@@ -156,6 +156,7 @@ BENCHMARK_MODULES = [
     "benchmarks/launch.py",
     "benchmarks/loss_parity.py",
     "benchmarks/gpu/plain_torch.py",
+    "benchmarks/restart.py",
     "benchmarks/snapshot.py",
     "benchmarks/state_scaling.py",
 ]

@@ -16,11 +16,9 @@ import pytest
 
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from snakemake_executor_multinode.launching import launcher, nodelog, restarts, stall
+from snakemake_executor_multinode.launching import launcher, nodecheck, nodelog, restarts, stall
 from snakemake_executor_multinode.launching.launcher import Allocation, Failure, StepEnd
-from tests.helpers import Clock, wait_for
-from tests.unit.launching.test_nodecheck import job_env, launches
-from tests.unit.launching.test_spares import fake_steps
+from tests.helpers import Clock, fake_steps, wait_for
 
 T0 = 1_765_000_000.0  # a wall-clock time: the training's lines say when they were written
 
@@ -266,12 +264,18 @@ def test_a_stall_is_restarted_without_a_verdict_and_one_past_the_budget_is_recor
 
 
 def test_a_node_that_fails_its_check_before_the_restart_is_not_kept(tmp_path, monkeypatch, capfd):
-    env = job_env(tmp_path, train=None) | {protocol.MAX_RESTARTS_VAR: "3", protocol.CRASH_LOOP_RUNS_VAR: "3"}
-    alloc = Allocation("77", ("node1", "node2"), 1, 2, "10.0.0.1", 20308)
-    checked, trained = launches(monkeypatch, [{}, {"node2": "its command exited with 1"}], [StepEnd(1, CRASH)])
-    assert launcher.launch_with_spares(alloc, [], ["train.py"], env, None) == 1
+    env = restart_env(tmp_path) | {protocol.NODE_CHECK_COMMAND_VAR: "site-check"}
+    answers, checked = [{}, {"node2": "its command exited with 1"}], []
+
+    def run_check(argv: object, env: object, nodes: list[str], limit: float, out: object) -> tuple:
+        checked.append(list(nodes))
+        return answers.pop(0), 0
+
+    monkeypatch.setattr(nodecheck, "run_step", run_check)
+    started = fake_steps(monkeypatch, [StepEnd(1, CRASH)])
+    assert launcher.launch_with_spares(ALLOC, [], ["train.py"], env, None) == 1
     assert checked == [["node1", "node2"], ["node1", "node2"]]  # the failed node checked again before the restart
-    assert trained == [("node1", "node2")]
+    assert [s[0] for s in started] == [("node1", "node2")]
     assert Path(env[protocol.FAILED_NODE_FILE_VAR]).read_text() == "node2\n"  # the retry excludes it
     assert "restarting the training on the same nodes" in capfd.readouterr().err
 

@@ -15,6 +15,7 @@ from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import launcher, liveness, spares, stall
 from snakemake_executor_multinode.launching.launcher import Allocation, Failure, StepEnd
 from snakemake_executor_multinode.watching import status_view
+from tests.helpers import fake_steps
 
 ALLOC = Allocation("77", ("node1", "node2", "node3"), gpus_per_node=1, cpus_per_task=2, master_addr="10.0.0.1",
                    master_port=20308)  # fmt: skip
@@ -54,39 +55,6 @@ def test_the_step_runs_on_exactly_the_chosen_nodes():
     argv = launcher.srun_command(step, [], ["train.py"], nodelist=True)
     assert "--nodes=2" in argv and "--nodelist=node1,node3" in argv
     assert not [a for a in launcher.srun_command(ALLOC, [], ["train.py"]) if a.startswith("--nodelist")]
-
-
-def fake_steps(
-    monkeypatch: pytest.MonkeyPatch,
-    ends: list[StepEnd],
-    gone: bool = True,
-    argvs: list[list[str]] | None = None,
-    idle: list[tuple[str, ...]] | None = None,
-) -> list[tuple[tuple[str, ...], str, str]]:
-    """The launcher's steps replaced: each returns the next of `ends`; what each was started with is recorded
-    (its nodes, its MULTINODE_RELAUNCH, its --master_port; its srun line in `argvs`, the spares it was told of in
-    `idle`). `gone`: whether SLURM forgets a failed step in time."""
-    started: list[tuple[tuple[str, ...], str, str]] = []
-
-    def launch_step(
-        argv: Sequence[str],
-        env: dict[str, str],
-        nodes: Sequence[str],
-        spare_left: bool,
-        spares: Sequence[str] = (),
-        restartable: bool = False,
-    ) -> StepEnd:
-        started.append((tuple(nodes), env[protocol.RELAUNCH_VAR], env["MASTER_PORT"]))
-        if argvs is not None:
-            argvs.append(list(argv))
-        if idle is not None:
-            idle.append(tuple(spares))
-        return ends.pop(0)
-
-    monkeypatch.setattr(launcher, "launch_step", launch_step)
-    monkeypatch.setattr(spares, "wait_step_gone", lambda job: gone)
-    monkeypatch.setattr(spares, "head_address", lambda head, peers: f"addr-of-{head}")
-    return started
 
 
 def test_a_failed_node_is_replaced_by_a_spare_and_the_training_relaunched(tmp_path, monkeypatch, capfd):
