@@ -630,6 +630,12 @@ dist.destroy_process_group()
 """
 
 
+def saved_step(wd: Path) -> int:
+    """The step ckpt_loop's rank 0 saved last (step.txt); 0 before the first."""
+    text = (wd / "step.txt").read_text().strip() if (wd / "step.txt").exists() else ""
+    return int(text) if text.isdigit() else 0
+
+
 def complete_lines(path: Path) -> list[dict[str, Any]]:
     """The complete JSON lines of a file a job may be appending to (a metrics file); none while it is missing."""
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from tests.helpers import Snakemake, ckpt_loop, figures, rank_pids, records, sacct_jobs, wait_for
+from tests.helpers import Snakemake, ckpt_loop, figures, rank_pids, records, sacct_jobs, saved_step, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -33,11 +33,6 @@ rule train:
     resources: nodes=2, gpus=1
     shell: "multinode torchrun ckpt.py {output}"
 """
-
-
-def saved_step(wd: Path) -> int:
-    text = (wd / "step.txt").read_text().strip() if (wd / "step.txt").exists() else ""
-    return int(text) if text.isdigit() else 0
 
 
 def ready(wd: Path, job: str, relaunch: int) -> list[Path] | None:
@@ -156,14 +151,6 @@ def test_a_crashed_rank_is_restarted_in_the_same_job(slurm_cluster, tmp_path):
     figures("crashed rank restarted", **got["figures"], target_s=45)
 
 
-CRASH_LOOP = """
-rule train:
-    output: "out.txt"
-    resources: nodes=2, gpus=1
-    shell: "multinode torchrun ckpt.py {output}"
-"""
-
-
 def test_a_training_that_crashes_at_the_same_step_on_every_launch_is_stopped_by_the_crash_loop_rule(
     slurm_cluster, tmp_path
 ):
@@ -173,7 +160,7 @@ def test_a_training_that_crashes_at_the_same_step_on_every_launch_is_stopped_by_
     wd = tmp_path / "wf"
     wd.mkdir()
     (wd / "ckpt.py").write_text(ckpt_loop(metrics=True, crash_at=8, save_every=5))
-    (wd / "Snakefile").write_text(CRASH_LOOP)
+    (wd / "Snakefile").write_text(SNAKEFILE)
     sm = Snakemake(wd, "--retries", "0")
     try:
         job, joblog = sm.submitted("train")

@@ -31,6 +31,7 @@ from tests.helpers import (
     rank_pids,
     records,
     sacct_jobs,
+    saved_step,
     train_rule,
     training_folder,
     wait_for,
@@ -47,11 +48,6 @@ rule train:
     resources: nodes=2, gpus=1, spare_nodes=1
     shell: "multinode torchrun ckpt.py {output}"
 """
-
-
-def saved_step(wd: Path) -> int:
-    text = (wd / "step.txt").read_text().strip() if (wd / "step.txt").exists() else ""
-    return int(text) if text.isdigit() else 0
 
 
 def test_a_dead_node_is_replaced_by_the_spare_in_the_same_job(slurm_cluster, tmp_path, restore_nodes):

@@ -280,29 +280,6 @@ def test_a_node_that_fails_its_check_before_the_restart_is_not_kept(tmp_path, mo
     assert "restarting the training on the same nodes" in capfd.readouterr().err
 
 
-def test_a_restartable_stall_is_left_unrecorded_by_the_step(tmp_path):
-    """launch_step with a restart left: the stall's verdict goes back to the launcher, neither the tracker's marker
-    nor the requeue request is written (a restart follows, or the launcher records it)."""
-    stem = str(JobFiles.of(tmp_path, "9", 1).prefix)
-    for node in ("node1", "node2"):
-        stall.done_file(stem, node).write_text("done\n")
-    marker, preempt = tmp_path / "9.stalled", tmp_path / "9.preempted"
-    env = {
-        protocol.LOG_STEM_VAR: stem,
-        protocol.STALL_TIMEOUT_VAR: "1",
-        protocol.ON_STALL_VAR: "requeue",
-        protocol.STALL_FILE_VAR: str(marker),
-        protocol.PREEMPT_FILE_VAR: str(preempt),
-    }
-    srun = tmp_path / "srun"
-    srun.write_text("#!/bin/bash\ntrap 'exit 1' USR1; while :; do sleep 0.1; done\n")
-    srun.chmod(0o755)
-    end = launcher.launch_step([str(srun)], env, ["node1", "node2"], restartable=True)
-    assert end.code == protocol.EXIT_STALLED and end.failure is None
-    assert end.stalled.startswith("stalled: no progress for 1s on any rank")
-    assert not marker.exists() and not preempt.exists()
-
-
 def test_a_node_that_failed_the_network_preflight_is_no_restart_its_node_is_at_fault(tmp_path, monkeypatch):
     code = protocol.EXIT_PREFLIGHT
     started = fake_steps(monkeypatch, [StepEnd(code, Failure("node2", 1, code, f"Exited with exit code {code}"))])

@@ -145,9 +145,9 @@ def test_the_odd_node_holds_every_rank_that_differs(tmp_path):
     assert stall.odd_node(alike, ["n1", "n2"]) is None
 
 
-def stalled(tmp_path: Path, spare_left: bool) -> tuple[StepEnd, Path, Path]:
+def stalled(tmp_path: Path, spare_left: bool, restartable: bool = False) -> tuple[StepEnd, Path, Path]:
     """A step that makes no progress under on_stall requeue, whose rank 2 on node2 differs: how it ended, its
-    stall marker and its requeue request."""
+    stall marker and its requeue request. `restartable`: an in-job restart is left (launching/restarts.py)."""
     stem = str(JobFiles.of(tmp_path, "9", 1).prefix)
     nodes = ["node1", "node2"]
     write_stacks(stem, {0: ("node1", BARRIER), 1: ("node1", BARRIER), 2: ("node2", "sleep (t.py:3)")})
@@ -164,7 +164,8 @@ def stalled(tmp_path: Path, spare_left: bool) -> tuple[StepEnd, Path, Path]:
     srun = tmp_path / "srun"
     srun.write_text("#!/bin/bash\ntrap 'exit 1' USR1; while :; do sleep 0.1; done\n")
     srun.chmod(0o755)
-    return launcher.launch_step([str(srun)], env, nodes, spare_left=spare_left), marker, preempt
+    end = launcher.launch_step([str(srun)], env, nodes, spare_left=spare_left, restartable=restartable)
+    return end, marker, preempt
 
 
 def test_a_stall_with_a_spare_left_blames_the_odd_node_and_records_no_verdict(tmp_path, capfd):
@@ -179,6 +180,18 @@ def test_a_stall_without_a_spare_is_recorded_and_requeued_as_before(tmp_path):
     end, marker, preempt = stalled(tmp_path, spare_left=False)
     assert end.code == protocol.EXIT_STALLED and end.failure is None
     assert marker.read_text().startswith("stalled: no progress") and preempt.read_text() == "stalled\n"
+
+
+def test_a_stall_without_a_spare_but_with_a_restart_left_goes_back_unrecorded_for_the_restart(tmp_path):
+    """Neither the tracker's verdict nor the requeue request: the launcher restarts the training in the job, or
+    else records the verdict itself (launcher.end_stall; tests/unit/launching/test_restarts.py)."""
+    end, marker, preempt = stalled(tmp_path, spare_left=False, restartable=True)
+    assert end.code == protocol.EXIT_STALLED and end.failure is None
+    assert end.stalled.startswith("stalled: no progress for 1s on any rank") and "rank 2 differs" in end.stalled
+    assert not marker.exists() and not preempt.exists()
+    (tmp_path / "spare").mkdir()
+    with_spare, marker, preempt = stalled(tmp_path / "spare", spare_left=True, restartable=True)
+    assert with_spare.failure is not None and with_spare.failure.node == "node2" and not with_spare.stalled  # a spare
 
 
 def test_a_stalled_node_is_replaced_saying_why(tmp_path, monkeypatch, capfd):
