@@ -402,8 +402,8 @@ def launch_step(
     STOP_WAIT_S). `spare_left`: a stall whose odd ranks are on one node, or one of whose nodes the head cannot reach,
     ends with that node blamed, for a spare to replace, instead of the stall's verdict and requeue; so does a
     straggler under on_straggler replace. `spares`: the job's unused nodes, also asked on a stall (liveness.split).
-    `restartable`: a restart is left (restarts.py): a stall every node answers in ends with its verdict unrecorded
-    (StepEnd.stalled), for the caller to restart the training or else record it (end_stall)."""
+    `restartable`: in-job restarts are on (restarts.py): a stall every node answers in ends with its verdict
+    unrecorded (StepEnd.stalled), for the caller to restart the training or else record it (end_stall)."""
     proc = subprocess.Popen(list(argv), env=dict(env), stderr=subprocess.PIPE)
     assert proc.stderr is not None
     stalls = StallCheck(env, nodes, replaceable=spare_left, spares=spares, restartable=restartable)
@@ -561,8 +561,8 @@ class StallCheck:
         # unreachable node is blamed whatever the stacks say (in a split every rank waits alike).
         self.spares = list(spares)
         self.split: liveness.Split | None = None
-        # The verdict of a stall every node answers in is recorded once the step has ended (end_stall), unless a
-        # restart is left (restarts.py): then the launcher restarts the training, or else records it.
+        # The verdict of a stall every node answers in is recorded once the step has ended (end_stall); with in-job
+        # restarts on (restarts.py) the launcher decides: it restarts the training, or else records it, saying why.
         self.restartable = restartable
         self.unrecorded = False
 
@@ -823,7 +823,7 @@ def launch_with_spares(
                 step.nodes,
                 spare_left=roster.spare() is not None,
                 spares=roster.idle(),
-                restartable=restarted < budget.max_restarts,
+                restartable=budget.max_restarts > 0,
             )
         if end.code == 0:
             return unrecorded_exit(end.code, lost, env)
@@ -842,8 +842,8 @@ def launch_with_spares(
             if what is None or why_not is not None:
                 if why_not is not None:
                     log(f"not restarted in the job: {why_not}")
-                if end.stalled:
-                    return end_stall(env, f"{end.stalled}; not restarted: {why_not}")
+                if end.stalled:  # its verdict, recorded now as on_stall says
+                    return end_stall(env, end.stalled + (f"; not restarted: {why_not}" if why_not else ""))
                 return unrecorded_exit(end.code, lost, env)
             relaunch += 1
             restarted += 1

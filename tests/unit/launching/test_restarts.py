@@ -244,6 +244,30 @@ def test_an_end_without_a_failed_rank_or_stall_is_no_restart(tmp_path, monkeypat
     assert len(started) == 1
 
 
+def test_a_stall_after_the_budget_is_spent_says_so_in_its_verdict(tmp_path, monkeypatch):
+    env = restart_env(tmp_path, max_restarts=1)
+    said = "stalled: no progress for 30s on any rank; stacks in x.log"
+    ends = [StepEnd(1, CRASH, reached=40), StepEnd(87, stalled=said, reached=90)]
+    started = fake_steps(monkeypatch, ends)
+    assert launcher.launch_with_spares(ALLOC, [], ["train.py"], env, None) == protocol.EXIT_STALLED
+    assert len(started) == 2
+    assert Path(env[protocol.STALL_FILE_VAR]).read_text() == (
+        f"{said}; not restarted: its restarts are used up (1 of max_restarts 1)\n"
+    )
+    assert not Path(env[protocol.PREEMPT_FILE_VAR]).exists()  # on_stall fail
+
+
+def test_a_stall_of_a_training_that_checkpointed_for_the_time_limit_is_recorded_without_a_restart(
+    tmp_path, monkeypatch
+):
+    env = restart_env(tmp_path)
+    Path(env[protocol.PREEMPT_FILE_VAR]).write_text("40\n")
+    said = "stalled: no progress for 30s on any rank; stacks in x.log"
+    started = fake_steps(monkeypatch, [StepEnd(87, stalled=said, reached=40), StepEnd(0)])
+    assert launcher.launch_with_spares(ALLOC, [], ["train.py"], env, None) == protocol.EXIT_STALLED
+    assert len(started) == 1 and Path(env[protocol.STALL_FILE_VAR]).read_text() == f"{said}\n"
+
+
 def test_a_training_that_checkpointed_for_the_time_limit_is_left_to_the_job_scripts_requeue(tmp_path, monkeypatch):
     env = restart_env(tmp_path)
     Path(env[protocol.PREEMPT_FILE_VAR]).write_text("40\n")
