@@ -1426,11 +1426,13 @@ def restart_times() -> str:
                 _median_range(e["fault_to_new_step_s"]),
                 _median_range(e["fault_to_relaunched_ranks_s"]),
                 f"{f0(e['target_s'])} s: {e['met']} of {e['rounds']}",
+                f"{_median_range(e['first_step_to_ranks_s'])}; {_median_range(e['new_step_to_ranks_s'])}",
                 ", ".join(f1(x) for x in e["load_average_1m"]),
             ]
         )
     header = ["fault", "rounds", "fault -> noticed", "-> restart decided", "-> new step started",
-              "-> relaunched ranks ready", "target: rounds within", "load average (1 min)"]  # fmt: skip
+              "-> relaunched ranks ready", "target: rounds within",
+              "a step's start to both ranks ready: first launch; restart", "load average (1 min)"]  # fmt: skip
     return table(header, rows)
 
 

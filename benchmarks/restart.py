@@ -6,7 +6,8 @@ The scenarios are tests/cluster/test_restart_cluster.py's two fault tests (the f
 the verdicts asserted): each run of this script runs them once per round with pytest, and each test writes its
 figures (tests/helpers.figures) as JSON lines to $MULTINODE_FIGURES_FILE, read back here. Per fault: each round's
 fault -> noticed (the job log's first word of it), -> the restart decided, -> the new step started (the failed one
-gone), -> both relaunched ranks ready, with the 1-minute load average then; the median and range of each; the
+gone), -> both relaunched ranks ready, with the 1-minute load average then; beside them, the same round's start-up
+of a step (its start to both ranks ready) for the first launch and for the restart; the median and range of each; the
 rounds that met the target. A round whose tests fail stops the run: no figure of a failed scenario is kept.
 
     python benchmarks/restart.py [--rounds 3] [--slurm 22.05] [--out benchmarks/results-restart.json]
@@ -37,6 +38,8 @@ SCENARIOS = {
     "crashed rank restarted": "test_a_crashed_rank_is_restarted_in_the_same_job",
 }
 TIMES = ("fault_to_noticed_s", "fault_to_restart_s", "fault_to_new_step_s", "fault_to_relaunched_ranks_s")
+# The start-up of a step, measured in the same round: the first launch's and the restart's, side by side
+STARTUP = ("first_step_to_ranks_s", "new_step_to_ranks_s")
 
 
 def pytest_command(python: str = sys.executable) -> list[str]:
@@ -56,7 +59,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             raise ValueError(f"{name}: the rounds name different targets {sorted(targets)}")
         target = targets.pop()
         entry: dict[str, Any] = {"rounds": len(mine), "target_s": target}
-        for key in TIMES:
+        for key in (*TIMES, *STARTUP):
             values = [float(r[key]) for r in mine]
             entry[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
         entry["load_average_1m"] = [r["load_average_1m"] for r in mine]

@@ -68,7 +68,11 @@ def run_with_fault(slurm_cluster, tmp_path: Path, sig: signal.Signals, noticed: 
     hit: list[int] = []
     try:
         job, joblog = sm.submitted("train")
-        first = wait_for(lambda: ready(wd, job, 0), "both ranks ready", 300)
+        wait_for(lambda: joblog.exists() and "one srun step" in joblog.read_text(), "the first step's start", 300,
+                 interval=0.05)  # fmt: skip
+        launched = time.monotonic()
+        first = wait_for(lambda: ready(wd, job, 0), "both ranks ready", 300, interval=0.05)
+        started = time.monotonic()
         head, other = host_of(first[0]), host_of(first[1])
         wait_for(lambda: saved_step(wd) >= 5, "five steps saved", 120)
         workers = rank_pids(slurm_cluster, other)
@@ -103,6 +107,9 @@ def run_with_fault(slurm_cluster, tmp_path: Path, sig: signal.Signals, noticed: 
             "fault_to_noticed_s": round(seen - faulted, 1), "fault_to_restart_s": round(restarted - faulted, 1),
             "fault_to_new_step_s": round(stepped - faulted, 1),
             "fault_to_relaunched_ranks_s": round(relaunched - faulted, 1),
+            # the same start-up side by side: the first step's start to its ranks ready, and the new step's
+            "first_step_to_ranks_s": round(started - launched, 1),
+            "new_step_to_ranks_s": round(relaunched - stepped, 1),
             "load_average_1m": round(os.getloadavg()[0], 1),
         },
     }  # fmt: skip

@@ -32,7 +32,7 @@ def test_it_runs_exactly_the_fault_tests_that_write_its_figures():
 def row(test: str, noticed: float, restart: float, ranks: float, target: float, load: float = 1.0) -> dict:
     return {"test": test, "fault_to_noticed_s": noticed, "fault_to_restart_s": restart,
             "fault_to_new_step_s": restart + 1, "fault_to_relaunched_ranks_s": ranks, "target_s": target,
-            "load_average_1m": load}  # fmt: skip
+            "first_step_to_ranks_s": 20.0, "new_step_to_ranks_s": 21.0, "load_average_1m": load}  # fmt: skip
 
 
 def test_the_summary_gives_each_times_median_and_range_and_the_rounds_within_the_target():
