@@ -831,7 +831,7 @@ def launch_with_spares(
         reached.append(end.reached)
         if failed is not None and (spare := roster.drop(failed.node)) is not None:
             relaunch += 1
-            log(f"replacing node {failed.node} ({failure_why(failed)}) with spare {spare}; relaunch {relaunch}")
+            log(f"replacing node {failed.node} ({failure_why(failed)}) with spare {spare}{stall.RELAUNCHED}{relaunch}")
             event = node_events.NodeEvent(node_events.REPLACED, failed.node, failure_why(failed), spare, relaunch)
             if not spares.record(env, event, log):
                 lost.append(event)
@@ -848,8 +848,8 @@ def launch_with_spares(
             relaunch += 1
             restarted += 1
             log(
-                f"restarting the training on the same nodes ({what}); relaunch {relaunch}, restart {restarted} of "
-                f"max_restarts {budget.max_restarts}"
+                f"restarting the training on the same nodes ({what}){stall.RELAUNCHED}{relaunch}, restart {restarted} "
+                f"of max_restarts {budget.max_restarts}"
             )
             if failed is not None:
                 spares.forget_failed_node(env, failed.node, log)

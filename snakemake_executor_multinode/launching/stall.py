@@ -53,6 +53,9 @@ from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import proctree
 
 NOTICED = "stall noticed at"  # the job log's line when the watchdog ends a step (the goodput ledger reads it)
+# The end of the launcher's line that starts a new step after a failed one, a spare's replacement or an in-job
+# restart ("...; relaunch 2"): a stall said before it did not end the run (the ledger reads it).
+RELAUNCHED = "; relaunch "
 # The launcher's line when SLURM reports a node failure (after SlurmdTimeout: the live ranks hung on the lost peer
 # until then): the ledger books the wait as stalled.
 NODE_FAILURE_SAID = "is down (SLURM reports a node failure)"

@@ -192,11 +192,15 @@ SLURM_ENDED_HELD = ("TIMEOUT", "NODE_FAIL")
 def _stalled(log: Path, state: str) -> bool:
     """A step without progress held this run until something ended it: the progress watchdog (its log's end says
     so: stall.NOTICED), SLURM at the time limit or at a node failure (the run's state), or the launcher when SLURM
-    reported a node failure after the live ranks hung on the lost peer (stall.NODE_FAILURE_SAID)."""
+    reported a node failure after the live ranks hung on the lost peer (stall.NODE_FAILURE_SAID). A stall after which
+    the launcher started a new step in the run (stall.RELAUNCHED: a spare, an in-job restart) did not end it."""
     if state in SLURM_ENDED_HELD:
         return True
     tail = progress.read_tail(log, STALL_TAIL_BYTES)
-    return tail is not None and (stall.NOTICED.encode() in tail or stall.NODE_FAILURE_SAID.encode() in tail)
+    if tail is None:
+        return False
+    said = max(tail.rfind(stall.NOTICED.encode()), tail.rfind(stall.NODE_FAILURE_SAID.encode()))
+    return said >= 0 and tail.find(stall.RELAUNCHED.encode(), said) < 0
 
 
 def job_ledger(sub: Submission, runs: Sequence[RunRecord], now: float) -> Ledger | None:

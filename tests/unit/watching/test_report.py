@@ -318,6 +318,25 @@ def test_a_run_whose_log_says_the_watchdog_ended_it_is_stalled_after_its_last_pr
     assert job.ledger is not None and job.ledger.seconds["stalled"] == 50 and job.ledger.seconds["teardown"] == 0
 
 
+def test_a_stall_after_which_the_run_relaunched_its_training_did_not_end_it(tmp_path):
+    """An in-job restart (or a spare's replacement) after the watchdog's stall: the run went on and its end, after
+    the last progress, is teardown; a second stall after the restart did end it."""
+    from snakemake_executor_multinode.launching import stall
+
+    sub_ = timed_job(tmp_path, "506", "train", [{"step": 10, "wall": 50}])
+    restarted = (
+        f"[multinode torchrun] {stall.NOTICED} 2026-12-05T01:00:00+00:00: ...\n"
+        f"[multinode torchrun] restarting the training on the same nodes (stalled: ...){stall.RELAUNCHED}1, ...\n"
+    )
+    Path(sub_.log).write_text(restarted)
+    row = timed_row("506", "COMPLETED", 100, 1, 1, start=0, submit=0)
+    job = report.job_usage(sub_, report.parse_accounting(rows(row))["506"])
+    assert job.ledger is not None and job.ledger.seconds["teardown"] == 50 and job.ledger.seconds["stalled"] == 0
+    Path(sub_.log).write_text(restarted + f"[multinode torchrun] {stall.NOTICED} 2026-12-05T01:01:00+00:00: ...\n")
+    job = report.job_usage(sub_, report.parse_accounting(rows(row.replace("COMPLETED", "FAILED")))["506"])
+    assert job.ledger is not None and job.ledger.seconds["stalled"] == 50
+
+
 @pytest.mark.parametrize(
     ("state", "said"),
     [
