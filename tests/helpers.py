@@ -612,9 +612,22 @@ dist.destroy_process_group()
 # `wall` and `step_ms`, busy_s per node every 5 steps, checkpoint_begin/end and resume events; at a resume the step
 # lines above the resumed step become "superseded" events) and links $MULTINODE_METRICS_FILE to it, so every job of
 # the experiment shares one file. With MATRIX_TRACKERS=1 rank 0 logs each step's loss through contract/tracking.py.
-# It prints a line at each stage of its start: the stall watchdog sees progress there too.
+# Until its first step it prints a line every 5 s: its start (torch's import, the rendezvous, the trackers' imports)
+# takes longer than a short stall_timeout on a loaded machine, and a stall may only be the test's fault.
 CONTRACT_TRAINING = (
-    'print("training: starting", flush=True)\n'
+    """
+import threading
+started = threading.Event()
+
+
+def starting():
+    print("training: starting", flush=True)
+    while not started.wait(5):
+        print("training: starting", flush=True)
+
+
+threading.Thread(target=starting, daemon=True).start()
+"""
     + RELEASED
     + """
 import json, os, signal, socket, sys, time
@@ -683,6 +696,7 @@ def save(step):
 
 
 step, busy, n, mark = start, 0.0, 0, time.perf_counter()
+started.set()  # from here on every step prints a line
 while True:
     t = time.perf_counter()
     time.sleep(step_s)  # the step's compute

@@ -1,9 +1,9 @@
 """The matrix of features and faults on the real local SLURM cluster (issue 53, part 4).
 
 Every case of tests/fault_matrix.py (an all-pairs set over seven features and seven faults, 14 cases) runs a tiny
-2-node gloo training (tests/helpers.CONTRACT_TRAINING: checkpoints every 5 steps, SIGUSR2 -> checkpoint + preempt
+2-node gloo training (tests/helpers.CONTRACT_TRAINING: checkpoints every 10 steps, SIGUSR2 -> checkpoint + preempt
 file, resume, a metrics line per step) through `snakemake --executor multinode`, injects its fault by pid once step
-13 is logged (three steps after a checkpoint, so a fault that loses work loses some), lets the training finish once
+12 is logged (two steps after a checkpoint, so a fault that loses work loses some), lets the training finish once
 it has shown it got past the fault (a `release` file), and holds every case to the same invariants:
 
 1. it ends as the documentation says (fault_matrix.expected): Snakemake's exit code, the SLURM jobs, requeued or
@@ -67,8 +67,8 @@ from tests.helpers import (
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]
 
-STEP_S, CKPT_EVERY = 0.1, 5
-FAULT_AT = 13  # the fault comes once this step is logged: 3 steps after the checkpoint of step 10
+STEP_S, CKPT_EVERY = 0.1, 10
+FAULT_AT = 12  # the fault comes once this step is logged: 2 steps after the checkpoint of step 10
 AFTER = 3  # steps a launch after the fault logs before the test releases the training
 CONCURRENT = 6  # cases at a time (the cluster holds ~8 such jobs; the machine has 2 cores)
 HANG_GUARD_S = 900.0  # only against a hang: no verdict depends on it
@@ -140,11 +140,12 @@ class Fault:
         self.slow: Slowdown | None = None
         self.dead: str | None = None
         self.refused = ""  # what SLURM said when it refused the fault (an admin's requeue)
+        self.node = ""  # the node it hit: the non-head training node
 
     def inject(self) -> float:
         """The fault, now; returns when (epoch seconds)."""
-        head, other = nodes_of_launch(self.wd, self.job)
-        event = self.case.event
+        _, other = nodes_of_launch(self.wd, self.job)
+        self.node, event = other, self.case.event
         at = time.time()
         if event == fm.TIME_LIMIT:  # what --signal=USR2@T sends: every step's processes
             self.cl.run("scancel", "--signal=USR2", self.job)
@@ -234,6 +235,8 @@ def check(
     histories = {j: node_events.read(f.replacements) for j, f in files.items()}
     scripts = {s["jobid"]: Path(s["script"]).read_text() for s in subs}
     excluded = any("#SBATCH --exclude=" in scripts[j] for j in jobs[1:])
+    # the node the fault hit: the failing check's marker names the one it failed on
+    node = fault.node if fault is not None else (wd / "bad-node.txt").read_text().strip()
     got = fm.Outcome(
         rc=rc,
         jobs=len(jobs),
@@ -246,6 +249,11 @@ def check(
     why = f"{case.name} {case.values()}: expected {want.describe()}, got {got.describe()}"
     assert fault is None or not fault.refused, f"{why}; SLURM refused the fault: {fault.refused}"
     assert got == want, f"{why}\n{text[-3000:]}\n" + "\n".join(said.values())[-6000:]
+    dropped = [e.node for h in histories.values() for e in h.dropped]
+    hit = got.replaced or case.event == fm.CHECK_FAILS  # a node failing its check is dropped, spare or not
+    assert dropped == ([node] if hit else []), f"{case.name}: dropped {dropped}, the fault hit {node}"
+    if got.excluded:  # the retry leaves out the node the fault hit, not its victim
+        assert f"#SBATCH --exclude={node}\n" in scripts[jobs[-1]], f"{case.name}: {node} not left out"
 
     # (2) nothing computed again beyond the steps since the last checkpoint
     recs = metrics(wd)
@@ -287,7 +295,7 @@ def check(
     # (5) `multinode status` names what happened
     status = multinode(wd, "status").stdout
     (wd.parent / "status.txt").write_text(status)
-    for words in named(case, got):
+    for words in named(case, got, node):
         assert words in status, f"{case.name}: `multinode status` does not say {words!r}:\n{status}"
     return {
         "case": case.name,
@@ -300,20 +308,44 @@ def check(
         "productive_node_s": round(productive, 2),
         "training_clock_node_s": round(clock, 2),
         "ledger": ledger,
-        "status_says": named(case, got),
+        "status_says": named(case, got, node),
         "wall_s": round(wall_s, 1),
     }
 
 
-def named(case: fm.Case, got: fm.Outcome) -> list[str]:
-    """What `multinode status` must say of the case."""
+# What `multinode status` says of a node the fault hit, by the fault (with a spare: "<node> -> <spare> (<why>)";
+# without: the failed run's "failing node <node>")
+WHY_REPLACED = {
+    fm.NODE_DEATH: "does not answer: the node is down",
+    fm.CRASHED_RANK: "exited with",
+    fm.CHECK_FAILS: "failed its node check: its command exited with 1",
+    fm.STRAGGLER: "straggler: node",
+}
+SELF_REQUEUED = {
+    fm.TIME_LIMIT: "requeued by itself (checkpointed before the time limit)",
+    fm.HUNG_RANK: "requeued by itself (stalled: ended by the progress watchdog, on_stall requeue)",
+}
+
+
+def named(case: fm.Case, got: fm.Outcome, node: str) -> list[str]:
+    """What `multinode status` must say of the case: what happened, and to which node (`node`: the one the fault
+    hit)."""
     words = []
     if got.replaced:
-        words.append(" -> ")
+        words.append(f"{node} -> ")
+        words.append(WHY_REPLACED[case.event])
     if case.event == fm.STRAGGLER:
-        words.append(" straggler (")
-    if case.event == fm.CHECK_FAILS:
-        words.append("failed its node check")
+        words.append(f"{node} straggler (")
+    if case.event == fm.ADMIN_REQUEUE:
+        words.append("exit 143, requeued by SLURM")
+    elif got.requeued:
+        words.append(SELF_REQUEUED[case.event])
+    elif case.event == fm.TIME_LIMIT:
+        words.append("(checkpointed before the time limit; not requeued: its own requeues are used up")
+    elif case.event == fm.HUNG_RANK:
+        words.append("(stalled: ended by the progress watchdog")
+    if case.event in WHY_REPLACED and case.event != fm.STRAGGLER and not got.replaced:
+        words.append(f"failing node {node})")
     return words
 
 
