@@ -34,6 +34,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +52,7 @@ from tests import fault_matrix as fm
 from tests.helpers import (
     CONTRACT_TRAINING,
     FAILING_CHECK,
+    REPO,
     Cluster,
     Slowdown,
     Snakemake,
@@ -70,7 +72,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]
 STEP_S, CKPT_EVERY = 0.1, 10
 FAULT_AT = 12  # the fault comes once this step is logged: 2 steps after the checkpoint of step 10
 AFTER = 3  # steps a launch after the fault logs before the test releases the training
-CONCURRENT = 6  # cases at a time (the cluster holds ~8 such jobs; the machine has 2 cores)
+CONCURRENT = 12  # cases at a time (the cluster holds ~8 such jobs; the machine has 2 cores)
 HANG_GUARD_S = 900.0  # only against a hang: no verdict depends on it
 
 TRACKED = (
@@ -185,21 +187,29 @@ def straggler_named(joblog: Path) -> float | None:
 
 
 def run_case(cl: Cluster, case: fm.Case, root: Path) -> dict[str, Any]:
-    """One case, from its submission to its checks; its row of the result file."""
+    """One case, from its submission to its checks; its row of the result file, with when (seconds from its start)
+    its job was submitted, the fault came, the training was past it, Snakemake ended and the checks were done."""
     wd = root / case.name / "wf"
     args = workflow(case, wd)
     began = time.monotonic()
+    timeline: dict[str, float] = {}
+
+    def mark(what: str) -> None:
+        timeline[what] = round(time.monotonic() - began, 1)
+
     start_wall = time.time()
     sm = Snakemake(wd, *args)
     fault: Fault | None = None
     try:
         job, joblog = sm.submitted("train", timeout=600)
+        mark("submitted")
         fault_wall = start_wall
         if case.event != fm.CHECK_FAILS:  # the failing check needs nothing: it fails the node at the start
             wait_for(lambda: any(r["step"] >= FAULT_AT for r in step_lines(metrics(wd))), f"step {FAULT_AT}",
                      HANG_GUARD_S, sm.proc)  # fmt: skip
             fault = Fault(cl, case, wd, job, joblog)
             fault_wall = fault.inject()
+            mark("fault")
 
         def past_the_fault() -> bool:
             """Snakemake ended, or a launch after the fault logged AFTER steps (or, where the fault starts none,
@@ -211,20 +221,21 @@ def run_case(cl: Cluster, case: fm.Case, root: Path) -> dict[str, Any]:
             return len(step_lines(metrics(wd), since)) >= (AFTER if later else 5)
 
         wait_for(past_the_fault, "the training past the fault", HANG_GUARD_S)
+        mark("past")
         (wd / "release").touch()
         rc = sm.wait(HANG_GUARD_S)
+        mark("ended")
     finally:
         (wd / "release").touch()
         sm.stop()
         if fault is not None:
             fault.undo()
-    wall_s = time.monotonic() - began
-    return check(cl, case, wd, rc, sm, fault, wall_s)
+    row = check(cl, case, wd, rc, sm, fault)
+    mark("checked")
+    return {**row, "wall_s": timeline["checked"], "timeline": timeline}
 
 
-def check(
-    cl: Cluster, case: fm.Case, wd: Path, rc: int, sm: Snakemake, fault: Fault | None, wall_s: float
-) -> dict[str, Any]:
+def check(cl: Cluster, case: fm.Case, wd: Path, rc: int, sm: Snakemake, fault: Fault | None) -> dict[str, Any]:
     """The invariants; the case's row. A failed invariant raises naming the case."""
     want = fm.expected(case)
     subs = sorted(records(wd), key=lambda r: r["attempt"])
@@ -295,21 +306,25 @@ def check(
     # (5) `multinode status` names what happened
     status = multinode(wd, "status").stdout
     (wd.parent / "status.txt").write_text(status)
+    said_lines = []  # the lines of the status that say it, without the job's label
     for words in named(case, got, node):
         assert words in status, f"{case.name}: `multinode status` does not say {words!r}:\n{status}"
+        line = next(x for x in status.splitlines() if words in x).strip()
+        line = re.sub(r"^train( #\d)? \(job \d+\): ", "", line)
+        said_lines += [] if line in said_lines else [line]
     return {
         "case": case.name,
         **case.values(),
         "expected": asdict(want),
         "got": asdict(got),
+        "ends": got.describe(),
         "sacct": {j: [r["state"] for r in runs[j]] for j in jobs},
         "lost_steps": len(lost),
         "steps": len(kept),
         "productive_node_s": round(productive, 2),
         "training_clock_node_s": round(clock, 2),
         "ledger": ledger,
-        "status_says": named(case, got, node),
-        "wall_s": round(wall_s, 1),
+        "status_says": said_lines,
     }
 
 
@@ -371,6 +386,8 @@ def in_pool(jobs: list[Callable[[], dict[str, Any]]], size: int) -> list[dict[st
 
 def test_every_pair_of_features_and_faults_ends_as_the_documentation_says(slurm_cluster, tmp_path):
     chosen = selected()
+    load_before = os.getloadavg()
+    date = time.strftime("%Y-%m-%d %H:%M")
     began = time.monotonic()
     # a node's death kills whatever runs on its node: those cases run after the others
     first = [c for c in chosen if c.event != fm.NODE_DEATH]
@@ -380,9 +397,15 @@ def test_every_pair_of_features_and_faults_ends_as_the_documentation_says(slurm_
     wall_s = time.monotonic() - began
     failures = [f"{c.name}: {r!r}" for c, r in zip(first + last, results, strict=True) if isinstance(r, BaseException)]
     rows = sorted((r for r in results if isinstance(r, dict)), key=lambda r: r["case"])
-    result = {"cases": rows, "wall_s": round(wall_s, 1), "concurrent": CONCURRENT, "every_case": len(chosen) == 14}
+    result = {
+        "date": date, "wall_s": round(wall_s, 1), "concurrent": CONCURRENT, "cases_run": len(chosen),
+        "cases_passed": len(rows), "load_before": [round(x, 1) for x in load_before],
+        "load_after": [round(x, 1) for x in os.getloadavg()], "cases": rows,
+    }  # fmt: skip
     (tmp_path / "results-matrix.json").write_text(json.dumps(result, indent=1) + "\n")
     if target := os.environ.get("MULTINODE_MATRIX_RESULT"):
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        result = {"commit": head.stdout.strip(), **result}
         Path(target).write_text(json.dumps(result, indent=1) + "\n")
     print(f"\n[figures] matrix: {len(chosen)} cases in {wall_s:.0f} s ({CONCURRENT} at a time)", flush=True)
     assert not failures, "\n\n".join(failures)
