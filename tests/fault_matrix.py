@@ -15,6 +15,7 @@ the generator to covering every pair. Pure: no SLURM, no Snakemake.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -131,8 +132,14 @@ class Case:
         return {k: v for k, v in asdict(self).items() if k != "number"}
 
 
+@functools.cache
+def _cases() -> tuple[Case, ...]:
+    return tuple(Case(i, **c) for i, c in enumerate(greedy_cases(), start=1))  # type: ignore[arg-type]
+
+
 def cases() -> list[Case]:
-    return [Case(i, **c) for i, c in enumerate(greedy_cases(), start=1)]  # type: ignore[arg-type]
+    """The all-pairs cases, numbered (made once: about a second)."""
+    return list(_cases())
 
 
 @dataclass(frozen=True)
