@@ -72,7 +72,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]
 STEP_S, CKPT_EVERY = 0.1, 10
 FAULT_AT = 12  # the fault comes once this step is logged: 2 steps after the checkpoint of step 10
 AFTER = 3  # steps a launch after the fault logs before the test releases the training
-CONCURRENT = 12  # cases at a time (the cluster holds ~8 such jobs; the machine has 2 cores)
+CONCURRENT = 12  # every case but the node deaths at once: SLURM queues what 5 nodes cannot hold; 2 cores limit
 HANG_GUARD_S = 900.0  # only against a hang: no verdict depends on it
 
 TRACKED = (
