@@ -1398,8 +1398,9 @@ def matrix_cost() -> str:
     load = f"{each(data(MATRIX, 'load_before'), f1)} before, {each(data(MATRIX, 'load_after'), f1)} after"
     slowest = max(cases, key=lambda c: c["wall_s"])
     return (
-        f"{len(cases)} cases in {f0(data(MATRIX, 'wall_s'))} s, {data(MATRIX, 'concurrent')} at a time "
-        f"(the slowest, {slowest['case']}, {f0(slowest['wall_s'])} s); {data(MATRIX, 'date')}, load average {load}"
+        f"{len(cases)} cases in {f0(data(MATRIX, 'wall_s'))} s, {data(MATRIX, 'concurrent')} side by side (the "
+        f"slowest, {slowest['case']}, {f0(slowest['wall_s'])} s); {data(MATRIX, 'date')}, commit "
+        f"{data(MATRIX, 'commit')}, load average {load}"
     )
 
 

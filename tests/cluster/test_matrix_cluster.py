@@ -35,9 +35,9 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -72,7 +72,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]
 STEP_S, CKPT_EVERY = 0.1, 10
 FAULT_AT = 12  # the fault comes once this step is logged: 2 steps after the checkpoint of step 10
 AFTER = 3  # steps a launch after the fault logs before the test releases the training
-CONCURRENT = 12  # every case but the node deaths at once: SLURM queues what 5 nodes cannot hold; 2 cores limit
 HANG_GUARD_S = 900.0  # only against a hang: no verdict depends on it
 
 TRACKED = (
@@ -186,9 +185,10 @@ def straggler_named(joblog: Path) -> float | None:
     return time.time() if "straggler: node" in joblog.read_text() else None
 
 
-def run_case(cl: Cluster, case: fm.Case, root: Path) -> dict[str, Any]:
+def run_case(cl: Cluster, case: fm.Case, root: Path, holding: threading.Event | None = None) -> dict[str, Any]:
     """One case, from its submission to its checks; its row of the result file, with when (seconds from its start)
-    its job was submitted, the fault came, the training was past it, Snakemake ended and the checks were done."""
+    its job was submitted, the fault came, the training was past it, Snakemake ended and the checks were done.
+    `holding` is set once the job holds its nodes (its training logged a step), or the case ended."""
     wd = root / case.name / "wf"
     args = workflow(case, wd)
     began = time.monotonic()
@@ -203,6 +203,9 @@ def run_case(cl: Cluster, case: fm.Case, root: Path) -> dict[str, Any]:
     try:
         job, joblog = sm.submitted("train", timeout=600)
         mark("submitted")
+        if holding is not None:
+            wait_for(lambda: step_lines(metrics(wd)), "the training's first step", HANG_GUARD_S, sm.proc)
+            holding.set()
         fault_wall = start_wall
         if case.event != fm.CHECK_FAILS:  # the failing check needs nothing: it fails the node at the start
             wait_for(lambda: any(r["step"] >= FAULT_AT for r in step_lines(metrics(wd))), f"step {FAULT_AT}",
@@ -226,6 +229,8 @@ def run_case(cl: Cluster, case: fm.Case, root: Path) -> dict[str, Any]:
         rc = sm.wait(HANG_GUARD_S)
         mark("ended")
     finally:
+        if holding is not None:
+            holding.set()
         (wd / "release").touch()
         sm.stop()
         if fault is not None:
@@ -372,16 +377,11 @@ def selected() -> list[fm.Case]:
     return [c for c in every if not wanted or c.name in wanted]
 
 
-def in_pool(jobs: list[Callable[[], dict[str, Any]]], size: int) -> list[dict[str, Any] | BaseException]:
-    out: list[dict[str, Any] | BaseException] = []
-    with ThreadPoolExecutor(max_workers=max(1, size)) as pool:
-        futures = [pool.submit(job) for job in jobs]
-        for f in futures:
-            try:
-                out.append(f.result())
-            except BaseException as err:  # every case runs to its end; all failures are said together
-                out.append(err)
-    return out
+def outcome(future: Future) -> dict[str, Any] | BaseException:
+    try:
+        return future.result()
+    except BaseException as err:  # every case runs to its end; all failures are said together
+        return err
 
 
 def test_every_pair_of_features_and_faults_ends_as_the_documentation_says(slurm_cluster, tmp_path):
@@ -389,16 +389,22 @@ def test_every_pair_of_features_and_faults_ends_as_the_documentation_says(slurm_
     load_before = os.getloadavg()
     date = time.strftime("%Y-%m-%d %H:%M")
     began = time.monotonic()
-    # a node's death kills whatever runs on its node: those cases run after the others
-    first = [c for c in chosen if c.event != fm.NODE_DEATH]
-    last = [c for c in chosen if c.event == fm.NODE_DEATH]
-    results = in_pool([lambda c=c: run_case(slurm_cluster, c, tmp_path) for c in first], CONCURRENT)
-    results += in_pool([lambda c=c: run_case(slurm_cluster, c, tmp_path) for c in last], len(last))
+    # A node's death kills whatever runs on that node: those cases' jobs are --exclusive and hold their nodes before
+    # any other case submits (the others' Snakemake starts then overlap them); a dead node stays COMPLETING for its
+    # job until the case brings it back, so no other job lands there meanwhile.
+    deaths = [c for c in chosen if c.event == fm.NODE_DEATH]
+    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
+        holding = {c.name: threading.Event() for c in deaths}
+        futures = {c.name: pool.submit(run_case, slurm_cluster, c, tmp_path, holding[c.name]) for c in deaths}
+        for event in holding.values():
+            event.wait(HANG_GUARD_S)
+        futures |= {c.name: pool.submit(run_case, slurm_cluster, c, tmp_path) for c in chosen if c not in deaths}
+        results = [outcome(futures[c.name]) for c in chosen]
     wall_s = time.monotonic() - began
-    failures = [f"{c.name}: {r!r}" for c, r in zip(first + last, results, strict=True) if isinstance(r, BaseException)]
+    failures = [f"{c.name}: {r!r}" for c, r in zip(chosen, results, strict=True) if isinstance(r, BaseException)]
     rows = sorted((r for r in results if isinstance(r, dict)), key=lambda r: r["case"])
     result = {
-        "date": date, "wall_s": round(wall_s, 1), "concurrent": CONCURRENT, "cases_run": len(chosen),
+        "date": date, "wall_s": round(wall_s, 1), "concurrent": len(chosen), "cases_run": len(chosen),
         "cases_passed": len(rows), "load_before": [round(x, 1) for x in load_before],
         "load_after": [round(x, 1) for x in os.getloadavg()], "cases": rows,
     }  # fmt: skip
@@ -407,5 +413,5 @@ def test_every_pair_of_features_and_faults_ends_as_the_documentation_says(slurm_
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
         result = {"commit": head.stdout.strip(), **result}
         Path(target).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"\n[figures] matrix: {len(chosen)} cases in {wall_s:.0f} s ({CONCURRENT} at a time)", flush=True)
+    print(f"\n[figures] matrix: {len(chosen)} cases in {wall_s:.0f} s, side by side", flush=True)
     assert not failures, "\n\n".join(failures)
