@@ -724,6 +724,7 @@ while True:
         save(step)
         mark = time.perf_counter()
     if stop:
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # leaving: a repeated signal must not kill the exit
         if rank == 0 and env.get("MULTINODE_PREEMPT_FILE"):
             replace(env["MULTINODE_PREEMPT_FILE"], f"{step}\\n")
         print(f"rank {rank}: SIGUSR2, checkpointed step {step}", flush=True)

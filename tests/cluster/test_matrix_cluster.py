@@ -144,10 +144,10 @@ class Fault:
         self.node = ""  # the node it hit: the non-head training node
 
     def inject(self) -> float:
-        """The fault, now; returns when (epoch seconds)."""
+        """The fault, now; returns when it was done (epoch seconds): what the training logs after it, it logged
+        past the fault."""
         _, other = nodes_of_launch(self.wd, self.job)
         self.node, event = other, self.case.event
-        at = time.time()
         if event == fm.TIME_LIMIT:  # what --signal=USR2@T sends: every step's processes
             self.cl.run("scancel", "--signal=USR2", self.job)
         elif event == fm.ADMIN_REQUEUE:
@@ -168,7 +168,7 @@ class Fault:
                 named = wait_for(lambda: straggler_named(self.joblog), "the straggler named", 300)
                 self.slow.end()
                 return named
-        return at
+        return time.time()
 
     def undo(self) -> None:
         if self.slow is not None:

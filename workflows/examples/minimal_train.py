@@ -41,6 +41,7 @@ while step < steps:
         if flag.item() and os.environ.get("MULTINODE_PREEMPT_FILE"):
             print(step, file=open(os.environ["MULTINODE_PREEMPT_FILE"], "w"), flush=True)
     if flag.item():
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # a second signal must not kill the exit (Python drops handlers)
         break  # exit 0: the job script requeues the job and its rerun resumes
 dist.barrier()
 dist.destroy_process_group()
