@@ -41,7 +41,8 @@ shard=True, the lr scheduler with save_lr_scheduler; which rank writes what is t
 per-rank RNG states and, where the plugin keeps them apart from the model (bf16 low_level_zero / hybrid), fp32
 master weights. Written to a temp dir, fsynced with a manifest of sizes and sha256, then renamed (a temp dir that a
 killed save left is removed at the next start, named); the last keep_ckpts verified ones kept. A rerun resumes from
-the latest one that verifies (a damaged one is skipped, named) exactly on the same world size; on another world size
+the latest one that verifies (a damaged one is skipped, named) exactly on the same world size (on any number of
+ranks: every run first settles DDP's gradient buckets, settle_ddp_buckets); on another world size
 the plugin's IO reshards model and optimizer and the run logs what per-rank state could not follow. The data
 position is the step (batches are a pure function of seed and step). The metrics file keeps its step lines up to the
 resumed step; later ones (a run that died after its last checkpoint) become "superseded" events, the record of lost
@@ -345,8 +346,8 @@ def settle_ddp_buckets(run: Run) -> None:
 
     Why: DDP lays its gradient buckets out in parameter order, and after the first backward that syncs lays them out
     again in the order the gradients became ready (Reducer::rebuild_buckets). Each bucket is all-reduced as one flat
-    buffer, and a ring all-reduce (gloo's; NCCL's too) sums an element in a rank order that depends on where the
-    element lies in that buffer. With 2 ranks a+b == b+a; with 3 or more the association differs and so do the last
+    buffer, and gloo's all-reduce sums an element in a rank order that depends on where the element lies in
+    that buffer. With 2 ranks a+b == b+a; with 3 or more the association differs and so do the last
     bits. A resumed run's first step would all-reduce in the constructor's layout where the interrupted run used
     the rebuilt one, and its model would drift from a straight run's. The buckets are rebuilt at the next forward,
     in the order this backward made them ready, which is the real steps' order (same graph, same shapes): the
