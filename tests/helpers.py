@@ -650,18 +650,19 @@ def train_rule(
     script: str = "scripts/train.py",
     output: str = "model.pt",
     nodes: int = 2,
+    gpus: int = 1,
     metrics: str = "ckpt/metrics.jsonl",
     resources: str = "runtime=30",
 ) -> str:
-    """A Snakefile of one rule `train`: the example training (or a script that wraps it) on `nodes` nodes x 1 rank
-    through `multinode torchrun`, `config` its --config-json, checkpoints in ckpt/ (training_folder makes the rest).
-    An output other than model.pt is written after the training ends well."""
+    """A Snakefile of one rule `train`: the example training (or a script that wraps it) on `nodes` nodes x `gpus`
+    ranks (a fake GPU and a CPU each) through `multinode torchrun`, `config` its --config-json, checkpoints in ckpt/
+    (training_folder makes the rest). An output other than model.pt is written after the training ends well."""
     out, then = ("{output}", "") if output == "model.pt" else ("model.pt", " && echo ok > {output}")
     return f"""
 rule train:
     output: {output!r}
     params: cfg={json.dumps(config)!r}
-    resources: nodes={nodes}, gpus=1, cpus_per_task=1, mem_mb=3000, {resources}
+    resources: nodes={nodes}, gpus={gpus}, cpus_per_task={gpus}, mem_mb=3000, {resources}
     shell:
         "multinode torchrun {script} --data-dir data --out {out} --ckpt-dir ckpt "
         "--metrics {metrics} --config-json {{params.cfg:q}}{then}"
