@@ -4,8 +4,8 @@ unfinished save is removed (named in the log), the steps lost are the steps sinc
 ledger counts exactly their time as lost; the final model equals a run without the fault, on as many ranks.
 
 A 2-node `--executor multinode` rule (`--retries 1`) trains workflows/scripts/train.py (torch_ddp, CPU + gloo, a tiny
-model, 2 ranks per node: 4 in all, the fewest on which an inexact resume shows, docs/reproducibility.md) with a
-checkpoint every EVERY steps. "While a checkpoint is being written" is an event, not a time: the test's wrapper of
+model, 2 ranks per node: 4 in all, as an inexact resume cannot show on 2, docs/reproducibility.md) with a checkpoint
+every EVERY steps. "While a checkpoint is being written" is an event, not a time: the test's wrapper of
 train.py (its own file, the training unchanged) stops the last rank (on the second node, so the node killed is not the
 one running the job script) of the first launch inside Checkpointer.save of step KILL_AT, where the save asks for the
 rank's own file: the model, optimizer and lr schedule are in the temp folder, trainer.json is not, and the other ranks
