@@ -151,7 +151,7 @@ def test_no_unit_test_file_calls_what_starts_a_process_or_opens_a_socket():
         if path.resolve() not in GUARD_TESTS
         for call in forbidden_calls(path.read_text())
     ]
-    assert found == [], "these belong in tests/process/, in the file of the same name"
+    assert not found, "these belong in tests/process/, in the file of the same name:\n" + "\n".join(found)
 
 
 def test_the_reading_finds_each_call_through_its_aliases_and_nothing_else():
