@@ -2,7 +2,7 @@
 
 The job script (templates/job.sh) receives the marker paths, the exit code and the port rule from here as
 placeholders; the launcher and the status tracker import them; the training reads the MULTINODE_* variables by name
-(`tests/unit/contract/test_protocol.py` proves that the template, the launcher and the example training agree).
+(`tests/process/contract/test_protocol.py` proves that the template, the launcher and the example training agree).
 """
 
 from __future__ import annotations
