@@ -174,7 +174,7 @@ MULTINODE_GPU_SAMPLER=
 if [ 30 -gt 0 ] && command -v nvidia-smi >/dev/null; then
     export MULTINODE_GPU_SAMPLES=/work/project/.snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1
     srun --overlap --nodes="$NODE_NUM" --ntasks="$NODE_NUM" --ntasks-per-node=1 --cpus-per-task=1 --mem=0 \
-        --export=ALL --job-name=gpu-samples bash -c 'command -v nvidia-smi >/dev/null || exit 0; exec nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits -l 30 >>"$MULTINODE_GPU_SAMPLES"."$SLURMD_NODENAME".gpu.csv' >/dev/null 2>&1 &
+        --export=ALL --job-name=gpu-samples bash -c 'command -v nvidia-smi >/dev/null || exit 0; trap "" USR1 USR2; exec nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits -l 30 >>"$MULTINODE_GPU_SAMPLES"."$SLURMD_NODENAME".gpu.csv' >/dev/null 2>&1 &
     MULTINODE_GPU_SAMPLER=$!
 fi
 
