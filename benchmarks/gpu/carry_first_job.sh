@@ -6,7 +6,8 @@
 #   DEST/slurm/   SLURM 22.05 and munge: this machine's Debian 12 package files (docs and man pages left out), and
 #                 under libs/ the shared libraries their programs and plugins load that are not glibc's
 # Usage, from the checkout's root: bash benchmarks/gpu/carry_first_job.sh DEST
-# PART=repo|whl|slurm does one part (tests/unit/test_gpu_scripts.py runs the repo part).
+# PART=repo|whl|slurm does one part: repo is the checkout and the plugin's wheel (tests/unit/test_gpu_scripts.py
+# runs it); whl the other wheels.
 set -euo pipefail
 DEST=${1:?usage: carry_first_job.sh DEST}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,11 +19,13 @@ if [ "$PART" = all ] || [ "$PART" = repo ]; then
     rm -rf "$DEST/repo" && mkdir -p "$DEST/repo"
     (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 tar -cf - --ignore-failed-read) |
         tar -xf - -C "$DEST/repo"
+    mkdir -p "$DEST/whl" && rm -f "$DEST"/whl/snakemake_executor_plugin_multinode-*.whl
+    (cd "$DEST/repo" && python3 -m pip wheel -q --no-deps --no-build-isolation -w "$DEST/whl" .)
 fi
 
 if [ "$PART" = all ] || [ "$PART" = whl ]; then
-    rm -rf "$DEST/whl" && mkdir -p "$DEST/whl"
-    (cd "$DEST/repo" && python3 -m pip wheel -q --no-deps --no-build-isolation -w "$DEST/whl" .)
+    find "$DEST/whl" -name '*.whl' ! -name 'snakemake_executor_plugin_multinode-*' -delete 2>/dev/null || true
+    mkdir -p "$DEST/whl"
     # Snakemake's closure at the versions this project tests, those the device's image lacks (KINDS.md's list);
     # typing-extensions too, as pydantic needs a recent one. pulp without its bundled solvers (the ILP scheduler is
     # never used: --scheduler greedy): 36 MB less.

@@ -4,7 +4,10 @@ more batch from each loader (its workers must still serve), checks that every wo
 $MULTINODE_PREEMPT_FILE and exits 0. Rank 0's metrics file gets a `workers` event with the workers' pids once they
 run, and a `signalled` event with what it found after the signal.
 
-    multinode torchrun usr2_dataloader.py CKPT
+    multinode torchrun usr2_dataloader.py CKPT [--ignore-usr2-in-workers]
+
+--ignore-usr2-in-workers: each worker ignores USR2 from its start (worker_init_fn), what a training does where SLURM
+itself signals every process of a step (proctrack/linuxproc; benchmarks/gpu/slurm_on_device.sh, part 4).
 """
 
 import json
@@ -26,6 +29,10 @@ class Rows(Dataset):
         return torch.full((4,), float(i % 7))
 
 
+def ignore_usr2(_worker_id):  # module level: spawn and forkserver workers import it by name
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
 def log(**record):
     if dist.get_rank() == 0:
         with open(os.environ["MULTINODE_METRICS_FILE"], "a") as f:
@@ -36,8 +43,18 @@ def main():  # spawn and forkserver workers import this file again: nothing runs
     dist.init_process_group("gloo")
     stop = torch.zeros(1)
     signal.signal(signal.SIGUSR2, lambda *_: stop.fill_(1))
+    init = ignore_usr2 if "--ignore-usr2-in-workers" in sys.argv else None
     loaders = {
-        ctx: iter(DataLoader(Rows(), batch_size=8, num_workers=1, multiprocessing_context=ctx, persistent_workers=True))
+        ctx: iter(
+            DataLoader(
+                Rows(),
+                batch_size=8,
+                num_workers=1,
+                multiprocessing_context=ctx,
+                persistent_workers=True,
+                worker_init_fn=init,
+            )
+        )
         for ctx in ("spawn", "forkserver")
     }
     model = torch.nn.Linear(4, 1)

@@ -35,7 +35,7 @@ cuda = torch.cuda.is_available()
 device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
 if cuda:
     torch.cuda.set_device(device)  # before the process group: each rank's NCCL communicator on its own GPU
-dist.init_process_group("nccl" if cuda else "gloo")
+dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
 rank, world = dist.get_rank(), dist.get_world_size()
 stop = torch.zeros(1)
 signal.signal(signal.SIGUSR2, lambda *_: stop.fill_(1))  # only a flag: act at the next step boundary
