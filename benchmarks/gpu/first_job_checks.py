@@ -147,10 +147,10 @@ def slurm(work: Path, log: str) -> dict[str, Any]:
 
 
 def linuxproc_dataloader(work: Path, log: str) -> dict[str, Any]:
-    """Part 4: per mode (plain; ignore: the workers ignore USR2), the exit, and what the training found after the
-    signal (every worker alive?) or the DataLoader's complaint that a worker was killed."""
+    """Part 4: per mode (plain; ignore: the workers ignore USR2; block: the rank blocks it), the exit, and what the
+    training found after the signal (every worker alive?) or the DataLoader's complaint that a worker was killed."""
     out = {}
-    for mode in ("plain", "ignore"):
+    for mode in ("plain", "ignore", "block"):
         recs = records(work / "dl" / f"metrics-{mode}.jsonl")
         signalled = [r for r in recs if r.get("event") == "signalled"]
         part = re.search(rf"(?s)^dataloader {mode}: scancel(.*?)^dataloader {mode} exit", log, re.M)
@@ -194,9 +194,9 @@ def checks(result: dict[str, Any]) -> dict[str, bool]:
         and s.get("resumed_at") is not None
         and s.get("last_step") is not None
         and s["resumed_at"] < s["last_step"],
-        "linuxproc: DataLoader workers that ignore USR2 from their start survive SLURM's own signal": result[
+        "linuxproc: with USR2 blocked in the rank, its DataLoader workers survive SLURM's own signal": result[
             "linuxproc_dataloader"
-        ]["ignore"]
+        ]["block"]
         == {"exit": 0, "workers_alive_after_signal": {"spawn": [True], "forkserver": [True]}, "worker_killed": None},
     }
 

@@ -9,8 +9,8 @@
 #      USR2 to the job's steps mid-run (scancel --signal, as SLURM's signal before the time limit) makes it checkpoint,
 #      requeue itself and resume. The GPU sampler's CSV, the progress lines' MFU and CUDA_VISIBLE_DEVICES are read;
 #   4. on that cluster (proctrack/linuxproc: SLURM signals every process of a step), a training whose DataLoaders
-#      have spawn and forkserver workers, in a user's own srun step, gets scancel --signal=USR2: as it is, and with
-#      its workers ignoring USR2 from their start (tests/training/usr2_dataloader.py).
+#      have spawn and forkserver workers, in a user's own srun step, gets scancel --signal=USR2: as it is, with its
+#      workers ignoring USR2 from their start, and with USR2 blocked in the rank (tests/training/usr2_dataloader.py).
 # What it needs, carried (benchmarks/gpu/carry_first_job.sh CARRY, here): CARRY/repo, CARRY/whl, CARRY/slurm. On the
 # device (the run tool, carry [".gpu"]):  bash .gpu/first-job/repo/benchmarks/gpu/slurm_on_device.sh .gpu/first-job
 # Results in $OUT: first-job.log (everything), results-first-job.json (first_job_checks.py: every check and number),
@@ -131,7 +131,7 @@ echo "local run 2 exit $?"
 unset SNAKEMAKE_MULTINODE_ENV_PROFILE
 fi
 
-if part 3; then
+if part 3 || part 4; then
 say "3. a one-node SLURM with the GPU as gres"
 mkdir -p $P && cp -a "$CARRY/slurm/root/." $P/ && mkdir -p $P/libs
 for lib in "$CARRY"/slurm/libs/*; do  # only what this machine lacks: LD_LIBRARY_PATH comes before its own
@@ -153,6 +153,9 @@ slurmctld && sleep 2 && slurmd || { tail -n 20 /var/log/slurm/*.log; exit 1; }
 for _ in $(seq 30); do sinfo -h -o %T | grep -q idle && break; sleep 1; done
 sinfo -N -o "%N %T %G %c %m"; sinfo -V
 timeout 60 srun --gres=gpu:1 bash -c 'echo "srun --gres=gpu:1: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; nvidia-smi -L'
+fi
+
+if part 3; then
 
 say "3. the workflow: multinode check, multinode preview, snakemake --executor multinode"
 
@@ -204,11 +207,15 @@ multinode status
 ls -la "$WF" "$WF"/.snakemake/multinode/logs/rule_train/*/
 fi
 
-if part 4; then  # needs part 3's cluster
+if part 4; then
 say "4. SLURM's own USR2 under proctrack/linuxproc (every process of a step): DataLoader workers (spawn, forkserver)"
 mkdir -p "$WORK/dl" && cd "$WORK/dl" || exit 1
-for mode in plain ignore; do  # ignore: the workers ignore USR2 from their start (worker_init_fn)
-    flag=() && [ $mode = ignore ] && flag=(--ignore-usr2-in-workers)
+# plain: as it is; ignore: the workers ignore USR2 from their start (worker_init_fn); block: the rank blocks USR2 and
+# takes it in a thread (as minimal_train.py does), so every process it starts starts with it blocked
+for mode in plain ignore block; do
+    flag=()
+    [ $mode = ignore ] && flag=(--ignore-usr2-in-workers)
+    [ $mode = block ] && flag=(--block-usr2)
     MULTINODE_METRICS_FILE=$PWD/metrics-$mode.jsonl MULTINODE_PREEMPT_FILE=$PWD/preempted-$mode timeout 150 \
         srun --gres=gpu:1 -N1 --ntasks-per-node=1 --job-name=dl-$mode multinode torchrun --nproc_per_node=1 \
         "$REPO/tests/training/usr2_dataloader.py" "ckpt-$mode.pt" "${flag[@]}" &

@@ -4,16 +4,19 @@ more batch from each loader (its workers must still serve), checks that every wo
 $MULTINODE_PREEMPT_FILE and exits 0. Rank 0's metrics file gets a `workers` event with the workers' pids once they
 run, and a `signalled` event with what it found after the signal.
 
-    multinode torchrun usr2_dataloader.py CKPT [--ignore-usr2-in-workers]
+    multinode torchrun usr2_dataloader.py CKPT [--ignore-usr2-in-workers | --block-usr2]
 
---ignore-usr2-in-workers: each worker ignores USR2 from its start (worker_init_fn), what a training does where SLURM
-itself signals every process of a step (proctrack/linuxproc; benchmarks/gpu/slurm_on_device.sh, part 4).
+For where SLURM itself signals every process of a step (proctrack/linuxproc; benchmarks/gpu/slurm_on_device.sh, part
+4): --ignore-usr2-in-workers makes each worker ignore USR2 from its start (worker_init_fn); --block-usr2 blocks USR2
+in the rank and takes it in a thread, as workflows/examples/minimal_train.py does, so that every process the rank
+starts (workers, the forkserver, multiprocessing's resource tracker) starts with it blocked.
 """
 
 import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -27,6 +30,12 @@ class Rows(Dataset):
 
     def __getitem__(self, i):
         return torch.full((4,), float(i % 7))
+
+
+def take_usr2(stop):
+    while True:
+        signal.sigwait({signal.SIGUSR2})
+        stop.fill_(1)
 
 
 def ignore_usr2(_worker_id):  # module level: spawn and forkserver workers import it by name
@@ -43,6 +52,9 @@ def main():  # spawn and forkserver workers import this file again: nothing runs
     dist.init_process_group("gloo")
     stop = torch.zeros(1)
     signal.signal(signal.SIGUSR2, lambda *_: stop.fill_(1))
+    if "--block-usr2" in sys.argv:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+        threading.Thread(target=take_usr2, args=(stop,), daemon=True).start()
     init = ignore_usr2 if "--ignore-usr2-in-workers" in sys.argv else None
     loaders = {
         ctx: iter(

@@ -81,7 +81,7 @@ def a_whole_run(work: Path) -> str:
     )
     (work / "snakemake.log").write_text("train (SLURM job 4): step 1500/1500 loss 0.000349 499k tok/s mfu 61.0%\n")
     metrics(
-        work / "dl/metrics-ignore.jsonl", [{"event": "signalled", "alive": {"spawn": [True], "forkserver": [True]}}]
+        work / "dl/metrics-block.jsonl", [{"event": "signalled", "alive": {"spawn": [True], "forkserver": [True]}}]
     )
     signal_time = subprocess.run(
         ["date", "-d", "2026-12-06 06:09:30", "+%s"], capture_output=True, text=True, check=True
@@ -96,7 +96,8 @@ def a_whole_run(work: Path) -> str:
         f"scancel --signal=USR2 4 at {signal_time}.5\nsnakemake exit 0\n"
         "dataloader plain: scancel --signal=USR2 5 at 1.0\n"
         "[vm rank0] RuntimeError: DataLoader worker (pid 77) is killed by signal: User defined signal 2. \n"
-        "dataloader plain exit 1\ndataloader ignore: scancel --signal=USR2 6 at 2.0\ndataloader ignore exit 0\n"
+        "dataloader plain exit 1\ndataloader ignore: scancel --signal=USR2 6 at 2.0\ndataloader ignore exit 1\n"
+        "dataloader block: scancel --signal=USR2 7 at 3.0\ndataloader block exit 0\n"
     )
 
 
@@ -126,8 +127,8 @@ def test_the_checks_pass_on_a_run_that_did_everything(tmp_path):
          "local: the profile's NCCL block, exit 85 on the signal, the rerun resumes and finishes"),
         (lambda w, log: log.replace("CUDA_VISIBLE_DEVICES=0\n", "CUDA_VISIBLE_DEVICES=\n"),
          "slurm: CUDA_VISIBLE_DEVICES from the gres"),
-        (lambda w, log: log.replace("dataloader ignore exit 0", "dataloader ignore exit 1"),
-         "linuxproc: DataLoader workers that ignore USR2 from their start survive SLURM's own signal"),
+        (lambda w, log: log.replace("dataloader block exit 0", "dataloader block exit 1"),
+         "linuxproc: with USR2 blocked in the rank, its DataLoader workers survive SLURM's own signal"),
     ],
 )  # fmt: skip
 def test_a_missing_part_fails_its_check_alone(tmp_path, spoil, failed):

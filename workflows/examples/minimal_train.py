@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import signal
+import threading
 import time
 
 import torch
@@ -38,7 +39,20 @@ if cuda:
 dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
 rank, world = dist.get_rank(), dist.get_world_size()
 stop = torch.zeros(1)
-signal.signal(signal.SIGUSR2, lambda *_: stop.fill_(1))  # only a flag: act at the next step boundary
+
+
+def take_usr2():  # USR2 is blocked (below): this thread takes it
+    while True:
+        signal.sigwait({signal.SIGUSR2})
+        stop.fill_(1)  # only a flag: act at the next step boundary
+
+
+# SIGUSR2 (the signal before the time limit) sets the flag. Blocked rather than handled, so that every process this
+# one starts (DataLoader workers, their forkserver, ...) starts with it blocked: where SLURM signals every process of
+# the step (proctrack/linuxproc) its default action would kill them, and the training with them.
+signal.signal(signal.SIGUSR2, lambda *_: stop.fill_(1))  # a thread started before the block may still get it
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+threading.Thread(target=take_usr2, daemon=True).start()
 
 
 def log(**record):  # rank 0: a metrics line or event, with its wall-clock time (the goodput ledger cuts time there)
