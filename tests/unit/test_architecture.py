@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -268,3 +269,25 @@ def test_no_test_module_imports_another():
 def test_every_script_parses(script):
     """scripts/test.sh is CI itself and scripts/example.sh the README's first command: both at least parse."""
     subprocess.run(["bash", "-n", str(REPO / script)], check=True)
+
+
+def test_the_plugin_imports_only_its_own_dependencies_never_the_example_training_s():
+    """pyproject.toml's dependencies are the plugin's, its train extra the example training's: no module of the two
+    packages imports a package of that extra. Snakemake is the user's; torch is the training's, imported only by the
+    network preflight and the trackers' helper, which run in the training's processes on the nodes."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    allowed = {re.split(r"[<>=!~ \[;]", d)[0].replace("-", "_").lower() for d in project["dependencies"]}
+    allowed |= {"yaml", "snakemake", "torch"}  # pyyaml's import name; the user's Snakemake; the training's torch
+    found: dict[str, set[str]] = {}
+    for package in (CORE, ADAPTER):
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                for top in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names):
+                    if not top.startswith("snakemake_executor") and top.lower() not in allowed:
+                        found.setdefault(top, set()).add(str(path.relative_to(REPO)))
+    assert found == {}
+    train = {re.split(r"[<>=!~ \[;]", d)[0] for d in project["optional-dependencies"]["train"]}
+    assert "py-spy" not in train and "py-spy" in {re.split(r"[<>=!~ \[;]", d)[0] for d in project["dependencies"]}

@@ -80,9 +80,7 @@ def a_whole_run(work: Path) -> str:
         "2026/12/06 06:09:20.403, 0, 0, 0, 81559\n2026/12/06 06:09:50.403, 0, 98, 6635, 81559\n"
     )
     (work / "snakemake.log").write_text("train (SLURM job 4): step 1500/1500 loss 0.000349 499k tok/s mfu 61.0%\n")
-    metrics(
-        work / "dl/metrics-block.jsonl", [{"event": "signalled", "alive": {"spawn": [True], "forkserver": [True]}}]
-    )
+    metrics(work / "dl/metrics-block.jsonl", [{"event": "signalled", "alive": {"spawn": [True], "forkserver": [True]}}])
     signal_time = subprocess.run(
         ["date", "-d", "2026-12-06 06:09:30", "+%s"], capture_output=True, text=True, check=True
     ).stdout.strip()
