@@ -1,12 +1,6 @@
 """The training contract in one script (docs/training-contract.md):
 
-    multinode torchrun minimal_train.py CKPT STEPS [--ckpt-every N] [--width W] [--batch B] [--log-every K]
-
-Each rank trains on its local rank's GPU with NCCL and bf16 autocast where there is a GPU, on the CPU with gloo
-where there is none. It saves a checkpoint every --ckpt-every steps, at the end, and on SIGUSR2 (the signal before
-the time limit): then rank 0 writes the step to $MULTINODE_PREEMPT_FILE and every rank exits 0, the job requeues
-itself and the rerun of the same command resumes from the checkpoint. Rank 0 appends metrics lines (step, loss,
-tokens/s, MFU) to $MULTINODE_METRICS_FILE.
+multinode torchrun minimal_train.py CKPT STEPS [--ckpt-every N] [--width W] [--batch B] [--log-every K]
 """
 
 import argparse
