@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = ("README.md", "CONTRIBUTING.md", "benchmarks/README.md", "docs/reliability.md", "docs/first-job.md")
+FILES = ("README.md", "CONTRIBUTING.md", "benchmarks/README.md", "docs/evidence.md", "docs/first-job.md")
 
 CHAIN_1202 = "benchmarks/results-chain-overhead-2026-12-02.json"  # restored verbatim from commit fbf9502
 CHAIN = "benchmarks/results-chain-overhead.json"

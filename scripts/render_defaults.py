@@ -51,7 +51,7 @@ def rows() -> list[tuple[str, str, str]]:
             "no new line from any rank and no metrics line for that long: every rank's Python stack goes into the log "
             f"(py-spy), the step ends with exit {protocol.EXIT_STALLED}; Snakemake's error names the rank that differs",
             'resource `stall_timeout` (`"2h"`, `"off"`), `on_stall="requeue"`; '
-            "[further.md](docs/further.md#multinode-torchrun)",
+            "[further.md](docs/further.md#stall-watchdog)",
         ),
         (
             f"node check before every launch and relaunch ({protocol.NODE_CHECK_DEFAULT_S} s limit)",
@@ -107,7 +107,7 @@ def rows() -> list[tuple[str, str, str]]:
             "`spare_nodes=0`",
             "spares are asked for with the job (`nodes + spare_nodes` nodes, `--no-kill`) and billed for the whole "
             "job while they wait idle, until one replaces a failed, hung or slow node",
-            "resource `spare_nodes`; [reliability.md](docs/reliability.md)",
+            "resource `spare_nodes`; [further.md](docs/further.md#spare-nodes)",
         ),
         (
             f"stragglers: `on_straggler={_default(request.JobRequest, 'on_straggler')}` at "
