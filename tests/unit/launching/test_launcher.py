@@ -534,3 +534,37 @@ def test_a_node_answers_when_its_slurmd_port_accepts_and_a_name_that_does_not_re
     together = threading.Barrier(3, timeout=60)
     found = liveness.unreachable(["a", "b", "c"], 1, probe=lambda node, port: (together.wait(), node == "b")[1])
     assert found == ["a", "c"]
+
+
+def test_the_python_that_holds_multinode_runs_torchrun_and_another_activated_environment_is_said(capfd):
+    launcher.check_python({"VIRTUAL_ENV": "/envs/other"}, prefix="/envs/mine", torch_found=True)
+    err = capfd.readouterr().err
+    assert (
+        f"WARNING: VIRTUAL_ENV=/envs/other is activated, but torchrun and the training run with {sys.executable}" in err
+    )
+    launcher.check_python({"CONDA_PREFIX": "/envs/mine/"}, prefix="/envs/mine", torch_found=True)  # the same one
+    assert capfd.readouterr().err == ""
+
+
+def test_a_python_without_torch_is_an_error_before_anything_starts():
+    with pytest.raises(SystemExit, match="has no torch: install the plugin into the environment that has your torch"):
+        launcher.check_python({}, torch_found=False)
+
+
+def test_outside_slurm_the_run_gets_a_job_s_files_and_says_its_last_progress(tmp_path):
+    script = tmp_path / "w.py"
+    script.write_text(
+        "import json, os\n"
+        "with open(os.environ['MULTINODE_METRICS_FILE'], 'a') as f:\n"
+        "    print(json.dumps({'step': 3, 'steps': 10, 'loss': 0.5}), file=f)\n"
+        "print('hello from', os.environ['RANK'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MULTINODE_", "SNAKEMAKE_MULTINODE_"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake_executor_multinode.cli", "torchrun", "--nproc_per_node=1", str(script)],
+        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "[multinode torchrun] last progress: step 3/10 loss 0.5" in proc.stderr
+    (out,) = (tmp_path / ".snakemake/multinode/torchrun").glob("local-*.out")  # <stem>.<host>.out, as in a job
+    assert "rank0] hello from 0" in out.read_text() and "rank0] hello from 0" in proc.stdout
