@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 
 from snakemake_executor_multinode.contract import container_spec, protocol
-from snakemake_executor_multinode.contract.jobfiles import JobFiles
+from snakemake_executor_multinode.contract.jobfiles import LOCAL_RUNS_DIR, JobFiles
 from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
 from snakemake_executor_multinode.launching import (
     container,
@@ -674,12 +674,16 @@ Inside a SLURM allocation the launcher fills in, for every node:
   --redirects/--tee   owned: each line of the job log is labelled [<node> rank<R>], and each node's output is kept
                       in <job log>.<node>.out; --log-dir keeps torchrun's per-rank files as well
 Everything else (--max-restarts, --rdzv_backend=c10d, --local-ranks-filter, -m, --no-python, ...) is torchrun's.
+Outside SLURM it runs one torchrun here with what a job gives the training where one machine has it: the profile's
+NCCL block and variables (SNAKEMAKE_MULTINODE_ENV_PROFILE, SNAKEMAKE_MULTINODE_PROFILE_FILE), a metrics file and a
+preempt file under {local_runs}/; a checkpoint on SIGUSR2 ends it with {exit_preempted} (docs/first-job.md).
+torchrun and the training run with this Python: {python}.
 """
 
 
 def print_help(python: str = sys.executable) -> int:
     print(__doc__)
-    print(FILLED_IN)
+    print(FILLED_IN.format(python=python, local_runs=LOCAL_RUNS_DIR, exit_preempted=EXIT_PREEMPTED))
     print("torchrun's options (python -m torch.distributed.run --help):\n", flush=True)
     return subprocess.call([python, "-m", "torch.distributed.run", "--help"])
 
