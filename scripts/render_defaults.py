@@ -5,7 +5,7 @@
 
 Each row's value is read from where the code keeps it (a setting's declaration, a module's constant, the built-in
 profiles, the launcher's srun line); the words around it are here. The table sits between `<!-- defaults-table -->`
-and `<!-- /defaults-table -->` on lines of their own; tests/unit/test_defaults_table.py fails while it differs.
+and `<!-- /defaults-table -->` on lines of their own; tests/process/test_defaults_table.py fails while it differs.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 #   DEST/slurm/   SLURM 22.05 and munge: this machine's Debian 12 package files (docs and man pages left out), and
 #                 under libs/ the shared libraries their programs and plugins load that are not glibc's
 # Usage, from the checkout's root: bash benchmarks/gpu/carry_first_job.sh DEST
-# PART=repo|whl|slurm does one part: repo is the checkout and the plugin's wheel (tests/unit/test_gpu_scripts.py
+# PART=repo|whl|slurm does one part: repo is the checkout and the plugin's wheel (tests/process/test_gpu_scripts.py
 # runs it); whl the other wheels.
 set -euo pipefail
 DEST=${1:?usage: carry_first_job.sh DEST}

@@ -17,7 +17,7 @@
 # and the SLURM job's log, GPU samples, metrics and Snakemake's output as they were written.
 # Root only (daemons, /etc/slurm, cgroups); it changes the machine: run it on a lent one, never on a shared host.
 # CONF_ONLY=1 DIR=...: only write slurm.conf, gres.conf and cgroup.conf for this machine into DIR (no root needed;
-# tests/unit/test_gpu_scripts.py runs it).
+# tests/process/test_gpu_scripts.py runs it).
 set -uo pipefail
 CARRY=$(cd "${1:?usage: slurm_on_device.sh CARRY}" && pwd)
 REPO=$CARRY/repo

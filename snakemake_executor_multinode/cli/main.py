@@ -104,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         from snakemake_executor_multinode.watching.provenance import write_start
 
         return write_start(Path(argv[2]))
+    # The job script's question at its checkpoint: did a spare replace a node in this job (the node events' reader)?
+    if argv[:1] == ["node-events"]:
+        from snakemake_executor_multinode.contract.node_events import main as node_events_main
+
+        return node_events_main(argv[1:])
     # check, and preview of a rule of the real Snakefile, take Snakemake's own arguments and need Snakemake: the adapter
     from snakemake_executor_multinode.planning.preview import uses_snakefile
 

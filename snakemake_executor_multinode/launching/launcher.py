@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from snakemake_executor_multinode.contract import container_spec, protocol
+from snakemake_executor_multinode.contract import container_spec, node_events, protocol
 from snakemake_executor_multinode.contract.jobfiles import LOCAL_RUNS_DIR, JobFiles
 from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
 from snakemake_executor_multinode.launching import (
@@ -602,7 +602,7 @@ class StallCheck:
         if self.replaceable and not found.head and node in self.nodes:
             self.verdict, self.odd_node = message, node
             return True
-        protocol.record_failed_node(self.env.get(protocol.FAILED_NODE_FILE_VAR, ""), node)
+        name_failed_node(self.env, node)
         if self.on_stall == "requeue":
             message += f"; not requeued: a requeue would run on {node} again (the retry leaves it out)"
         recorded = stall.record(self.env, message, "fail")
@@ -629,6 +629,12 @@ def blame(
     return Failure(node, nodes.index(node), failed.code, "not answering", victim=failed.node)
 
 
+def name_failed_node(env: Mapping[str, str], node: str) -> None:
+    """The node the retry excludes, in $MULTINODE_FAILED_NODE_FILE; a marker that cannot be written is said."""
+    if (error := protocol.record_failed_node(env.get(protocol.FAILED_NODE_FILE_VAR, ""), node)) is not None:
+        log(f"ERROR: {error}")
+
+
 def report_failure(failed: Failure, env: Mapping[str, str]) -> None:
     if failed.victim:
         log(
@@ -636,11 +642,11 @@ def report_failure(failed: Failure, env: Mapping[str, str]) -> None:
             f"down); node {failed.victim} failed after it, having lost its peer; stopping the other nodes"
         )
     elif failed.node_down:
-        log(f"node {failed.node} (node_rank {failed.rank}) is down (SLURM reports a node failure); stopping the others")
+        log(f"node {failed.node} (node_rank {failed.rank}) {stall.NODE_FAILURE_SAID}; stopping the others")
     else:
         how = f"with exit code {failed.code}" if EXITED.search(failed.what) else f"({failed.what})"
         log(f"node {failed.node} (node_rank {failed.rank}) failed {how}; stopping the other nodes")
-    protocol.record_failed_node(env.get(protocol.FAILED_NODE_FILE_VAR, ""), failed.node)
+    name_failed_node(env, failed.node)
 
 
 def step_command(
@@ -688,10 +694,13 @@ def print_help(python: str = sys.executable) -> int:
     return subprocess.call([python, "-m", "torch.distributed.run", "--help"])
 
 
-def check_nodes(roster: spares.Roster, gpus_per_node: int, env: Mapping[str, str], relaunch: int) -> int | None:
+def check_nodes(
+    roster: spares.Roster, gpus_per_node: int, env: Mapping[str, str], relaunch: int, lost: list[node_events.NodeEvent]
+) -> int | None:
     """The node check (nodecheck.py) over every usable node before a launch: a failing node is dropped like a dead
     one, before the training starts there. None: launch; else the launcher's exit code, the first failing node in
-    $MULTINODE_FAILED_NODE_FILE for the retry to exclude (too few good nodes left)."""
+    $MULTINODE_FAILED_NODE_FILE for the retry to exclude (too few good nodes left). A spare's takeover that could not
+    be recorded is added to `lost`."""
     wanted = nodecheck.settings(env)
     if not nodecheck.wanted(wanted, gpus_per_node):
         return None
@@ -707,7 +716,11 @@ def check_nodes(roster: spares.Roster, gpus_per_node: int, env: Mapping[str, str
     for node, spare in roster.exclude(list(bad)).items():
         took = f"spare {spare} takes its place" if spare else "no spare left" if node in chosen else "a spare: unused"
         log(f"node {node} failed its node check: {bad[node]}; {took}")
-        spares.record(env, node, spare or "", f"failed its node check: {bad[node]}", relaunch, spares.CHECK_FAILED)
+        event = node_events.NodeEvent(
+            node_events.CHECK_FAILED, node, f"failed its node check: {bad[node]}", spare or "", relaunch
+        )
+        if not spares.record(env, event, log) and event.spare_took_over:
+            lost.append(event)
     if roster.enough():
         return None
     first = next(iter(bad))
@@ -715,8 +728,22 @@ def check_nodes(roster: spares.Roster, gpus_per_node: int, env: Mapping[str, str
         f"FAILED: {len(roster.usable())} good node(s) left, the training needs {roster.train}; node {first} is "
         "named for the retry to exclude"
     )
-    protocol.record_failed_node(env.get(protocol.FAILED_NODE_FILE_VAR, ""), first)
+    name_failed_node(env, first)
     return 1
+
+
+def unrecorded_exit(code: int, lost: Sequence[node_events.NodeEvent], env: Mapping[str, str]) -> int:
+    """The launcher's exit code: the step's, except for a training that checkpointed (its preempt file) after a
+    spare's takeover the node events could not hold: EXIT_UNRECORDED, which the job script reads as "a spare
+    replaced a node" (it does not requeue itself; the retry resumes) instead of the record's silence."""
+    preempt = env.get(protocol.PREEMPT_FILE_VAR, "")
+    if code != 0 or not lost or not preempt or not os.path.exists(preempt):
+        return code
+    log(
+        f"the job does not requeue itself: {len(lost)} spare takeover(s) could not be recorded "
+        f"({'; '.join(e.describe() for e in lost)})"
+    )
+    return protocol.EXIT_UNRECORDED
 
 
 def launch_with_spares(
@@ -730,8 +757,9 @@ def launch_with_spares(
     dropped and a new step starts on the survivors plus the spare (spares.py). Without spares: one step, as ever."""
     roster = spares.Roster(alloc.nodes, spares.train_nodes(env, len(alloc.nodes)))
     relaunch, overlap = 0, False
+    lost: list[node_events.NodeEvent] = []  # spares' takeovers the node events could not hold
     while True:
-        if (code := check_nodes(roster, alloc.gpus_per_node, env, relaunch)) is not None:
+        if (code := check_nodes(roster, alloc.gpus_per_node, env, relaunch, lost)) is not None:
             return code
         step = spares.step_allocation(alloc, roster.chosen(), relaunch)
         argv_srun = srun_command(step, opts, script, box=box, nodelist=step.nodes != alloc.nodes, overlap=overlap)
@@ -749,11 +777,13 @@ def launch_with_spares(
             )
         failed = end.failure
         if end.code == 0 or failed is None or (spare := roster.drop(failed.node)) is None:
-            return end.code
+            return unrecorded_exit(end.code, lost, env)
         relaunch += 1
         log(f"replacing node {failed.node} ({failure_why(failed)}) with spare {spare}; relaunch {relaunch}")
-        spares.record(env, failed.node, spare, failure_why(failed), relaunch)
-        spares.forget_failed_node(env, failed.node)
+        event = node_events.NodeEvent(node_events.REPLACED, failed.node, failure_why(failed), spare, relaunch)
+        if not spares.record(env, event, log):
+            lost.append(event)
+        spares.forget_failed_node(env, failed.node, log)
         spares.clear_stall_exchange(nodelog.log_stem(env), alloc.nodes)
         # SLURM keeps a step that had a dead node until it marks the node down (SlurmdTimeout), and with it the
         # survivors' CPUs and memory: a new step would wait for them that long, so it overlaps the old one instead

@@ -215,6 +215,7 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "crash_loop_seconds": str(req.crash_loop_s),
         "exit_crash_loop": str(protocol.EXIT_CRASH_LOOP),
         "exit_preempted": str(protocol.EXIT_PREEMPTED),
+        "exit_unrecorded": str(protocol.EXIT_UNRECORDED),
         "nodes": str(req.nodes),
         "gpus": str(req.gpus),
         "cpus_per_task": str(req.cpus_per_task),

@@ -27,6 +27,7 @@ COLOURS = {
     "lost": "#de2d26",
     "stalled": "#a50f15",
     "teardown": "#969696",
+    "spare": "#fdd0a2",
     "unknown": "#d9d9d9",
 }
 

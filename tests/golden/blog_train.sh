@@ -158,8 +158,8 @@ echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 multinode_start_line() {
     local host
     read -r host </proc/sys/kernel/hostname  # not $HOSTNAME: --export=ALL carries the submitting host's
-    printf '{"event": "start", "job": "%s", "restart": %s, "nodes": "%s", "host": "%s", "time": "%(%Y-%m-%dT%H:%M:%S%z)T"}\n' \
-        "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_NODELIST" "$host" -1 >>"$MULTINODE_RUNS_FILE"
+    printf '{"event": "start", "job": "%s", "restart": %s, "nodes": "%s", "train_nodes": %s, "host": "%s", "time": "%(%Y-%m-%dT%H:%M:%S%z)T"}\n' \
+        "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_NODELIST" "$MULTINODE_NODES" "$host" -1 >>"$MULTINODE_RUNS_FILE"
 }
 if [ 1 = 1 ]; then
     multinode provenance --start "$MULTINODE_RUNS_FILE" 2>/dev/null || multinode_start_line
@@ -207,10 +207,19 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
     # The job's own requeues only: SLURM's restart count also counts preemptions and admin requeues, which must not
     # use up the budget (a job preempted 3 times still requeues itself at its time limit).
     MULTINODE_SELF_REQUEUES=$(cat "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.self-requeues" 2>/dev/null || echo 0)
-    if [ -s .snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1.replacements.jsonl ]; then
+    # Did a spare replace a node in this job? The node events' one reader answers (0 yes, 1 no, else unknown); a
+    # takeover the launcher could not record is its exit code. Unknown takes the safe path: no requeue of its own.
+    MULTINODE_REPLACED=0
+    if [ "$rc" -eq 89 ]; then
+        MULTINODE_REPLACED=1
+    elif [ -e .snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1.replacements.jsonl ]; then
+        multinode node-events --replaced .snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1.replacements.jsonl && MULTINODE_REPLACED=1 || MULTINODE_REPLACED=$(($? != 1))
+    fi
+    if [ "$MULTINODE_REPLACED" = 1 ]; then
         # SLURM 22.05 cannot start a step in a job with spares requeued after it lost a node ("Invalid generic
         # resource (gres) specification"), and a requeue could not leave the replaced nodes out: the retry can
-        echo "[multinode] not requeued by itself: a spare replaced a node in this job (multinode status names it)"
+        echo "[multinode] not requeued by itself: a spare replaced a node in this job, or its record is unknown" \
+            "(multinode status names it)"
     elif [ "$MULTINODE_SELF_REQUEUES" -lt 3 ]; then  # at most 3 requeue(s) of its own
         MULTINODE_REQUEUED=1
         rm -f "$MULTINODE_PREEMPT_FILE"

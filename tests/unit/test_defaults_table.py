@@ -1,21 +1,12 @@
 """README.md's "Defaults that act on your job" is what scripts/render_defaults.py renders from the code's settings
-and constants: a default changed in the code and not in the README fails here."""
+and constants: a default changed in the code and not in the README fails here (the script's --check, run as a
+process: tests/process/test_defaults_table.py)."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 from tests.helpers import REPO, load_script
 
 render = load_script(REPO / "scripts/render_defaults.py", "render_defaults")
-
-
-def test_the_readme_table_is_rendered_from_the_code():
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts/render_defaults.py"), "--check"], capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr
 
 
 def test_a_changed_default_changes_the_table(monkeypatch):
