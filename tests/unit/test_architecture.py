@@ -8,6 +8,7 @@ import ast
 import importlib.util
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,8 @@ def test_every_benchmark_script_is_covered_here():
     covered |= {"benchmarks/render.py"}  # tests/unit/test_benchmark_tables.py runs it on the committed results
     covered |= {"benchmarks/launch_probe/sitecustomize.py", "benchmarks/gpu/run.sh"}
     covered |= {f"{SITE_STUB}/{f}" for f in SITE_STUB_FILES}
+    # tests/process/test_gpu_scripts.py: the first job on the lent GPU, what of it runs without one
+    covered |= {f"benchmarks/gpu/{f}" for f in ("slurm_on_device.sh", "carry_first_job.sh", "first_job_checks.py")}
     scripts = {str(p.relative_to(REPO)) for p in (REPO / "benchmarks").rglob("*") if p.suffix in (".py", ".sh")}
     assert scripts == covered
 
@@ -191,3 +194,25 @@ def test_no_test_module_imports_another():
             names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
             offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if re.search(r"(^|\.)test_\w+$", n)]
     assert offenders == []
+
+
+def test_the_plugin_imports_only_its_own_dependencies_never_the_example_training_s():
+    """pyproject.toml's dependencies are the plugin's, its train extra the example training's: no module of the two
+    packages imports a package of that extra. Snakemake is the user's; torch is the training's, imported only by the
+    network preflight and the trackers' helper, which run in the training's processes on the nodes."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    allowed = {re.split(r"[<>=!~ \[;]", d)[0].replace("-", "_").lower() for d in project["dependencies"]}
+    allowed |= {"yaml", "snakemake", "torch"}  # pyyaml's import name; the user's Snakemake; the training's torch
+    found: dict[str, set[str]] = {}
+    for package in (CORE, ADAPTER):
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                for top in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names):
+                    if not top.startswith("snakemake_executor") and top.lower() not in allowed:
+                        found.setdefault(top, set()).add(str(path.relative_to(REPO)))
+    assert found == {}
+    train = {re.split(r"[<>=!~ \[;]", d)[0] for d in project["optional-dependencies"]["train"]}
+    assert "py-spy" not in train and "py-spy" in {re.split(r"[<>=!~ \[;]", d)[0] for d in project["dependencies"]}

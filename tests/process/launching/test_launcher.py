@@ -296,3 +296,22 @@ def test_a_node_answers_when_its_slurmd_port_accepts_and_a_name_that_does_not_re
     together = threading.Barrier(3, timeout=60)
     found = liveness.unreachable(["a", "b", "c"], 1, probe=lambda node, port: (together.wait(), node == "b")[1])
     assert found == ["a", "c"]
+
+
+def test_outside_slurm_the_run_gets_a_job_s_files_and_says_its_last_progress(tmp_path):
+    script = tmp_path / "w.py"
+    script.write_text(
+        "import json, os\n"
+        "with open(os.environ['MULTINODE_METRICS_FILE'], 'a') as f:\n"
+        "    print(json.dumps({'step': 3, 'steps': 10, 'loss': 0.5}), file=f)\n"
+        "print('hello from', os.environ['RANK'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MULTINODE_", "SNAKEMAKE_MULTINODE_"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake_executor_multinode.cli", "torchrun", "--nproc_per_node=1", str(script)],
+        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "[multinode torchrun] last progress: step 3/10 loss 0.5" in proc.stderr
+    (out,) = (tmp_path / ".snakemake/multinode/torchrun").glob("local-*.out")  # <stem>.<host>.out, as in a job
+    assert "rank0] hello from 0" in out.read_text() and "rank0] hello from 0" in proc.stdout

@@ -4,6 +4,7 @@ The tests that start processes: tests/process/launching/test_launcher.py."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -243,3 +244,18 @@ def test_when_every_node_answers_srun_s_failing_node_is_blamed(monkeypatch):
     monkeypatch.setattr(launcher.liveness, "slurmd_port", lambda env: 6818)
     assert launcher.blame(failed, ("node1", "node2"), {}, find_dead=lambda nodes, port: []) == failed
     assert launcher.blame(failed, ("node1", "node2"), {}, find_dead=lambda nodes, port: ["node2"]) == failed
+
+
+def test_the_python_that_holds_multinode_runs_torchrun_and_another_activated_environment_is_said(capfd):
+    launcher.check_python({"VIRTUAL_ENV": "/envs/other"}, prefix="/envs/mine", torch_found=True)
+    err = capfd.readouterr().err
+    assert (
+        f"WARNING: VIRTUAL_ENV=/envs/other is activated, but torchrun and the training run with {sys.executable}" in err
+    )
+    launcher.check_python({"CONDA_PREFIX": "/envs/mine/"}, prefix="/envs/mine", torch_found=True)  # the same one
+    assert capfd.readouterr().err == ""
+
+
+def test_a_python_without_torch_is_an_error_before_anything_starts():
+    with pytest.raises(SystemExit, match="has no torch: install the plugin into the environment that has your torch"):
+        launcher.check_python({}, torch_found=False)
