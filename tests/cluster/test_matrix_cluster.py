@@ -22,7 +22,7 @@ cannot name one), stall_timeout 30s where a rank hangs or a node dies (a gloo ra
 of failing; the default would hold it 30 minutes), the watch cycle 1 s and SLURM's sweep 3 s.
 
 MULTINODE_MATRIX_CASES=case03,case07 runs those cases only; MULTINODE_MATRIX_RESULT=<path> writes the result file
-there (benchmarks/results-matrix.json is rendered into docs/reliability.md by benchmarks/render.py).
+there (benchmarks/results-matrix.json is rendered into docs/evidence.md by benchmarks/render.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The matrix of features and faults (tests/fault_matrix.py) covers every pair of values with the fewest cases, never
-an impossible one, and the committed result file (rendered into docs/reliability.md) holds exactly its cases."""
+an impossible one, and the committed result file (rendered into docs/evidence.md) holds exactly its cases."""
 
 from __future__ import annotations
 
