@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = ("README.md", "CONTRIBUTING.md", "benchmarks/README.md", "docs/reliability.md")
+FILES = ("README.md", "CONTRIBUTING.md", "benchmarks/README.md", "docs/evidence.md", "docs/first-job.md")
 
 CHAIN_1202 = "benchmarks/results-chain-overhead-2026-12-02.json"  # restored verbatim from commit fbf9502
 CHAIN = "benchmarks/results-chain-overhead.json"
@@ -1159,6 +1159,32 @@ def _i33(variant: str) -> dict[str, Any]:
     return line(I33, call=I33_CALL, variant=variant)
 
 
+FIRST_JOB = "benchmarks/gpu/results-first-job-h100.json"  # one device call of benchmarks/gpu/slurm_on_device.sh
+FIRST_JOB_PARTS = [
+    ("plain `torchrun`", "plain_torchrun"),
+    ("`multinode torchrun` outside SLURM (profile `ethernet`)", "local_multinode_torchrun"),
+    ("`snakemake` -> sbatch -> job script -> srun -> `multinode torchrun` (one-node SLURM 22.05)", "slurm_snakemake"),
+]
+
+
+@renders("first-job-h100")
+def first_job_h100() -> str:
+    rows = []
+    for label, key in FIRST_JOB_PARTS:
+        r = data(FIRST_JOB, key)
+        rows.append(
+            [label, f2(field(r, "step_ms_median")), n0(field(r, "tokens_per_s_median")), pct(field(r, "mfu_median"))]
+        )
+    gpu = data(FIRST_JOB, "device", "gpu")
+    return table([f"minimal_train.py on one {gpu}, one call", "step ms (median)", "tokens/s", "MFU"], rows)
+
+
+@renders("first-job-h100-checks")
+def first_job_h100_checks() -> str:
+    checks = data(FIRST_JOB, "checks")
+    return "\n".join(f"- {name}: {'passed' if ok else '**failed**'}" for name, ok in checks.items())
+
+
 @renders("issue33-throughput")
 def issue33_throughput() -> str:
     base = _i33(I33_VARIANTS[0][1])
@@ -1355,6 +1381,54 @@ def goodput_spares_setup() -> str:
     )
     when = f"{data(GOODPUT_SPARES, 'date')}, commit {data(GOODPUT_SPARES, 'commit')}"
     return f"{when}, {cfg['steps']} steps; load average {load}"
+
+
+# --- The matrix of features and faults: tests/cluster/test_matrix_cluster.py ----------------------------------
+
+MATRIX = "benchmarks/results-matrix.json"  # one run of the matrix test, every case (MULTINODE_MATRIX_RESULT)
+MATRIX_FEATURES = {  # the result's key -> the column: each feature as the user sets it
+    "spare_nodes": "spare_nodes",
+    "on_straggler": "on_straggler",
+    "node_check": "node_check",
+    "on_stall": "on_stall",
+    "max_requeues": "max-requeues",
+    "retries": "--retries",
+    "trackers": "trackers",
+}
+
+
+@renders("matrix")
+def matrix() -> str:
+    """Every case: its fault and features, how it ended (the test holds it to the documented outcome), the steps it
+    computed again, the ledger's productive node-seconds against the training's own clock, and what `multinode
+    status` said."""
+    rows = []
+    for case in data(MATRIX, "cases"):
+        if field(case, "got") != field(case, "expected"):
+            raise MissingResult(f"{MATRIX}: {case['case']} did not end as documented: a failed run's file")
+        said = "<br>".join(field(case, "status_says"))
+        rows.append(
+            [case["case"], field(case, "event"), *(str(field(case, k)) for k in MATRIX_FEATURES),
+             field(case, "ends"), str(field(case, "lost_steps")),
+             f"{f1(field(case, 'productive_node_s'))} / {f1(field(case, 'training_clock_node_s'))}", said or "-"]
+        )  # fmt: skip
+    header = ["case", "fault", *MATRIX_FEATURES.values(), "how it ends (as documented)", "steps computed again",
+              "productive node-s: ledger / training's clock", "`multinode status` says"]  # fmt: skip
+    return table(header, rows)
+
+
+@renders("matrix-cost")
+def matrix_cost() -> str:
+    cases = data(MATRIX, "cases")
+    if data(MATRIX, "cases_run") != len(cases):
+        raise MissingResult(f"{MATRIX}: {data(MATRIX, 'cases_run')} cases run, {len(cases)} passed")
+    load = f"{each(data(MATRIX, 'load_before'), f1)} before, {each(data(MATRIX, 'load_after'), f1)} after"
+    slowest = max(cases, key=lambda c: c["wall_s"])
+    return (
+        f"{len(cases)} cases in {f0(data(MATRIX, 'wall_s'))} s, {data(MATRIX, 'concurrent')} side by side (the "
+        f"slowest, {slowest['case']}, {f0(slowest['wall_s'])} s); {data(MATRIX, 'date')}, commit "
+        f"{data(MATRIX, 'commit')}, load average {load}"
+    )
 
 
 CKPT_COST = "benchmarks/results-checkpoint-verify.json"  # one run of benchmarks/checkpoint_cost.py

@@ -30,6 +30,8 @@ LOGS_DIR = STATE_ROOT / "logs"  # job scripts and logs: the default of --multino
 SNAPSHOTS_DIR = STATE_ROOT / "snapshots"  # one folder per frozen code snapshot (planning/snapshot.py)
 OBJECTS_DIR = STATE_ROOT / "objects"  # the snapshots' content-addressed store
 PROVENANCE_DIR = STATE_ROOT / "provenance"  # a record per job and per output (watching/provenance.py)
+# `multinode torchrun` outside SLURM: each run's files under a stem of its own, local-<time>-<pid> (cli/local_run.py)
+LOCAL_RUNS_DIR = STATE_ROOT / "torchrun"
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,10 @@ class StateFolders:
     def provenance(self) -> Path:
         return self.workdir / PROVENANCE_DIR
 
+    @property
+    def local_runs(self) -> Path:
+        return self.workdir / LOCAL_RUNS_DIR
+
     def marker(self, job_key: str, suffix: str) -> Path:
         return marker(self.state, job_key, suffix)
 
@@ -106,7 +112,7 @@ SCRIPT = ".sh"
 # Named after the job's log, not its id alone: the log folder keeps them after the run (the state folder's markers
 # are removed once Snakemake has seen the job end), for `multinode status` and the provenance records.
 METRICS = ".metrics.jsonl"  # the training's metrics lines ($MULTINODE_METRICS_FILE)
-RUNS = ".runs.jsonl"  # each run's start and end line: job id, restart, nodes, GPUs, versions, exit
+RUNS = ".runs.jsonl"  # each run's start line (nodes, GPUs, versions) and end (exit, why) or requeue (why) line
 NODE_OUT = ".out"  # <stem>.<node>.out: a node's labelled output (.out: the job's own logs are the .log files)
 GPU_SAMPLES = ".gpu.csv"  # <stem>.<node>.gpu.csv: a node's nvidia-smi samples
 FIRST_OUTPUT = ".first"  # <stem>.<node>.first: epoch seconds of the first line a rank of the node printed in the run
@@ -181,6 +187,17 @@ class JobFiles:
     @property
     def replacements(self) -> Path:
         return self._file(REPLACEMENTS)
+
+    @property
+    def nccl_traces(self) -> Path:
+        """The prefix NCCL's flight recorder completes with each rank's number."""
+        return self._file(NCCL_TRACES)
+
+    @property
+    def preempt_marker(self) -> Path:
+        """A run of `multinode torchrun` outside SLURM keeps its preempt marker beside its files (a job's lies in the
+        state folder, named by its key: `marker`)."""
+        return self._file(PREEMPT_MARKER)
 
     @property
     def first_run(self) -> JobFiles:

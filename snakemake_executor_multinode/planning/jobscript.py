@@ -127,7 +127,10 @@ def resource_options(req: JobRequest) -> list[str]:
     opts += [f"{flag}={value}" for flag, value in optional if value]
     if req.spare_nodes:  # a node's failure must not end the allocation: the launcher swaps in a spare
         opts.append("--no-kill")
-    opts.append("--requeue" if req.requeue else "--no-requeue")
+    # SLURM may always requeue the job (an admin's `scontrol requeue`, a preemption): --multinode-max-requeues bounds
+    # only the job's own requeues, which the job script counts. With --no-requeue SLURM refuses an admin's requeue
+    # ("Requested operation is presently disabled") and cancels a preempted job instead of requeueing it.
+    opts.append("--requeue")
     opts += list(req.slurm_extra)
     return opts
 
@@ -175,9 +178,12 @@ def checkpointed(signal: str | None) -> str:
 
 
 def gpu_sampler(seconds: int) -> str:
-    """What each node's task of the sampler step runs: nvidia-smi into the node's file, where the node has it."""
+    """What each node's task of the sampler step runs: nvidia-smi into the node's file, where the node has it. It
+    starts with USR1 and USR2 ignored: the signal before the time limit goes to every step's task (to every process
+    of a step under proctrack/linuxproc), and their default action would end the samples at the checkpoint."""
     node_file = ShellJobFiles(f'"${protocol.GPU_SAMPLES_VAR}"').gpu_samples('"$SLURMD_NODENAME"')
-    return f"command -v nvidia-smi >/dev/null || exit 0; exec {shlex.join(protocol.gpu_sampler(seconds))} >>{node_file}"
+    sampler = shlex.join(protocol.gpu_sampler(seconds))
+    return f'command -v nvidia-smi >/dev/null || exit 0; trap "" USR1 USR2; exec {sampler} >>{node_file}'
 
 
 def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:

@@ -42,7 +42,7 @@ from snakemake_executor_multinode.slurm.client import (
     queue_key,
 )
 from snakemake_executor_multinode.slurm.formats import clock, clock_to_seconds, gres_gpus, minutes_to_seconds, tres_map
-from snakemake_executor_multinode.watching import gpu_use, progress
+from snakemake_executor_multinode.watching import gpu_use, progress, run_ends
 from snakemake_executor_multinode.watching.jsonl import json_lines
 from snakemake_executor_multinode.watching.ledger import CATEGORIES, RunSpan, ledger
 from snakemake_executor_multinode.watching.registry import Submission, runs
@@ -86,6 +86,7 @@ class JobRow:
     replaced: str = ""  # the nodes `multinode torchrun` dropped for spares (resource spare_nodes), with why
     run_id: str = ""  # the experiment its runs log to (W&B run id, MLflow tag), shown for a training-shaped job
     tensorboard: str = ""  # its TensorBoard folder, once the training has written it
+    ended: str = ""  # how its runs ended, where there is more to say than one run's exit 0 (run_ends.py)
 
     @property
     def active(self) -> bool:
@@ -387,6 +388,9 @@ def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: P
                 replaced=replacements(sub.log),
                 run_id=run_id,
                 tensorboard=tensorboard,
+                ended=run_ends.describe(json_lines(JobFiles.from_log(sub.log).runs), state in ACTIVE_STATES)
+                if sub.log
+                else "",
             )
         )
     return rows
@@ -448,6 +452,7 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
     gpus = [f"  {_label(r)} (job {r.jobid}): {r.gpu_use}" for r in rows if r.gpu_use]
     goodput = [f"  {_label(r)} (job {r.jobid}): {r.goodput}" for r in rows if r.goodput]
     replaced = [f"  {_label(r)} (job {r.jobid}): {r.replaced}" for r in rows if r.replaced]
+    ended = [f"  {_label(r)} (job {r.jobid}): {r.ended}" for r in rows if r.ended]
     tracked = [
         f"  {_label(r)} (job {r.jobid}): run {r.run_id}, TensorBoard "
         + (_short(r.tensorboard, workdir) if r.tensorboard else "none written yet")
@@ -479,6 +484,7 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
                 if replaced
                 else []
             ),
+            *(["", "how the runs ended (requeued, stalled, the failing node):", *ended] if ended else []),
         ]
     )
 
