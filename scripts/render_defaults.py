@@ -52,7 +52,7 @@ def rows() -> list[tuple[str, str, str]]:
             f"`on_stall={_default(request.JobRequest, 'on_stall')}` (multi-node jobs that run `multinode torchrun`)",
             "no new line from any rank and no metrics line for that long: every rank's Python stack goes into the log "
             "(py-spy) and the step ends; a crash or stall on nodes that answer restarts in the job, from the "
-            f"checkpoint; past the restarts the job ends with exit {protocol.EXIT_STALLED} naming the rank that differs",
+            f"checkpoint; past the restarts the job ends with exit {protocol.EXIT_STALLED}, naming the odd rank",
             'resource `stall_timeout` (`"2h"`, `"off"`), `max_restarts`, `on_stall="requeue"`; '
             "[restarts.md](docs/restarts.md)",
         ),

@@ -322,7 +322,7 @@ def _handle_signals(proc: subprocess.Popen, stem: str, contained: bool = False) 
     def kill_all() -> None:
         if proc.poll() is not None:
             return  # torchrun ended on the SIGTERM
-        below = descendants(proc.pid)  # found first: torchrun first, before it can react to its workers' end
+        below = proctree.descendants(proc.pid)  # found first: torchrun first, before it can react to its workers' end
         for pid in (proc.pid, *below):
             try:
                 os.kill(pid, signal.SIGKILL)

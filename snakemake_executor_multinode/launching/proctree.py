@@ -27,3 +27,13 @@ def environ(pid: int) -> Environ:
     """The environment a process started with (OSError: gone, or not ours to read)."""
     raw = Path(f"/proc/{pid}/environ").read_bytes()
     return dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
+
+
+def descendants(top: int) -> list[int]:
+    """Every process below `top`, parents before their children (one pass over /proc)."""
+    tree, found, todo = children(), [], [top]
+    while todo:
+        for pid in tree.get(todo.pop(0), []):
+            found.append(pid)
+            todo.append(pid)
+    return found

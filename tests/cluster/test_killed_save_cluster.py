@@ -95,7 +95,9 @@ def workflow(tmp_path: Path) -> Path:
     (wd / "paused_train.py").write_text(wrapper)
     # max_restarts 0: the retry's path (a new job without the node); by default the rank is restarted in the job
     (wd / "Snakefile").write_text(
-        train_rule(CONFIG, script="paused_train.py", nodes=NODES, gpus=RANKS_PER_NODE, resources="runtime=30, max_restarts=0")
+        train_rule(
+            CONFIG, script="paused_train.py", nodes=NODES, gpus=RANKS_PER_NODE, resources="runtime=30, max_restarts=0"
+        )
     )
     return wd
 

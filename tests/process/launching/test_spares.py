@@ -85,7 +85,6 @@ SRUN_WAITS_ON_NODE2 = (
 )
 
 
-
 def split_step(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -5,7 +5,6 @@ The tests that start processes: tests/process/launching/test_spares.py."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -55,7 +54,6 @@ def test_the_step_runs_on_exactly_the_chosen_nodes():
     argv = launcher.srun_command(step, [], ["train.py"], nodelist=True)
     assert "--nodes=2" in argv and "--nodelist=node1,node3" in argv
     assert not [a for a in launcher.srun_command(ALLOC, [], ["train.py"]) if a.startswith("--nodelist")]
-
 
 
 def test_a_failed_node_is_replaced_by_a_spare_and_the_training_relaunched(tmp_path, monkeypatch, capfd):

@@ -14,7 +14,6 @@ from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.units import parse_mem_mb, parse_runtime
 from snakemake_executor_multinode.planning.request import KNOWN_RESOURCES, RequestError, build_request
 from snakemake_executor_multinode.planning.settings import PlanningSettings
-from snakemake_executor_multinode.sandbox import releases
 from snakemake_executor_multinode.session import Settings
 from snakemake_executor_multinode.slurm.sbatch_flags import (
     TABLES,
