@@ -13,9 +13,9 @@ def test_a_changed_default_changes_the_table(monkeypatch):
     from snakemake_executor_multinode.planning import request
 
     before = render.table()
-    monkeypatch.setattr(request, "DEFAULT_STALL_TIMEOUT_S", 2 * 3600)
+    monkeypatch.setattr(request, "DEFAULT_MAX_RESTARTS", 5)
     after = render.table()
-    assert "stall watchdog: 30 min" in before and "stall watchdog: 120 min" in after
+    assert "3 in-job restarts" in before and "5 in-job restarts" in after
 
 
 def test_missing_markers_are_an_error_naming_the_file():
