@@ -577,6 +577,76 @@ dist.destroy_process_group()
 """
 
 
+def checkpoint_loop(
+    every: int = 5, save_s: float = 0.0, pause_s: float = 0.1, periodic_save_s: float | None = None
+) -> str:
+    """A tiny 2-node gloo training that keeps the training contract (docs/training-contract.md), for the preemption
+    tests: every `every` steps, and on the checkpoint signal (SIGUSR2, a flag every rank agrees on at a step
+    boundary), rank 0 saves the step to ckpt.txt (written aside, `save_s` seconds long, then renamed:
+    `periodic_save_s` for the periodic ones when given), between checkpoint_begin and checkpoint_end metrics events;
+    after a signal's save it writes $MULTINODE_PREEMPT_FILE and every rank exits 0. A run resumes from ckpt.txt (a
+    resume event); every step line (with `wall`) goes to $MULTINODE_METRICS_FILE. It trains until `release` exists,
+    then saves and rank 0 appends the job id and the step to argv[1]. Rank 0 also writes saving-<step> while a save
+    is under way (a test's event), and each rank ready-<job>-<restart>-<rank> once its handler is installed."""
+    periodic = save_s if periodic_save_s is None else periodic_save_s
+    return f"""{RELEASED}
+import json, os, signal, sys, time
+
+dist.init_process_group("gloo")
+rank, job = dist.get_rank(), os.environ["SLURM_JOB_ID"]
+restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+stop = torch.zeros(1)
+signal.signal(signal.SIGUSR2, lambda *_: stop.fill_(1))
+
+
+def log(**record):
+    if rank == 0:
+        with open(os.environ["MULTINODE_METRICS_FILE"], "a") as fh:
+            print(json.dumps({{**record, "wall": time.time()}}), file=fh, flush=True)
+
+
+def save(step, seconds):
+    if rank == 0:
+        log(event="checkpoint_begin", step=step)
+        marker = pathlib.Path(f"saving-{{step}}")
+        marker.touch()
+        pathlib.Path("ckpt.tmp").write_text(str(step))
+        time.sleep(seconds)
+        os.replace("ckpt.tmp", "ckpt.txt")
+        marker.unlink()
+        log(event="checkpoint_end", step=step)
+    dist.barrier()
+
+
+saved = pathlib.Path("ckpt.txt")
+step = int(saved.read_text()) if saved.exists() else 0
+if saved.exists():
+    log(event="resume", step=step)
+print(f"rank {{rank}}: job {{job}} restart {{restart}} resumes at step {{step}}", flush=True)
+pathlib.Path(f"ready-{{job}}-{{restart}}-{{rank}}").touch()
+while not released("release"):
+    step += 1
+    time.sleep({pause_s})
+    log(step=step)
+    flag = stop.clone()
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item():
+        save(step, {save_s})
+        if rank == 0:
+            pathlib.Path(os.environ["MULTINODE_PREEMPT_FILE"]).write_text(f"step {{step}}\\n")
+        print(f"rank {{rank}}: checkpointed step {{step}} on the signal", flush=True)
+        dist.destroy_process_group()
+        sys.exit(0)
+    if step % {every} == 0:
+        save(step, {periodic})
+save(step, {save_s})
+if rank == 0:
+    with open(sys.argv[1], "a") as fh:
+        fh.write(f"{{job}} {{step}}\\n")
+dist.destroy_process_group()
+"""
+
+
 def complete_lines(path: Path) -> list[dict[str, Any]]:
     """The complete JSON lines of a file a job may be appending to (a metrics file); none while it is missing."""
     try:

@@ -46,6 +46,12 @@ JOB_KEY_VAR = "MULTINODE_JOB_KEY"
 ARRAY_KEY_VAR = "MULTINODE_ARRAY_KEY"
 JOB_NAME_VAR = "MULTINODE_JOB_NAME"  # internal to the job script: the submission's name, written into the exit marker
 PREEMPT_FILE_VAR = "MULTINODE_PREEMPT_FILE"  # training: write your step here after checkpointing on SIGUSR2
+# SLURM's preemption notice of this run (jobfiles.PREEMPT_NOTICE_MARKER): `multinode torchrun`'s labellers write it
+# when SLURM's SIGTERM comes with a PreemptTime (launching/preemption.py), the job script and the launcher read it.
+PREEMPT_NOTICE_FILE_VAR = "MULTINODE_PREEMPT_NOTICE_FILE"
+# The name of the signal the rule's training checkpoints on (its `signal`, USR2 by default): `multinode torchrun`
+# passes SLURM's preemption SIGTERM on to the workers as this signal.
+CHECKPOINT_SIGNAL_VAR = "MULTINODE_CHECKPOINT_SIGNAL"
 FAILED_NODE_FILE_VAR = "MULTINODE_FAILED_NODE_FILE"
 STALL_FILE_VAR = "MULTINODE_STALL_FILE"  # the progress watchdog's verdict (launching/stall.py)
 NODES_VAR = "MULTINODE_NODES"
@@ -74,7 +80,8 @@ TRAIN_NODES_VAR = "MULTINODE_TRAIN_NODES"
 # Training: which launch of the training this is within one run of the job: 0 the first, K after the K-th
 # replacement of a failed node by a spare (resume from your checkpoint; docs/training-contract.md).
 RELAUNCH_VAR = "MULTINODE_RELAUNCH"
-RUNS_FILE_VAR = "MULTINODE_RUNS_FILE"  # internal to the job script: where each run's start and end are recorded
+# Where each run's start and end are recorded (the job script), and a preemption notice (the labeller that got it)
+RUNS_FILE_VAR = "MULTINODE_RUNS_FILE"
 CHANGED_VAR = "MULTINODE_CHANGED"  # internal to the job script: the files a restart found changed
 # Training: write your metrics JSON lines here, or make this path a link to your own metrics file. It lies beside
 # the job's log (so it outlives the run), and `multinode status` and the progress lines read its last line.
@@ -155,6 +162,8 @@ VARIABLES = (
     ARRAY_KEY_VAR,
     JOB_NAME_VAR,
     PREEMPT_FILE_VAR,
+    PREEMPT_NOTICE_FILE_VAR,
+    CHECKPOINT_SIGNAL_VAR,
     FAILED_NODE_FILE_VAR,
     STALL_FILE_VAR,
     NODES_VAR,

@@ -36,6 +36,7 @@ from snakemake_executor_multinode.launching import (
     netcheck,
     nodecheck,
     nodelog,
+    preemption,
     spares,
     stall,
     straggler,
@@ -794,7 +795,9 @@ def main(argv: Sequence[str]) -> int:
         log(f"each node's torchrun runs in {container_spec.describe(box)}")
     code = launch_with_spares(alloc, opts, script, env, box)
     preempt = env.get(protocol.PREEMPT_FILE_VAR)
-    if code == 0 and preempt and Path(preempt).exists():
+    checkpointed = code == 0 and bool(preempt) and Path(str(preempt)).exists()
+    if (notice := preemption.read(env)) is not None:  # SLURM preempted the job (a node's labeller noted it)
+        log(preemption.verdict(notice, code, checkpointed, env, time.time()))
+    elif checkpointed:
         log("training checkpointed on the pre-time-limit signal")
-        return EXIT_PREEMPTED
-    return code
+    return EXIT_PREEMPTED if checkpointed else code
