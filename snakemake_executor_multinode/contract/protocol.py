@@ -49,6 +49,10 @@ PREEMPT_FILE_VAR = "MULTINODE_PREEMPT_FILE"  # training: write your step here af
 # SLURM's preemption notice of this run (jobfiles.PREEMPT_NOTICE_MARKER): `multinode torchrun`'s labellers write it
 # when SLURM's SIGTERM comes with a PreemptTime (launching/preemption.py), the job script and the launcher read it.
 PREEMPT_NOTICE_FILE_VAR = "MULTINODE_PREEMPT_NOTICE_FILE"
+# `multinode cancel --checkpoint` (or Snakemake's first Ctrl-C) asks the job's training to checkpoint before its end
+# (jobfiles.CANCEL_MARKER): a SIGTERM to the training's step is then passed on as the checkpoint signal, and the job
+# script ends the job after the checkpoint instead of requeueing it.
+CANCEL_FILE_VAR = "MULTINODE_CANCEL_FILE"
 # The name of the signal the rule's training checkpoints on (its `signal`, USR2 by default): `multinode torchrun`
 # passes SLURM's preemption SIGTERM on to the workers as this signal.
 CHECKPOINT_SIGNAL_VAR = "MULTINODE_CHECKPOINT_SIGNAL"
@@ -164,6 +168,7 @@ VARIABLES = (
     PREEMPT_FILE_VAR,
     PREEMPT_NOTICE_FILE_VAR,
     CHECKPOINT_SIGNAL_VAR,
+    CANCEL_FILE_VAR,
     FAILED_NODE_FILE_VAR,
     STALL_FILE_VAR,
     NODES_VAR,

@@ -363,6 +363,16 @@ class Preempted:
         _forward(self.proc, signal.SIGTERM)
 
     def decide(self) -> None:
+        name = preemption.checkpoint_signal(self.env)
+        cancel = self.env.get(protocol.CANCEL_FILE_VAR, "")
+        if cancel and Path(cancel).exists():  # `multinode cancel --checkpoint` sent it: no question for SLURM
+            with self.lock:
+                if self.state != "asking":
+                    return
+                self.state = "preempted"
+            self._say(f"SIGTERM of a cancel that checkpoints first: passed on to the ranks as SIG{name}")
+            _pass_on(self.proc, getattr(signal, f"SIG{name}"))
+            return
         try:
             found, why = self.ask(self.env), ""
         except QueryError as err:
@@ -376,7 +386,6 @@ class Preempted:
                 self._say(f"{why}the training ends, as on any SIGTERM")
             _forward(self.proc, signal.SIGTERM)
             return
-        name = preemption.checkpoint_signal(self.env)
         self._say(f"{preemption.when(preemption.notice_line(self.env, found, self.node))}: passed on to the ranks as "
                   f"SIG{name}, the checkpoint signal")  # fmt: skip
         if error := preemption.record(self.env, found, self.node):

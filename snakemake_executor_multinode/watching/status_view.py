@@ -313,7 +313,7 @@ def goodput_so_far(log: str, nodes: int, gpus_per_node: int, now: float) -> str:
     spans = run_spans(files, nodes, gpus_per_node, now)
     if not spans:
         return ""
-    led = ledger(spans, [], json_lines(files.metrics))
+    led = ledger(spans, [x for x in json_lines(files.runs) if isinstance(x, dict)], json_lines(files.metrics))
     size = f"{led.allocated_gpu_h:.2f} GPU-h" if gpus_per_node else f"{led.allocated_node_s / 3600:.2f} node-h"
     rest = [f"{c} {100 * share:.0f}%" for c in CATEGORIES if c != "productive" and (share := led.share(c) or 0) > 0]
     shown = "unknown (no metrics)" if led.goodput is None else f"{100 * led.goodput:.0f}%"

@@ -32,6 +32,7 @@ export MULTINODE_PREEMPT_FILE={{preempt_marker}}
 # SLURM preempts a job by SIGTERM to its steps alone: `multinode torchrun` asks SLURM, passes a preemption on to the
 # training as the checkpoint signal, and notes it here (its runs file line too).
 export MULTINODE_PREEMPT_NOTICE_FILE={{preempt_notice_marker}} MULTINODE_CHECKPOINT_SIGNAL={{checkpoint_signal}}
+export MULTINODE_CANCEL_FILE={{cancel_marker}}  # `multinode cancel --checkpoint`: checkpoint, then end
 export MULTINODE_FAILED_NODE_FILE={{failed_node_marker}}
 export MULTINODE_STALL_FILE={{stall_marker}}
 export MULTINODE_METRICS_FILE={{metrics_file}}  # training progress: `multinode status` reads its last line
@@ -65,7 +66,7 @@ trap multinode_finish EXIT
 trap 'exit 143' TERM
 [ -d "$MULTINODE_STATE_DIR" ] || mkdir -p "$MULTINODE_STATE_DIR"
 MULTINODE_STALE=("$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE"
-    "$MULTINODE_PREEMPT_NOTICE_FILE" {{cancel_marker}})
+    "$MULTINODE_PREEMPT_NOTICE_FILE" "$MULTINODE_CANCEL_FILE")
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
 [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] ||
     MULTINODE_STALE+=({{exit_marker}} {{requeue_marker}} {{self_requeue_marker}} {{crash_marker}})
@@ -177,9 +178,9 @@ if [ -e "$MULTINODE_PREEMPT_NOTICE_FILE" ]; then
     trap 'exit "$rc"' TERM
     while :; do sleep 600 & wait $!; done
 fi
-if [ -e {{cancel_marker}} ] && [ -e "$MULTINODE_PREEMPT_FILE" ]; then
-    echo "[multinode] checkpointed for a cancel ($(cat {{cancel_marker}})); not requeued: a rerun resumes from the" \
-        "checkpoint"
+if [ -e "$MULTINODE_CANCEL_FILE" ] && [ -e "$MULTINODE_PREEMPT_FILE" ]; then
+    echo "[multinode] checkpointed for a cancel ($(cat "$MULTINODE_CANCEL_FILE")); not requeued: a rerun resumes" \
+        "from the checkpoint"
     exit {{exit_preempted}}
 fi
 
