@@ -126,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         from snakemake_executor_multinode.watching.provenance import write_start
 
         return write_start(Path(argv[2]))
+    # A run after a preemption: which job took the previous run's nodes (the job script, at a restart)
+    if len(argv) == 2 and argv[0] == "preempted-by":
+        import os
+
+        from snakemake_executor_multinode.watching.preemptions import say_previous
+
+        return say_previous(argv[1], os.environ)
     # check, and preview of a rule of the real Snakefile, take Snakemake's own arguments and need Snakemake: the adapter
     from snakemake_executor_multinode.planning.preview import uses_snakefile
 

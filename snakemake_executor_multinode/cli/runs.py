@@ -123,9 +123,10 @@ def status_text(workdir: Path, which: str, every_run: bool, client: SlurmClient)
         raise status_view.RunNotFound("no run has submitted a job from this folder")
     subs = [s for run in chosen for s in table[run]]
     views = status_view.slurm_views(client, [s.jobid for s in subs if s.jobid])
+    preempted = status_view.preempted(client, subs)
     blocks = []
     for run in chosen:
-        rows = status_view.rows_for(table[run], views, workdir)
+        rows = status_view.rows_for(table[run], views, workdir, preempted)
         blocks.append(status_view.render(run, rows, workdir, started=status_view.run_started(table[run])))
     return "\n\n".join(blocks)
 

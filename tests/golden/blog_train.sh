@@ -47,6 +47,7 @@ export MULTINODE_PREEMPT_FILE="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.preempted
 # SLURM preempts a job by SIGTERM to its steps alone: `multinode torchrun` asks SLURM, passes a preemption on to the
 # training as the checkpoint signal, and notes it here (its runs file line too).
 export MULTINODE_PREEMPT_NOTICE_FILE="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.preempt-notice" MULTINODE_CHECKPOINT_SIGNAL=USR2
+export MULTINODE_CANCEL_FILE="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.cancel-checkpoint"  # `multinode cancel --checkpoint`: checkpoint, then end
 export MULTINODE_FAILED_NODE_FILE="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.failed-node"
 export MULTINODE_STALL_FILE="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.stalled"
 export MULTINODE_METRICS_FILE=/work/project/.snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1.metrics.jsonl  # training progress: `multinode status` reads its last line
@@ -79,8 +80,12 @@ multinode_finish() {
 trap multinode_finish EXIT
 trap 'exit 143' TERM
 [ -d "$MULTINODE_STATE_DIR" ] || mkdir -p "$MULTINODE_STATE_DIR"
+# After a preemption (the last run's notice is still there): which job SLURM gave the nodes to (its runs file, squeue)
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e "$MULTINODE_PREEMPT_NOTICE_FILE" ]; then
+    multinode preempted-by "$MULTINODE_RUNS_FILE" 2>&1 || true
+fi
 MULTINODE_STALE=("$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE"
-    "$MULTINODE_PREEMPT_NOTICE_FILE" "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.cancel-checkpoint")
+    "$MULTINODE_PREEMPT_NOTICE_FILE" "$MULTINODE_CANCEL_FILE")
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
 [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] ||
     MULTINODE_STALE+=("$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.exit" "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.requeued" "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.self-requeues" "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.crashes")
@@ -217,9 +222,9 @@ if [ -e "$MULTINODE_PREEMPT_NOTICE_FILE" ]; then
     trap 'exit "$rc"' TERM
     while :; do sleep 600 & wait $!; done
 fi
-if [ -e "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.cancel-checkpoint" ] && [ -e "$MULTINODE_PREEMPT_FILE" ]; then
-    echo "[multinode] checkpointed for a cancel ($(cat "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.cancel-checkpoint")); not requeued: a rerun resumes from the" \
-        "checkpoint"
+if [ -e "$MULTINODE_CANCEL_FILE" ] && [ -e "$MULTINODE_PREEMPT_FILE" ]; then
+    echo "[multinode] checkpointed for a cancel ($(cat "$MULTINODE_CANCEL_FILE")); not requeued: a rerun resumes" \
+        "from the checkpoint"
     exit 85
 fi
 

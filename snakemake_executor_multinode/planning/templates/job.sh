@@ -65,6 +65,10 @@ multinode_finish() {
 trap multinode_finish EXIT
 trap 'exit 143' TERM
 [ -d "$MULTINODE_STATE_DIR" ] || mkdir -p "$MULTINODE_STATE_DIR"
+# After a preemption (the last run's notice is still there): which job SLURM gave the nodes to (its runs file, squeue)
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e "$MULTINODE_PREEMPT_NOTICE_FILE" ]; then
+    multinode preempted-by "$MULTINODE_RUNS_FILE" 2>&1 || true
+fi
 MULTINODE_STALE=("$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE"
     "$MULTINODE_PREEMPT_NOTICE_FILE" "$MULTINODE_CANCEL_FILE")
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
