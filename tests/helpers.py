@@ -35,6 +35,7 @@ from snakemake_executor_multinode.sandbox.cluster import slurm_env
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
 from snakemake_executor_multinode.session import Session, Settings
 from snakemake_executor_multinode.slurm.client import JobState, QueryError, SlurmClient
+from snakemake_executor_multinode.slurm.formats import hostlist
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 
 T = TypeVar("T")
@@ -582,12 +583,13 @@ def checkpoint_loop(
 ) -> str:
     """A tiny 2-node gloo training that keeps the training contract (docs/training-contract.md), for the preemption
     tests: every `every` steps, and on the checkpoint signal (SIGUSR2, a flag every rank agrees on at a step
-    boundary), rank 0 saves the step to ckpt.txt (written aside, `save_s` seconds long, then renamed:
-    `periodic_save_s` for the periodic ones when given), between checkpoint_begin and checkpoint_end metrics events;
-    after a signal's save it writes $MULTINODE_PREEMPT_FILE and every rank exits 0. A run resumes from ckpt.txt (a
-    resume event); every step line (with `wall`) goes to $MULTINODE_METRICS_FILE. It trains until `release` exists,
-    then saves and rank 0 appends the job id and the step to argv[1]. Rank 0 also writes saving-<step> while a save
-    is under way (a test's event), and each rank ready-<job>-<restart>-<rank> once its handler is installed."""
+    boundary), rank 0 saves the step to ckpt.txt (written aside, `save_s` seconds long, then renamed;
+    `periodic_save_s` for the periodic saves and the last one, when given) between checkpoint_begin and
+    checkpoint_end metrics events; after a signal's save it writes $MULTINODE_PREEMPT_FILE and every rank exits 0. A
+    run resumes from ckpt.txt (a resume event); every step line (with `wall`) goes to $MULTINODE_METRICS_FILE. It
+    trains until `release` exists, then saves and rank 0 appends the job id and the step to argv[1]. Rank 0 also
+    writes saving-<step> while a save is under way (a test's event), and each rank ready-<job>-<restart>-<rank> (its
+    $MULTINODE_RUN_ID) once its handler is installed."""
     periodic = save_s if periodic_save_s is None else periodic_save_s
     return f"""{RELEASED}
 import json, os, signal, sys, time
@@ -623,7 +625,7 @@ step = int(saved.read_text()) if saved.exists() else 0
 if saved.exists():
     log(event="resume", step=step)
 print(f"rank {{rank}}: job {{job}} restart {{restart}} resumes at step {{step}}", flush=True)
-pathlib.Path(f"ready-{{job}}-{{restart}}-{{rank}}").touch()
+pathlib.Path(f"ready-{{job}}-{{restart}}-{{rank}}").write_text(os.environ.get("MULTINODE_RUN_ID", ""))
 while not released("release"):
     step += 1
     time.sleep({pause_s})
@@ -639,12 +641,39 @@ while not released("release"):
         sys.exit(0)
     if step % {every} == 0:
         save(step, {periodic})
-save(step, {save_s})
+save(step, {periodic})
 if rank == 0:
     with open(sys.argv[1], "a") as fh:
         fh.write(f"{{job}} {{step}}\\n")
 dist.destroy_process_group()
 """
+
+
+@contextmanager
+def preemption(cl: Cluster, grace_s: int, mode: str = "REQUEUE") -> Iterator[None]:
+    """The default partition's GraceTime and PreemptMode for the block (scontrol update: slurmctld takes them at
+    once), then the cluster's own again (`up --preemption`: its spec's)."""
+    spec = cl.spec
+    assert spec.preemption, "the test cluster preempts (conftest.py: `up --preemption`)"
+    part = f"PartitionName={spec.partition}"
+    slurm(cl, "scontrol", "update", part, f"GraceTime={grace_s}", f"PreemptMode={mode}")
+    try:
+        yield
+    finally:
+        own = spec.preempt_mode.upper()
+        slurm(cl, "scontrol", "update", part, f"GraceTime={spec.grace_time}", f"PreemptMode={own}")
+
+
+def preempt(cl: Cluster, job: str) -> str:
+    """A job of the preempting partition that needs the job's nodes whole (a second), submitted now: SLURM preempts
+    the job for it. Returns its id."""
+    from snakemake_executor_multinode.sandbox.spec import PREEMPTING
+
+    nodes = slurm(cl, "squeue", "-h", "-j", job, "-o", "%N").strip()
+    assert nodes and nodes != "(null)", f"job {job} holds no nodes"
+    out = slurm(cl, "sbatch", "--parsable", "-p", PREEMPTING, "-w", nodes, "-N", str(len(hostlist(nodes))),
+                "--exclusive", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 1")  # fmt: skip
+    return out.strip().split(";")[0]
 
 
 def complete_lines(path: Path) -> list[dict[str, Any]]:

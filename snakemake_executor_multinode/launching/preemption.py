@@ -126,9 +126,10 @@ def _epoch(text: object) -> float | None:
         return None
 
 
-def save_seconds(metrics: Sequence[Any]) -> list[float]:
+def save_seconds(metrics: Sequence[Any]) -> tuple[list[float], float | None]:
     """How long each save of the job took: its metrics' checkpoint_begin to checkpoint_end of the same step (the
-    training's own `wall` clock), in the file's order."""
+    training's own `wall` clock), in the file's order; and when the last save began if it has not ended (a save
+    under way), else None."""
     begun: dict[object, float] = {}
     took: list[float] = []
     for rec in metrics:
@@ -140,7 +141,9 @@ def save_seconds(metrics: Sequence[Any]) -> list[float]:
             begun[rec.get("step")] = float(wall)
         elif rec.get("event") == "checkpoint_end" and (start := begun.pop(rec.get("step"), None)) is not None:
             took.append(max(float(wall) - start, 0.0))
-    return took
+        elif rec.get("event") == "resume":
+            begun.clear()  # a save an earlier run did not finish
+    return took, max(begun.values(), default=None)
 
 
 def metrics_records(path: str) -> list[Any]:
@@ -161,8 +164,9 @@ def metrics_records(path: str) -> list[Any]:
 def verdict(notice: Mapping[str, Any], code: int, checkpointed: bool, env: Mapping[str, str], now: float) -> str:
     """The launcher's line on a preempted run: checkpointed in time, the grace time too short for the save, or a
     training that ended on the checkpoint signal without a checkpoint (it does not handle it)."""
+    metrics = metrics_records(env.get(protocol.METRICS_FILE_VAR, ""))
     if checkpointed:
-        took = save_seconds(metrics_records(env.get(protocol.METRICS_FILE_VAR, "")))
+        took, _ = save_seconds(metrics)
         saved = f"; its save took {took[-1]:.1f} s" if took else ""
         return f"training checkpointed on preemption ({when(notice)}){saved}; SLURM ends the run at its grace time"
     ends = _epoch(notice.get("ends"))
@@ -172,7 +176,7 @@ def verdict(notice: Mapping[str, Any], code: int, checkpointed: bool, env: Mappi
             f"checkpoint: does it checkpoint on SIG{checkpoint_signal(env)} and write ${protocol.PREEMPT_FILE_VAR}? "
             "(docs/training-contract.md)"
         )
-    return too_short(notice, metrics_records(env.get(protocol.METRICS_FILE_VAR, "")))
+    return too_short(notice, metrics, now)
 
 
 def when(notice: Mapping[str, Any]) -> str:
@@ -188,24 +192,26 @@ def _clock(epoch: float) -> str:
     return datetime.fromtimestamp(epoch).strftime("%H:%M:%S")
 
 
-def too_short(notice: Mapping[str, Any], metrics: Sequence[Any]) -> str:
-    """What the log says when the grace time ended before the training's checkpoint: the grace time SLURM gave,
-    how long this job's saves took (its metrics), and what to ask for."""
-    saves = save_seconds(metrics)
+def too_short(notice: Mapping[str, Any], metrics: Sequence[Any], now: float) -> str:
+    """What the log says when the grace time ended before the training's checkpoint: the grace time SLURM gave, how
+    long this job's saves took (its metrics), the save it cut short, and what to ask for."""
+    took, under_way = save_seconds(metrics)
     grace = notice.get("grace_s")
-    head = f"preempted: the grace time ended before the training's checkpoint ({when(notice)})"
-    if not saves:
-        return (
-            f"{head}; no save of this job is in its metrics (checkpoint_begin/checkpoint_end), so how long one takes "
-            "is not known; the next run resumes from the last checkpoint the training wrote"
-        )
-    longest = max(saves)
-    enough = math.ceil(longest * 1.5 + 30)  # the save, headroom, and a step to finish first
-    said = f"{head}; this job's saves took {sum(saves) / len(saves):.1f} s on average, {longest:.1f} s at most"
-    said += f" ({len(saves)} save{'s' if len(saves) > 1 else ''})"
-    if isinstance(grace, int | float) and grace < longest:
-        said += f": the grace time ({grace:.0f} s) is too short for a save"
-    return said + (
-        f"; the next run resumes from the last checkpoint the training wrote. Ask the cluster's admins for a "
-        f"GraceTime of at least {enough} s, or save faster (docs/further.md, Preemption)"
-    )
+    said = f"preempted: the grace time ended before the training's checkpoint ({when(notice)})"
+    longest = max(took, default=0.0)
+    if took:
+        said += f"; this job's saves took {sum(took) / len(took):.1f} s on average, {longest:.1f} s at most"
+        said += f" ({len(took)} save{'s' if len(took) > 1 else ''})"
+    else:
+        said += "; no finished save of this job is in its metrics (checkpoint_begin/checkpoint_end)"
+    if under_way is not None:
+        cut = max(now - under_way, 0.0)
+        said += f"; the save begun at {_clock(under_way)} was still running {cut:.1f} s later, when SLURM ended the run"
+        longest = max(longest, cut)
+    if isinstance(grace, int | float) and took and grace < max(took):
+        said += f": the grace time ({grace:.0f} s) is shorter than a save"
+    said += "; the next run resumes from the last checkpoint the training finished"
+    if longest > 0:
+        enough = math.ceil(longest * 1.5 + 30)  # the save, headroom, a step to finish first and SLURM's slack
+        said += f". Ask the cluster's admins for a GraceTime of at least {enough} s, or save faster"
+    return said + " (docs/further.md, Preemption)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 from snakemake_executor_multinode.slurm.client import JobState, SlurmClient, parse_sacct
@@ -87,6 +88,19 @@ def test_a_requeued_job_is_not_a_failure_and_its_last_run_reports_once(tmp_path)
     (tmp_path / "9.exit").write_text("0 1\n")  # the rerun's own marker
     last = tracker.poll(["9"])["9"]
     assert last.finished and last.success
+
+
+def test_a_requeue_after_a_preemption_says_so_and_whether_the_run_checkpointed(tmp_path):
+    client = FakeClient({"9": JobState("9", "RUNNING", "0:0", "None", "node1")})
+    client.live_states["9"] = JobState("9", "PENDING", "", "BeginTime", "", restarts=1)
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=Clock())
+    notice = {"event": "preempted", "time": "2026-12-06T05:51:59+00:00", "ends": "2026-12-06T05:52:19+00:00",
+              "grace_s": 20}  # fmt: skip
+    (tmp_path / "9.preempt-notice").write_text(json.dumps(notice) + "\n")
+    (tmp_path / "9.exit").write_text("85 0\n")
+    note = tracker.poll(["9"])["9"].note
+    assert note is not None and note.startswith("requeued (preempted: SLURM's preemption SIGTERM at ")
+    assert ", grace time 20 s, to " in note and note.endswith("; checkpointed), restart 1"), note
 
 
 def test_a_failed_run_whose_marker_came_before_slurmctld_saw_the_end_is_not_yet_a_failure(tmp_path):
