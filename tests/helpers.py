@@ -329,7 +329,9 @@ def restart_slurmctld(cl: Cluster) -> None:
     cluster._slurmctld_up(cl.spec)
 
 
-END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+END_STATES = {
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED",
+}  # fmt: skip
 
 
 def figures(test: str, **values: object) -> None:

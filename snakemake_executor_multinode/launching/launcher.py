@@ -796,7 +796,7 @@ def main(argv: Sequence[str]) -> int:
     code = launch_with_spares(alloc, opts, script, env, box)
     preempt = env.get(protocol.PREEMPT_FILE_VAR)
     checkpointed = code == 0 and bool(preempt) and Path(str(preempt)).exists()
-    if (notice := preemption.read(env)) is not None:  # SLURM preempted the job (a node's labeller noted it)
+    if (notice := preemption.noticed(env, checkpointed, socket.gethostname().split(".")[0])) is not None:
         log(preemption.verdict(notice, code, checkpointed, env, time.time()))
     elif checkpointed:
         log("training checkpointed on the pre-time-limit signal")

@@ -32,7 +32,7 @@ from typing import Any
 
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.state_files import Damaged, ignored, read_json
-from snakemake_executor_multinode.slurm.client import Preemption, SlurmClient
+from snakemake_executor_multinode.slurm.client import Preemption, QueryError, SlurmClient
 
 ASK_TIMEOUT_S = 10.0  # the question about a SIGTERM: slurmctld sent the signal just now, so it answers
 EVENT = "preempted"  # the notice's (and the runs file's) event
@@ -117,6 +117,23 @@ def read(env: Mapping[str, str]) -> dict[str, Any] | None:
         ignored(err, "the preemption is said without its times")
         return {"event": EVENT}
     return found if isinstance(found, dict) else {"event": EVENT}
+
+
+def noticed(env: Mapping[str, str], checkpointed: bool, node: str) -> dict[str, Any] | None:
+    """This run's notice, as a node's labeller wrote it; or, for a training that checkpointed on its own signal with
+    none written, SLURM's answer now: a site with SchedulerParameters=preempt_send_user_signal preempts with the
+    job's --signal (USR2) instead of SIGTERM, which no labeller asks about. One squeue, only then."""
+    found = read(env)
+    if found is not None or not checkpointed:
+        return found
+    try:
+        preempting = ask(env)
+    except QueryError:
+        return None  # said as a checkpoint before the time limit: the job requeues itself
+    if preempting is None:
+        return None
+    record(env, preempting, node)
+    return read(env) or notice_line(env, preempting, node)
 
 
 def _epoch(text: object) -> float | None:

@@ -82,3 +82,31 @@ def test_the_verdict_tells_a_checkpoint_in_time_from_a_training_that_ignores_the
     assert "SIGUSR2" in early
     late = preemption.verdict(notice(env), 143, False, env, T0 + 35)
     assert late.startswith("preempted: the grace time ended before the training's checkpoint")
+
+
+def test_a_checkpoint_on_the_jobs_own_signal_while_slurm_preempts_it_is_the_preemption(tmp_path, monkeypatch):
+    """A site with preempt_send_user_signal preempts with the job's USR2, which no labeller asks about: the launcher
+    asks SLURM once, after a checkpoint, so that the job waits for SLURM instead of requeueing itself (its budget)."""
+    env = {"SLURM_JOB_ID": "57", protocol.PREEMPT_NOTICE_FILE_VAR: str(tmp_path / "n")}
+    asked: list[str] = []
+    monkeypatch.setattr(preemption, "ask", lambda e: asked.append("?") or NOTICE)
+    assert preemption.noticed(env, False, "node1") is None and asked == []  # no checkpoint: nothing to ask
+    found = preemption.noticed(env, True, "node1")
+    assert found is not None and found["grace_s"] == 20 and (tmp_path / "n").exists() and asked == ["?"]
+    monkeypatch.setattr(preemption, "ask", lambda e: None)  # the time limit's signal
+    assert preemption.noticed({**env, protocol.PREEMPT_NOTICE_FILE_VAR: str(tmp_path / "m")}, True, "node1") is None
+
+
+def test_a_damaged_notice_is_said_and_stands_as_a_preemption_of_unknown_time(tmp_path):
+    from snakemake_executor_multinode.contract import state_files
+
+    said: list[str] = []
+    state_files.report_to(said.append)
+    try:
+        (tmp_path / "n").write_bytes(b'{"event": "preem')  # cut short
+        found = preemption.read({protocol.PREEMPT_NOTICE_FILE_VAR: str(tmp_path / "n")})
+    finally:
+        state_files.report_to(None)
+    assert found == {"event": "preempted"} and preemption.when(found) == "SLURM's preemption SIGTERM"
+    assert said and said[0].startswith(f"damaged state file {tmp_path / 'n'}: not valid JSON")
+    assert said[0].endswith("ignored: the preemption is said without its times")
