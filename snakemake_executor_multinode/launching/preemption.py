@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract.jsonl import json_lines
 from snakemake_executor_multinode.contract.state_files import Damaged, ignored, read_json
 from snakemake_executor_multinode.slurm.client import Preemption, QueryError, SlurmClient
 
@@ -163,25 +164,11 @@ def save_seconds(metrics: Sequence[Any]) -> tuple[list[float], float | None]:
     return took, max(begun.values(), default=None)
 
 
-def metrics_records(path: str) -> list[Any]:
-    """The training's metrics lines (JSON; a line that does not parse is left out); none without the file."""
-    try:
-        text = Path(path).read_text(errors="replace") if path else ""
-    except OSError:
-        return []
-    found = []
-    for line in text.splitlines():
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            continue
-    return found
-
-
 def verdict(notice: Mapping[str, Any], code: int, checkpointed: bool, env: Mapping[str, str], now: float) -> str:
     """The launcher's line on a preempted run: checkpointed in time, the grace time too short for the save, or a
     training that ended on the checkpoint signal without a checkpoint (it does not handle it)."""
-    metrics = metrics_records(env.get(protocol.METRICS_FILE_VAR, ""))
+    path = env.get(protocol.METRICS_FILE_VAR)
+    metrics = json_lines(Path(path)) if path else []  # the training's metrics: its saves' times
     if checkpointed:
         took, _ = save_seconds(metrics)
         saved = f"; its save took {took[-1]:.1f} s" if took else ""

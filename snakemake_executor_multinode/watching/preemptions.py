@@ -11,13 +11,13 @@ for what slurmctld forgot).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from snakemake_executor_multinode.contract.jsonl import json_lines
 from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
 from snakemake_executor_multinode.launching import preemption
 from snakemake_executor_multinode.slurm.client import QueryError, SlurmClient, Started
@@ -110,11 +110,11 @@ def say_previous(runs_file: str, env: Mapping[str, str], client: SlurmClient | N
     (a line less in the log never stops a job)."""
     restart = env.get("SLURM_RESTART_COUNT", "0")
     previous = int(restart) - 1 if restart.isdigit() else -1
-    try:
-        lines = [json.loads(line) for line in Path(runs_file).read_text().splitlines() if line.strip().startswith("{")]
-    except (OSError, ValueError):
-        return 0
-    runs = [r for r in preempted_runs(lines) if r.job == env.get("SLURM_JOB_ID") and r.restart == previous]
+    runs = [
+        r
+        for r in preempted_runs(json_lines(Path(runs_file)))
+        if r.job == env.get("SLURM_JOB_ID") and r.restart == previous
+    ]
     by = preemptors(client or SlurmClient(timeout=10), runs)
     for run in runs:
         print(f"[multinode] {run.describe(by.get((run.job, run.restart)))}", flush=True)

@@ -31,6 +31,7 @@ from snakemake_executor_multinode.contract.jobfiles import (
     StateFolders,
     tensorboard_dir,
 )
+from snakemake_executor_multinode.contract.jsonl import json_lines
 from snakemake_executor_multinode.contract.state_files import Damaged, ignored, marker_text
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import (
@@ -43,7 +44,6 @@ from snakemake_executor_multinode.slurm.client import (
 )
 from snakemake_executor_multinode.slurm.formats import clock, clock_to_seconds, gres_gpus, minutes_to_seconds, tres_map
 from snakemake_executor_multinode.watching import gpu_use, preemptions, progress
-from snakemake_executor_multinode.watching.jsonl import json_lines
 from snakemake_executor_multinode.watching.ledger import CATEGORIES, RunSpan, ledger
 from snakemake_executor_multinode.watching.registry import Submission, runs
 

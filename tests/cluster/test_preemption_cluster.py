@@ -80,6 +80,11 @@ def runs_split(metrics: list[dict]) -> list[list[dict]]:
     return runs
 
 
+def submitted(wd: Path) -> list[str]:
+    """The job ids of every submission from the folder, in the order of submission (every run's)."""
+    return [r["jobid"] for r in sorted(records(wd), key=lambda r: r["submitted_at"])]
+
+
 def run_ids(wd: Path) -> set[str]:
     return {p.read_text() for p in wd.glob("ready-*")}
 
@@ -234,7 +239,7 @@ def test_with_preempt_mode_cancel_the_job_ends_after_its_checkpoint_and_snakemak
         finally:
             sm.stop()
     assert rc == 0, sm.text
-    assert retry != job and [r["jobid"] for r in records(wd)] == [job, retry]
+    assert retry != job and submitted(wd) == [job, retry]
     failed = next(line for _, line in sm.matching(f"SLURM job {job} failed"))
     assert "SLURM state PREEMPTED" in failed and "job script exit 85" in failed, failed
     before = complete_lines(files(wd, job).metrics)
@@ -269,7 +274,7 @@ def test_cancel_with_checkpoint_asks_the_training_to_checkpoint_and_the_next_sna
     saved = steps(complete_lines(files(wd, job).metrics))[-1]
     (wd / "release").touch()
     snakemake(wd, timeout=600)
-    (first, second) = [r["jobid"] for r in records(wd)]
+    (first, second) = submitted(wd)
     resumed = [r for r in complete_lines(files(wd, second).metrics) if r.get("event") == "resume"]
     assert first == job and resumed and resumed[0]["step"] == saved, resumed
     figures("cancel --checkpoint", saved_step=saved)
@@ -297,7 +302,7 @@ def test_snakemakes_first_ctrl_c_checkpoints_a_running_training_and_a_rerun_resu
     saved = steps(complete_lines(files(wd, job).metrics))[-1]
     (wd / "release").touch()
     snakemake(wd, timeout=600)
-    second = records(wd)[-1]["jobid"]
+    second = submitted(wd)[-1]
     resumed = [r for r in complete_lines(files(wd, second).metrics) if r.get("event") == "resume"]
     assert resumed and resumed[0]["step"] == saved, resumed
     figures("Ctrl-C checkpoints first", saved_step=saved)

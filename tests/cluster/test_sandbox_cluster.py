@@ -21,7 +21,9 @@ pytestmark = pytest.mark.cluster
 
 
 def test_every_node_is_up_each_with_eight_gpus(slurm_cluster):
-    out = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N %T %G").stdout.split("\n")
+    # the default partition's nodes (the suite's cluster preempts: `urgent` lists the same nodes once more)
+    partition = slurm_cluster.spec.partition
+    out = slurm_cluster.run("sinfo", "-h", "-N", "-p", partition, "-o", "%N %T %G").stdout.split("\n")
     rows = sorted(line.split() for line in out if line.strip())
     assert [(name, gres) for name, _, gres in rows] == [(f"node{i}", "gpu:8") for i in slurm_cluster.spec.node_indices]
     # up and schedulable: idle, or running (or ending) someone's job (the suite's cluster may be shared by parallel
