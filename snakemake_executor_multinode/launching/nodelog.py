@@ -349,7 +349,8 @@ class Preempted:
     ) -> None:
         self.proc, self.env, self.node, self.out, self.said, self.ask = proc, env, node, out, said, ask
         self.state = "running"  # -> asking -> preempted | stopped
-        self.lock = threading.Lock()
+        # re-entrant: a second SIGTERM's handler may run inside the first's, in the same thread
+        self.lock = threading.RLock()
         self.thread: threading.Thread | None = None
 
     def sigterm(self) -> None:

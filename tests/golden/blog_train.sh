@@ -209,8 +209,8 @@ wait "$MULTINODE_COMMAND" || rc=$?
 # A preempted run waits for SLURM, which ends it at its grace time's end and requeues or cancels the job (the site's
 # PreemptMode): a job that ended now would be no preemption to SLURM (never requeued), and a requeue of its own
 # would count against max-requeues what is SLURM's doing. 143 (the command ended by the grace time's end) does not
-# come here: the TERM trap ended the run.
-if [ -e "$MULTINODE_PREEMPT_NOTICE_FILE" ]; then
+# come here: the TERM trap ended the run; nor does a command that finished its work (exit 0, no checkpoint).
+if [ -e "$MULTINODE_PREEMPT_NOTICE_FILE" ] && { [ -e "$MULTINODE_PREEMPT_FILE" ] || [ "$rc" -ne 0 ]; }; then
     if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
         echo "[multinode] checkpointed on preemption ($(cat "$MULTINODE_PREEMPT_FILE"))"
         rc=85

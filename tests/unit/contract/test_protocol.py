@@ -372,3 +372,14 @@ def test_a_checkpoint_for_a_cancel_ends_the_job_with_85_at_once_without_a_requeu
     assert not any(c.startswith("requeue") for c in calls)
     assert "[multinode] checkpointed for a cancel (multinode cancel --checkpoint, 10:00:00); not requeued" in out
     assert not jobfiles.marker(state, "42", jobfiles.SELF_REQUEUE_MARKER).exists()
+
+
+def test_a_training_that_finished_its_work_as_slurm_preempted_it_ends_the_job_with_success(tmp_path):
+    """The notice came, but the command ended well without a checkpoint (its last step): done, not waiting for a
+    requeue that would run it again."""
+    proc, _, _ = started_job_script(tmp_path, f'echo "{{}}" > "${protocol.PREEMPT_NOTICE_FILE_VAR}"; exit 0')
+    try:
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert "[multinode] exit 0," in (tmp_path / "out.txt").read_text()
