@@ -66,6 +66,7 @@ SELF_REQUEUES_VAR = "MULTINODE_SELF_REQUEUES"  # internal to the job script: its
 STARTED_VAR = "MULTINODE_STARTED"  # internal to the job script: this run's start (epoch seconds)
 CRASHES_VAR = "MULTINODE_CRASHES"  # internal to the job script: quick failures in a row, this run's included
 ENDED_VAR = "MULTINODE_ENDED"  # internal to the job script: this run's end (epoch seconds)
+ENDED_WELL_VAR = "MULTINODE_ENDED_WELL"  # internal to the job script: the previous run's end line, had it ended well
 NOW_VAR = "MULTINODE_NOW"  # internal to the job script: the time, as `date -Is` writes it
 STALE_VAR = "MULTINODE_STALE"  # internal to the job script: markers a new run removes
 REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run handed over to its requeued rerun
@@ -181,6 +182,7 @@ VARIABLES = (
     STARTED_VAR,
     CRASHES_VAR,
     ENDED_VAR,
+    ENDED_WELL_VAR,
     NOW_VAR,
     STALE_VAR,
     COMMAND_VAR,

@@ -52,6 +52,15 @@ export MULTINODE_FAILED_NODE_FILE="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.faile
 export MULTINODE_STALL_FILE="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.stalled"
 export MULTINODE_METRICS_FILE=/work/project/.snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1.metrics.jsonl  # training progress: `multinode status` reads its last line
 export MULTINODE_RUNS_FILE=/work/project/.snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1.runs.jsonl  # each run's start, end and preemption, for provenance and the ledger
+# SLURM 24.11 runs a job once more after it ended well, where a preemption had requeued it before (docs/slurm-versions.md):
+# that run has nothing to do (its outputs are made, Snakemake has seen the job end), and is said and ended here.
+printf -v MULTINODE_ENDED_WELL '"event": "end", "job": "%s", "restart": %s, "exit": 0,' "$SLURM_JOB_ID" \
+    "$((${SLURM_RESTART_COUNT:-0} - 1))"  # the previous run's end line, had it ended with exit 0 (multinode_finish)
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && grep -qF "$MULTINODE_ENDED_WELL" "$MULTINODE_RUNS_FILE" 2>/dev/null; then
+    echo "[multinode] run $((SLURM_RESTART_COUNT - 1)) of this job ended with exit 0; SLURM ran the job again (after a" \
+        "preemption, SLURM 24.11 does so once): nothing to do"
+    exit 0
+fi
 MULTINODE_REQUEUED=0
 multinode_finish() {
     local rc=$?

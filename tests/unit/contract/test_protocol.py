@@ -383,3 +383,21 @@ def test_a_training_that_finished_its_work_as_slurm_preempted_it_ends_the_job_wi
     finally:
         proc.kill()
     assert "[multinode] exit 0," in (tmp_path / "out.txt").read_text()
+
+
+def test_a_run_after_one_that_ended_well_has_nothing_to_do(tmp_path):
+    """SLURM 24.11 runs a job once more after it ended with exit 0 where a preemption had requeued it before: the
+    command does not run again (its outputs are made), and the log says why."""
+    runs = tmp_path / "logs" / "42.attempt1.runs.jsonl"
+    runs.parent.mkdir()
+    runs.write_text('{"event": "end", "job": "42", "restart": 1, "exit": 0, "time": "2026-12-06T07:11:02+00:00"}\n')
+    proc, _, _ = started_job_script(tmp_path, "touch ran", restart=2)
+    assert proc.wait(timeout=60) == 0
+    assert not (tmp_path / "ran").exists()
+    said = (tmp_path / "logs" / "42.attempt1.restart2.log").read_text()  # a restart writes its own log
+    assert "[multinode] run 1 of this job ended with exit 0; SLURM ran the job again" in said, said
+    again = tmp_path / "again"  # a run that ended with 85 (checkpointed): the next run trains on
+    (again / "logs").mkdir(parents=True)
+    (again / "logs" / runs.name).write_text(runs.read_text().replace('"exit": 0,', '"exit": 85,'))
+    proc, _, _ = started_job_script(again, "touch ran", restart=2)
+    assert proc.wait(timeout=60) == 0 and (again / "ran").exists()
