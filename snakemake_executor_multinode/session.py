@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from snakemake_executor_multinode.contract import state_files
+from snakemake_executor_multinode.contract import node_events, state_files
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, PendingFiles, StateFolders, array_script
 from snakemake_executor_multinode.contract.private_files import (
     StateWriteError,
@@ -47,7 +47,6 @@ from snakemake_executor_multinode.watching.progress import ProgressLines, durati
 from snakemake_executor_multinode.watching.reattach import RunReason
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 from snakemake_executor_multinode.watching.settings import WatchSettings
-from snakemake_executor_multinode.watching.status_view import replaced
 from snakemake_executor_multinode.watching.tracker import Outcome, Tracker
 
 # What the adapter hands over and gets back, besides the Session itself.
@@ -63,7 +62,7 @@ Say = Callable[[str], None]
 @dataclass(frozen=True)
 class Settings(WatchSettings, SubmitSettings, PlanningSettings):
     """The plugin's settings: each stage's own declaration, composed (fields in planning's, submitting's, then
-    watching's order: the order of `snakemake --help` and docs/further.md's table). The Snakemake adapter builds its
+    watching's order: the order of `snakemake --help` and docs/settings.md's table). The Snakemake adapter builds its
     `--multinode-*` options from these fields."""
 
 
@@ -436,12 +435,13 @@ class Session:
         if outcome.state is not None and outcome.state.state == "PENDING":  # it can never start: not left queued
             self.cancel([sub.jobid], "it can never start")
         # the nodes a spare replaced are as bad as the one it failed on: a retry on them would meet the same fault
-        bad = [line["node"] for line in replaced(sub.log)] if sub.log else []
+        bad, unread = replaced_nodes(sub.log)
         bad += [outcome.failed_node] if outcome.failed_node else []
         if bad:
             known = self.failed_nodes.get(sub.outputs, ())
             self.failed_nodes[sub.outputs] = (*known, *(n for n in dict.fromkeys(bad) if n not in known))
-        return Ended(sub, False, failure_message(sub.jobid, outcome, Path(sub.log) if sub.log else None))
+        said = failure_message(sub.jobid, outcome, Path(sub.log) if sub.log else None)
+        return Ended(sub, False, f"{said}; {unread}" if unread else said)
 
     # --- the end --------------------------------------------------------------------------------------------
     def cancel(self, ids: Iterable[str], why: str = "") -> None:
@@ -492,3 +492,23 @@ class Session:
     def close(self, why: str = "") -> None:
         """The run's end: its notice (`why`: how it ended, when not as usual)."""
         self.notices.run_end(why)
+
+
+def replaced_nodes(log: str) -> tuple[list[str], str]:
+    """The nodes the job dropped (node_events.py), for the retry to leave out, and what keeps the record from saying
+    all of them ("": nothing): a record that cannot be read or is damaged is said, never read as "none"."""
+    if not log:
+        return [], ""
+    path = JobFiles.from_log(log).replacements
+    try:
+        history = node_events.read(path)
+    except node_events.NodeEventError as err:
+        return [], f"the retry cannot leave out the nodes it dropped: {err.message}"
+    nodes = [e.node for e in history.dropped]
+    if history.damaged:
+        lines = ", ".join(str(n) for n in history.damaged)
+        return (
+            nodes,
+            f"the node events {path} are damaged (line {lines}): the retry leaves out only the nodes they name",
+        )
+    return nodes, ""

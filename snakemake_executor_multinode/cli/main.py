@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -118,9 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # torchrun's own options must pass through untouched, so it is dispatched before argparse.
     if argv[:1] == ["torchrun"]:
-        from snakemake_executor_multinode.launching.launcher import main as torchrun_main
+        from snakemake_executor_multinode.launching import launcher
 
-        return torchrun_main(argv[1:])
+        if argv[1:2] not in (["-h"], ["--help"]) and launcher.outside_slurm(os.environ):
+            from snakemake_executor_multinode.cli.local_run import main as local_main  # a job's environment, here
+
+            return local_main(argv[1:])
+        return launcher.main(argv[1:])
     # Every job's start line (the job script): without the parser's imports, a tenth of a second less per job.
     if len(argv) == 3 and argv[:2] == ["provenance", "--start"]:
         from snakemake_executor_multinode.watching.provenance import write_start
@@ -128,11 +133,14 @@ def main(argv: list[str] | None = None) -> int:
         return write_start(Path(argv[2]))
     # A run after a preemption: which job took the previous run's nodes (the job script, at a restart)
     if len(argv) == 2 and argv[0] == "preempted-by":
-        import os
-
         from snakemake_executor_multinode.watching.preemptions import say_previous
 
         return say_previous(argv[1], os.environ)
+    # The job script's question at its checkpoint: did a spare replace a node in this job (the node events' reader)?
+    if argv[:1] == ["node-events"]:
+        from snakemake_executor_multinode.contract.node_events import main as node_events_main
+
+        return node_events_main(argv[1:])
     # check, and preview of a rule of the real Snakefile, take Snakemake's own arguments and need Snakemake: the adapter
     from snakemake_executor_multinode.planning.preview import uses_snakefile
 

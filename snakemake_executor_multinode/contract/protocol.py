@@ -2,7 +2,7 @@
 
 The job script (templates/job.sh) receives the marker paths, the exit code and the port rule from here as
 placeholders; the launcher and the status tracker import them; the training reads the MULTINODE_* variables by name
-(`tests/unit/contract/test_protocol.py` proves that the template, the launcher and the example training agree).
+(`tests/process/contract/test_protocol.py` proves that the template, the launcher and the example training agree).
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ EXIT_STALLED = 87
 # Exit code of a job whose runs failed soon after their start several times in a row (a crash loop; the job script
 # ends it so that nothing requeues it again: --multinode-crash-loop-runs).
 EXIT_CRASH_LOOP = 88
+# Exit code of `multinode torchrun` whose training checkpointed after a spare took a node's place, when the job's node
+# events could not record that (a full disk): the job script then does not requeue itself, as it would not with the
+# record (contract/node_events.py); the retry resumes.
+EXIT_UNRECORDED = 89
 
 # GPU samples of a job with GPUs, one file per node beside the job's first log (every run of a requeued job appends
 # to it): nvidia-smi's CSV lines of GPU_QUERY (no header, no units: MiB and %), one line per GPU every
@@ -70,6 +74,7 @@ ENDED_WELL_VAR = "MULTINODE_ENDED_WELL"  # internal to the job script: the previ
 NOW_VAR = "MULTINODE_NOW"  # internal to the job script: the time, as `date -Is` writes it
 STALE_VAR = "MULTINODE_STALE"  # internal to the job script: markers a new run removes
 REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run handed over to its requeued rerun
+REPLACED_VAR = "MULTINODE_REPLACED"  # internal to the job script: a spare replaced a node (or unknown): no requeue
 REQUEUE_WHY_VAR = "MULTINODE_WHY"  # internal to the job script: why it requeues itself (the requeue marker's text)
 COMMAND_VAR = "MULTINODE_COMMAND"  # internal to the job script: the rule's command (its process group's id)
 STALL_TIMEOUT_VAR = "MULTINODE_STALL_TIMEOUT"  # the launcher's watchdog: seconds without progress; 0 or unset: off
@@ -178,6 +183,7 @@ VARIABLES = (
     OMP_THREADS_VAR,
     REQUEUED_VAR,
     REQUEUE_WHY_VAR,
+    REPLACED_VAR,
     SELF_REQUEUES_VAR,
     STARTED_VAR,
     CRASHES_VAR,
@@ -202,11 +208,14 @@ VARIABLES = (
     *NODE_CHECK_VARIABLES,
 )
 
-# Rendezvous port: derived from the job id, so two jobs sharing a head node pick different ports without talking to
-# each other. A few ports per job leave room for consecutive srun steps of one allocation (a port in TIME_WAIT).
+# Rendezvous port: derived from the job id, so jobs sharing a head node pick different ports without talking to each
+# other, as long as their ids are less than PORT_CYCLE apart: the rule repeats every PORT_CYCLE ids, and the launcher
+# on the head node moves on from a port in use (allocation.free_port). A few ports per job leave room for
+# consecutive srun steps of one allocation (a port in TIME_WAIT).
 PORT_BASE = 20000
 PORT_SPAN = 40000
 PORTS_PER_JOB = 4
+PORT_CYCLE = PORT_SPAN // PORTS_PER_JOB  # job ids this far apart share their ports
 
 
 def master_port(job_id: int, step_id: int = 0) -> int:
@@ -229,12 +238,20 @@ def master_port_shell(job_id_var: str = "SLURM_JOB_ID") -> str:
     return f"$(({PORT_BASE} + {job_id_var} * {PORTS_PER_JOB} % {PORT_SPAN}))"
 
 
-def record_failed_node(path: str, node: str) -> None:
+def record_failed_node(path: str, node: str) -> str | None:
     """Name the node to blame in the job's failed-node file (path ""; none), once: the first failure in a job wins
-    (the network check's, or an earlier launch's), later ones leave it."""
-    if path:
-        try:
-            with open(path, "x") as fh:
-                fh.write(f"{node}\n")
-        except OSError:
-            pass
+    (the network check's, or an earlier launch's), later ones leave it. The file decides the retry's exclusion, so
+    a write that fails is returned as the message to say (None: named, or named already)."""
+    if not path:
+        return None
+    try:
+        with open(path, "x") as fh:
+            fh.write(f"{node}\n")
+    except FileExistsError:
+        return None
+    except OSError as err:
+        return (
+            f"cannot name node {node} in the failed-node marker {path} ({err.strerror or err}): a retry of this job "
+            f"may land on {node} again"
+        )
+    return None

@@ -249,7 +249,8 @@ class Check:
 
     def blame(self, node: str) -> None:
         """The node to blame, in $MULTINODE_FAILED_NODE_FILE (the first writer in the job wins, as in launcher.py)."""
-        protocol.record_failed_node(self.failed_node_file, node)
+        if (error := protocol.record_failed_node(self.failed_node_file, node)) is not None:
+            log(f"ERROR: {error}")
 
 
 def _worker(check: Check, backend: str, local_rank: int, conn: Any, nccl_log: str) -> None:

@@ -218,4 +218,4 @@ def too_short(notice: Mapping[str, Any], metrics: Sequence[Any], now: float) -> 
     if longest > 0:
         enough = math.ceil(longest * 1.5 + 30)  # the save, headroom, a step to finish first and SLURM's slack
         said += f". Ask the cluster's admins for a GraceTime of at least {enough} s, or save faster"
-    return said + " (docs/further.md, Preemption)"
+    return said + " (docs/preemption.md)"

@@ -4,22 +4,20 @@ When a step fails and the failure names a node (a dead node, a failing rank's no
 for the rest of the job and starts a new step on the survivors plus the first spare, with the same world size; the
 training resumes from its own checkpoint, told which launch it is by $MULTINODE_RELAUNCH. Without a spare left the
 failure ends the launcher as it always did (the job script's and Snakemake's retry path excludes the node).
-Each replacement is one JSON line in the job's replacements file (contract/jobfiles.py), which `multinode status`
-reads.
+Each replacement is an event in the job's node events (contract/node_events.py), which `multinode status` and the
+job script read.
 """
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract import node_events, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import stall
 from snakemake_executor_multinode.launching.allocation import Allocation, free_port, head_address
@@ -105,42 +103,44 @@ def step_allocation(alloc: Allocation, nodes: Sequence[str], relaunch: int) -> A
     return replace(alloc, nodes=tuple(nodes), master_addr=addr, master_port=port)
 
 
-REPLACED = "replaced"  # a training node dropped after a failed step, a spare in its place
-CHECK_FAILED = "check_failed"  # a node that failed its node check (nodecheck.py): its spare, or "" (none took it)
-
-
-def record(env: Mapping[str, str], node: str, spare: str, why: str, relaunch: int, event: str = REPLACED) -> None:
-    """One line in the job's replacements file: a node dropped, the spare in its place."""
-    append_event(env, {"event": event, "node": node, "spare": spare, "why": why, "relaunch": relaunch})
-
-
-def append_event(env: Mapping[str, str], fields: Mapping[str, object]) -> None:
-    """One JSON line in the job's replacements file (the first run's, beside its log; `multinode status` reads it),
-    with the job and the time; none outside a job's log."""
+def events_file(env: Mapping[str, str]) -> Path | None:
+    """The job's node events (the first run's replacements file, beside its log); None outside a job's log."""
     stem = env.get(protocol.LOG_STEM_VAR)
-    if not stem:
-        return
-    line = {
-        "job": env.get("SLURM_JOB_ID", ""),
-        **fields,
-        "time": datetime.now().astimezone().isoformat(timespec="seconds"),
-    }
+    return JobFiles(Path(stem)).first_run.replacements if stem else None
+
+
+def record(env: Mapping[str, str], event: node_events.NodeEvent, log: Callable[[str], None]) -> bool:
+    """One event in the job's node events, with the job's id; False (said through `log`) when it could not be
+    written: the caller takes the safe path (a lost replacement: the job does not requeue itself)."""
+    path = events_file(env)
+    if path is None:
+        return True
     try:
-        with open(JobFiles(Path(stem)).first_run.replacements, "a") as fh:
-            fh.write(json.dumps(line) + "\n")
-    except OSError:
-        pass  # the log line says it too; a missing record must not end the training
+        node_events.append(path, replace(event, job=env.get("SLURM_JOB_ID", "")))
+    except node_events.NodeEventError as err:
+        log(f"ERROR: {err.message}")
+        return False
+    return True
 
 
-def forget_failed_node(env: Mapping[str, str], node: str) -> None:
+def forget_failed_node(env: Mapping[str, str], node: str, log: Callable[[str], None]) -> None:
     """The failed-node marker names the node a retry excludes; a node replaced in the job is no reason for one,
-    so the marker is removed when it names that node, and a later failure without a spare names its own."""
+    so the marker is removed when it names that node, and a later failure without a spare names its own. A marker
+    that cannot be removed is said: the job's failure may then be blamed on the replaced node (the retry leaves it
+    out either way: session.py reads the node events)."""
     path = env.get(protocol.FAILED_NODE_FILE_VAR, "")
+    if not path:
+        return
     try:
-        if path and Path(path).read_text().strip() == node:
+        if Path(path).read_text().strip() == node:
             Path(path).unlink()
-    except OSError:
-        pass
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        log(
+            f"ERROR: cannot clear the failed-node marker {path} ({err.strerror or err}): a failure of this job may "
+            f"be blamed on {node}, which a spare already replaced"
+        )
 
 
 def clear_stall_exchange(stem: str, nodes: Sequence[str]) -> None:
@@ -154,13 +154,17 @@ def clear_stall_exchange(stem: str, nodes: Sequence[str]) -> None:
 
 
 def step_present(job_id: str) -> bool:
-    """Whether SLURM still lists the launcher's step of this job (squeue -s: steps, by name)."""
+    """Whether SLURM still lists the launcher's step of this job (squeue -s: steps, by name). A squeue that does not
+    answer counts as "still listed": a new step that overlaps a gone one costs nothing, one that waits for a step
+    still there hangs until SlurmdTimeout."""
     try:
         out = subprocess.run(
             ["squeue", "-h", "-s", "-j", job_id, "-o", "%j"], capture_output=True, text=True, timeout=10, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
-        return False
+        return True  # unknown: taken as still there (the new step then overlaps it), never as gone
+    if out.returncode != 0:
+        return True
     return STEP_NAME in out.stdout.split()
 
 

@@ -42,6 +42,9 @@ from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import proctree
 
 NOTICED = "stall noticed at"  # the job log's line when the watchdog ends a step (the goodput ledger reads it)
+# The launcher's line when SLURM reports a node failure (after SlurmdTimeout: the live ranks hung on the lost peer
+# until then): the ledger books the wait as stalled.
+NODE_FAILURE_SAID = "is down (SLURM reports a node failure)"
 STACKS_WAIT_S = 30.0  # every node's stacks, at most this long after the request (py-spy takes ~0.1 s per process)
 PY_SPY_TIMEOUT_S = 15.0
 STOP_GRACE_S = 20.0  # a stalled step's gentle end (SIGTERM to each node's torchrun), before srun's SIGKILL

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.contract import node_events, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import spares
 
@@ -46,7 +46,7 @@ TICK_S = 1.0  # how often `due` reads the files
 SAMPLE_S = 10.0  # the output-rate fallback: one comparison of the nodes' line counts this often
 MIN_LINES = 5  # ... made only when every node wrote at least this many lines in the sample
 WALL_SLACK_S = 2.0  # clocks of a cluster's nodes agree this well
-WHAT = "straggler"  # how the launcher's Failure, the log line and the replacements file's event begin
+WHAT = node_events.STRAGGLER  # how the launcher's Failure and the log line begin, and the node event's kind
 
 
 @dataclass(frozen=True)
@@ -269,20 +269,20 @@ class StragglerCheck:
         else:
             then = "on_straggler warn: the training goes on"
         self.log(f"{said}; {then}")
-        record(self.env, named, said)
+        record(self.env, named, said, self.log)
 
 
-def record(env: Mapping[str, str], named: Named, said: str) -> None:
-    """One "straggler" line in the job's replacements file, which `multinode status` reads."""
-    spares.append_event(
-        env,
-        {
-            "event": WHAT,
-            "node": named.node,
-            "figure": round(named.figure, 6),
-            "median": round(named.median, 6),
-            "measure": named.measure,
-            "action": "replace" if named.replace else "warn",
-            "why": said,
-        },
+def record(env: Mapping[str, str], named: Named, said: str, log: Callable[[str], None]) -> None:
+    """One straggler event in the job's node events, which `multinode status` reads (a warning is its own kind of
+    event: never read as a replacement). One that cannot be written is said; the spare's takeover is recorded on
+    its own by the relaunch."""
+    event = node_events.NodeEvent(
+        node_events.STRAGGLER,
+        named.node,
+        said,
+        action="replace" if named.replace else "warn",
+        figure=round(named.figure, 6),
+        median=round(named.median, 6),
+        measure=named.measure,
     )
+    spares.record(env, event, log)

@@ -182,9 +182,12 @@ def checkpointed(signal: str | None) -> str:
 
 
 def gpu_sampler(seconds: int) -> str:
-    """What each node's task of the sampler step runs: nvidia-smi into the node's file, where the node has it."""
+    """What each node's task of the sampler step runs: nvidia-smi into the node's file, where the node has it. It
+    starts with USR1 and USR2 ignored: the signal before the time limit goes to every step's task (to every process
+    of a step under proctrack/linuxproc), and their default action would end the samples at the checkpoint."""
     node_file = ShellJobFiles(f'"${protocol.GPU_SAMPLES_VAR}"').gpu_samples('"$SLURMD_NODENAME"')
-    return f"command -v nvidia-smi >/dev/null || exit 0; exec {shlex.join(protocol.gpu_sampler(seconds))} >>{node_file}"
+    sampler = shlex.join(protocol.gpu_sampler(seconds))
+    return f'command -v nvidia-smi >/dev/null || exit 0; trap "" USR1 USR2; exec {sampler} >>{node_file}'
 
 
 def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
@@ -223,6 +226,7 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "crash_loop_seconds": str(req.crash_loop_s),
         "exit_crash_loop": str(protocol.EXIT_CRASH_LOOP),
         "exit_preempted": str(protocol.EXIT_PREEMPTED),
+        "exit_unrecorded": str(protocol.EXIT_UNRECORDED),
         "nodes": str(req.nodes),
         "gpus": str(req.gpus),
         "cpus_per_task": str(req.cpus_per_task),

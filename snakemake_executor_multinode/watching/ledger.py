@@ -15,8 +15,12 @@ time is cut at the records' times, so the parts add up to the run's allocated ti
   record. Steps above the step a later run resumed from were computed again: lost. A later run is the job's own
   (a requeue) or another job's that resumed from the same checkpoints, its resume event in the same metrics file
   after this run ended (Snakemake's retry, a rerun); without one the last run's steps are productive;
-- stalled / teardown: the last record to the run's end: stalled when the watchdog ended the run (the caller
-  decides), else teardown (and SLURM's tail);
+- stalled / teardown: the last record to the run's end: stalled when a step that made no progress held the run
+  until something ended it: the progress watchdog, or SLURM (the time limit, a node failure after SlurmdTimeout;
+  the caller decides), else teardown (and SLURM's tail);
+- spare: the allocated nodes beyond those the training runs on (resource spare_nodes: the runs file's
+  `train_nodes`), for the whole run: every other category counts the training's nodes only, so productive
+  node-seconds are the training's own, and the categories still add up to the allocation;
 - preempted: SLURM's preemption notice (the runs file's "preempted" line, launching/preemption.py) to the run's end:
   the save in the grace time, and the wait for SLURM's end; the run is cut there as if it ended then;
 - unknown: a job with no metrics at all: startup to its first output line when the caller knows it, the rest
@@ -33,7 +37,8 @@ from datetime import datetime
 from typing import Any
 
 CATEGORIES = (
-    "startup", "productive", "checkpoint", "restore", "relaunch", "lost", "stalled", "preempted", "teardown", "unknown",
+    "startup", "productive", "checkpoint", "restore", "relaunch", "lost", "stalled", "preempted", "teardown", "spare",
+    "unknown",
 )  # fmt: skip
 # sacct's Start and End are whole seconds and the nodes' clocks drift: a record this close outside a run is the run's
 # (clamped into it); one further away belongs to another job sharing the training's metrics file.
@@ -54,7 +59,8 @@ class RunSpan:
     nodes: int
     gpus_per_node: int = 0
     submit: float | None = None  # when it became pending: its queue wait is start - submit
-    stalled: bool = False  # the progress watchdog ended it (its stall marker or verdict)
+    # a step without progress held it until the progress watchdog or SLURM (time limit, node failure) ended it
+    stalled: bool = False
     first_output: float | None = None  # the job log's first output line, for a job that writes no metrics
 
 
@@ -64,10 +70,25 @@ class RunLedger:
     seconds: dict[str, float]
     restart: int
     exit: int | None = None  # from the runs file's end line, when there is one
+    train_nodes: int | None = None  # the nodes it trains on (the runs file's start line); None: all of them
 
     @property
     def allocated_s(self) -> float:
         return self.span.end - self.span.start
+
+    @property
+    def training_nodes(self) -> int:
+        """The nodes every category but spare counts: the training's, never more than the allocation's."""
+        return self.span.nodes if self.train_nodes is None else min(self.train_nodes, self.span.nodes)
+
+    @property
+    def spare_nodes(self) -> int:
+        return self.span.nodes - self.training_nodes
+
+    def node_seconds(self, category: str) -> float:
+        if category == "spare":
+            return self.allocated_s * self.spare_nodes
+        return self.seconds[category] * self.training_nodes
 
 
 @dataclass
@@ -263,14 +284,15 @@ def _run_seconds(
     return seconds
 
 
-def _exits(runs_lines: Sequence[Mapping[str, Any]]) -> dict[int, int]:
-    """The runs file's end lines: exit code by restart."""
-    exits: dict[int, int] = {}
+def _by_restart(runs_lines: Sequence[Mapping[str, Any]], event: str, key: str) -> dict[int, int]:
+    """One integer of the runs file's start or end lines by restart (an end line's exit, a start line's
+    train_nodes)."""
+    found: dict[int, int] = {}
     for line in runs_lines:
-        restart, code = line.get("restart"), line.get("exit")
-        if line.get("event") == "end" and isinstance(restart, int) and isinstance(code, int):
-            exits[restart] = code
-    return exits
+        restart, value = line.get("restart"), line.get(key)
+        if line.get("event") == event and isinstance(restart, int) and isinstance(value, int):
+            found[restart] = value
+    return found
 
 
 def _preemptions(runs_lines: Sequence[Mapping[str, Any]]) -> dict[int, float]:
@@ -307,7 +329,8 @@ def ledger(spans: Sequence[RunSpan], runs_lines: Sequence[Mapping[str, Any]], me
     per_run = _assign(records, ordered)
     known = any(per_run)
     resumed = _resumed_from(per_run)
-    exits = _exits(runs_lines)
+    exits = _by_restart(runs_lines, "end", "exit")
+    trains = _by_restart(runs_lines, "start", "train_nodes")
     preempted = _preemptions(runs_lines)
     runs: list[RunLedger] = []
     resumes = [(r.wall, r.step) for r in records if r.kind == _RESUME and r.step is not None]
@@ -318,12 +341,12 @@ def ledger(spans: Sequence[RunSpan], runs_lines: Sequence[Mapping[str, Any]], me
         resumed_at = resumed[i]
         start_step = resumed_at if resumed_at is not None else 0.0
         seconds = _run_until_preempted(span, recs, known, start_step, keep_to, preempted.get(i))
-        runs.append(RunLedger(span, seconds, i, exits.get(i)))
+        runs.append(RunLedger(span, seconds, i, exits.get(i), trains.get(i)))
     result = Ledger(runs, known)
     for cat in CATEGORIES:
         result.seconds[cat] = sum(r.seconds[cat] for r in runs)
-        result.node_seconds[cat] = sum(r.seconds[cat] * r.span.nodes for r in runs)
-        result.gpu_hours[cat] = sum(r.seconds[cat] * r.span.nodes * r.span.gpus_per_node for r in runs) / 3600
+        result.node_seconds[cat] = sum(r.node_seconds(cat) for r in runs)
+        result.gpu_hours[cat] = sum(r.node_seconds(cat) * r.span.gpus_per_node for r in runs) / 3600
     waits = [s.start - s.submit for s in ordered if s.submit is not None]
     result.queue_wait_s = sum(max(w, 0.0) for w in waits) if waits else None
     return result

@@ -239,10 +239,9 @@ class Notices:
             log = files.restart(restart).log if restart else files.log
             self._tell(sub, "started", f"restart {restart}" if restart else "first run", seen.nodes, str(log))
         dropped = replaced(sub.log)
-        for line in dropped[seen.replaced :]:
-            spare = line["spare"]
-            how = f"replaced by {spare}" if spare else "dropped, no spare in its place"
-            self._tell(sub, "node_replaced", f"{line['node']} {how} ({line.get('why', '')})", str(line["node"]))
+        for event in dropped[seen.replaced :]:
+            how = f"replaced by {event.spare}" if event.spare else "dropped, no spare in its place"
+            self._tell(sub, "node_replaced", f"{event.node} {how} ({event.why})", event.node)
         seen.replaced = len(dropped)
         if seen.starts and sub.jobid is not None:  # a started run removed any stale marker of an earlier job
             stall = _read(marker(self.state_dir, sub.jobid, STALL_MARKER))

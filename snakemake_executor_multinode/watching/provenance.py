@@ -270,6 +270,7 @@ def start_line(env: Mapping[str, str]) -> dict[str, Any]:
         "job": env.get("SLURM_JOB_ID"),
         "restart": int(env.get("SLURM_RESTART_COUNT") or 0),
         "nodes": env.get("SLURM_JOB_NODELIST"),
+        "train_nodes": int(env[protocol.NODES_VAR]) if env.get(protocol.NODES_VAR, "").isdigit() else None,
         "host": socket.gethostname(),
         "time": _now(),
         "gpus": gpus(),

@@ -185,10 +185,18 @@ class JobUsage(_UsedOfAsked):
 STALL_TAIL_BYTES = 16 << 20  # the watchdog's line, then every rank's stack: near a run's end; logs grow for days
 
 
-def _stalled(log: Path) -> bool:
-    """The progress watchdog ended this run: its log's end says so (launching/stall.py's NOTICED)."""
+# SLURM's end of a run whose step was held without progress: the time limit over a hang, a node failure
+SLURM_ENDED_HELD = ("TIMEOUT", "NODE_FAIL")
+
+
+def _stalled(log: Path, state: str) -> bool:
+    """A step without progress held this run until something ended it: the progress watchdog (its log's end says
+    so: stall.NOTICED), SLURM at the time limit or at a node failure (the run's state), or the launcher when SLURM
+    reported a node failure after the live ranks hung on the lost peer (stall.NODE_FAILURE_SAID)."""
+    if state in SLURM_ENDED_HELD:
+        return True
     tail = progress.read_tail(log, STALL_TAIL_BYTES)
-    return tail is not None and stall.NOTICED.encode() in tail
+    return tail is not None and (stall.NOTICED.encode() in tail or stall.NODE_FAILURE_SAID.encode() in tail)
 
 
 def job_ledger(sub: Submission, runs: Sequence[RunRecord], now: float) -> Ledger | None:
@@ -201,7 +209,7 @@ def job_ledger(sub: Submission, runs: Sequence[RunRecord], now: float) -> Ledger
     files = JobFiles.from_log(sub.log)
     spans = [
         RunSpan(r.start, max(r.end if r.end is not None else now, r.start), r.nodes, r.gpus // r.nodes, r.submit,
-                _stalled(files.restart(k).log), files.restart(k).first_output_time())
+                _stalled(files.restart(k).log, r.state), files.restart(k).first_output_time())
         for k, r in enumerate(started)
         if r.start is not None
     ]  # fmt: skip

@@ -28,6 +28,7 @@ COLOURS = {
     "stalled": "#a50f15",
     "preempted": "#e7ba52",
     "teardown": "#969696",
+    "spare": "#fdd0a2",
     "unknown": "#d9d9d9",
 }
 

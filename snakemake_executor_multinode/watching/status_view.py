@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
+from snakemake_executor_multinode.contract import node_events
 from snakemake_executor_multinode.contract.jobfiles import (
     EXIT_MARKER,
     RUNS_DIR,
@@ -314,18 +314,18 @@ def goodput_so_far(log: str, nodes: int, gpus_per_node: int, now: float) -> str:
     spans = run_spans(files, nodes, gpus_per_node, now)
     if not spans:
         return ""
-    led = ledger(spans, [x for x in json_lines(files.runs) if isinstance(x, dict)], json_lines(files.metrics))
+    runs_lines = [x for x in json_lines(files.runs) if isinstance(x, dict)]
+    led = ledger(spans, runs_lines, json_lines(files.metrics))
     size = f"{led.allocated_gpu_h:.2f} GPU-h" if gpus_per_node else f"{led.allocated_node_s / 3600:.2f} node-h"
     rest = [f"{c} {100 * share:.0f}%" for c in CATEGORIES if c != "productive" and (share := led.share(c) or 0) > 0]
     shown = "unknown (no metrics)" if led.goodput is None else f"{100 * led.goodput:.0f}%"
     return f"{shown} of {size}" + (f" ({', '.join(rest)})" if rest else "")
 
 
-def replaced(log: str) -> list[dict]:
+def replaced(log: str) -> list[node_events.NodeEvent]:
     """The nodes the launcher dropped in a job (launching/spares.py), in order: each replaced by a spare, or failing
     its node check with no spare taking its place (`spare` empty: a spare itself, or none left)."""
-    lines = json_lines(JobFiles.from_log(log).replacements) if log else []
-    return [line for line in lines if isinstance(line, dict) and _dropped(line)]
+    return node_events.read_of_log(log).dropped
 
 
 def replacements(log: str) -> str:
@@ -333,26 +333,7 @@ def replacements(log: str) -> str:
     'node3 (failed its node check: ...)' for a node dropped with no spare in its place, and
     'node2 straggler (5.0x the others' busy s/step; replace)' per straggler it named (launching/straggler.py); ""
     without any."""
-    lines = json_lines(JobFiles.from_log(log).replacements) if log else []
-    said = [text for line in lines if isinstance(line, dict) and (text := _replacement(line))]
-    return "; ".join(said)
-
-
-def _dropped(line: Mapping[str, Any]) -> bool:
-    return line.get("event") in ("replaced", "check_failed") and "node" in line and "spare" in line
-
-
-def _replacement(line: Mapping[str, Any]) -> str:
-    if _dropped(line):
-        return f"{line['node']}{f' -> {sp}' if (sp := line['spare']) else ''} ({line.get('why', '')})"
-    figure, median = line.get("figure"), line.get("median")
-    if line.get("event") != "straggler" or "node" not in line:
-        return ""
-    if isinstance(figure, int | float) and isinstance(median, int | float) and median > 0:
-        how = f"{figure / median:.1f}x the others' {line.get('measure', '')}; {line.get('action', '')}"
-    else:
-        how = str(line.get("action", ""))
-    return f"{line['node']} straggler ({how})"
+    return node_events.read_of_log(log).describe()
 
 
 def curves(sub: Submission, view: SlurmView | None) -> tuple[str, str]:

@@ -119,7 +119,7 @@ source /path/to/anaconda3/etc/profile.d/conda.sh
 conda activate my_env
 # NCCL / InfiniBand
 export NCCL_IB_DISABLE=0
-export NCCL_SOCKET_IFNAME='^lo'
+export NCCL_SOCKET_IFNAME='^lo,docker'
 export NCCL_IB_HCA=mlx5_0
 export NCCL_IB_GID_INDEX=0
 export NCCL_IB_TC=106
@@ -158,7 +158,8 @@ MASTER_ADDR=$(getent ahostsv4 "$MASTER_NODE" | awk 'NR == 1 {print $1}')
 case "$MASTER_ADDR" in
     "" | 127.*) MASTER_ADDR=$(hostname -I | awk '{print $1}') ;;  # a loopback entry is unreachable from peers
 esac
-# Derived from the job id: two jobs sharing a head node never pick the same port.
+# Derived from the job id: jobs sharing a head node get different ports unless their ids are a whole cycle apart
+# (contract/protocol.py, PORT_CYCLE); the launcher on the head node moves on from a port in use.
 MASTER_PORT=$((20000 + SLURM_JOB_ID * 4 % 40000))
 export NODELIST NODE_NUM MASTER_ADDR MASTER_PORT
 export MULTINODE_NODES=2 MULTINODE_GPUS_PER_NODE=8 MULTINODE_CPUS_PER_TASK=64
@@ -175,8 +176,8 @@ echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 multinode_start_line() {
     local host
     read -r host </proc/sys/kernel/hostname  # not $HOSTNAME: --export=ALL carries the submitting host's
-    printf '{"event": "start", "job": "%s", "restart": %s, "nodes": "%s", "host": "%s", "time": "%(%Y-%m-%dT%H:%M:%S%z)T"}\n' \
-        "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_NODELIST" "$host" -1 >>"$MULTINODE_RUNS_FILE"
+    printf '{"event": "start", "job": "%s", "restart": %s, "nodes": "%s", "train_nodes": %s, "host": "%s", "time": "%(%Y-%m-%dT%H:%M:%S%z)T"}\n' \
+        "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_NODELIST" "$MULTINODE_NODES" "$host" -1 >>"$MULTINODE_RUNS_FILE"
 }
 if [ 1 = 1 ]; then
     multinode provenance --start "$MULTINODE_RUNS_FILE" 2>/dev/null || multinode_start_line
@@ -191,7 +192,7 @@ MULTINODE_GPU_SAMPLER=
 if [ 30 -gt 0 ] && command -v nvidia-smi >/dev/null; then
     export MULTINODE_GPU_SAMPLES=/work/project/.snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1
     srun --overlap --nodes="$NODE_NUM" --ntasks="$NODE_NUM" --ntasks-per-node=1 --cpus-per-task=1 --mem=0 \
-        --export=ALL --job-name=gpu-samples bash -c 'command -v nvidia-smi >/dev/null || exit 0; exec nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits -l 30 >>"$MULTINODE_GPU_SAMPLES"."$SLURMD_NODENAME".gpu.csv' >/dev/null 2>&1 &
+        --export=ALL --job-name=gpu-samples bash -c 'command -v nvidia-smi >/dev/null || exit 0; trap "" USR1 USR2; exec nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits -l 30 >>"$MULTINODE_GPU_SAMPLES"."$SLURMD_NODENAME".gpu.csv' >/dev/null 2>&1 &
     MULTINODE_GPU_SAMPLER=$!
 fi
 
@@ -247,10 +248,19 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
     # The job's own requeues only: SLURM's restart count also counts preemptions and admin requeues, which must not
     # use up the budget (a job preempted 3 times still requeues itself at its time limit).
     MULTINODE_SELF_REQUEUES=$(cat "$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.self-requeues" 2>/dev/null || echo 0)
-    if [ -s .snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1.replacements.jsonl ]; then
+    # Did a spare replace a node in this job? The node events' one reader answers (0 yes, 1 no, else unknown); a
+    # takeover the launcher could not record is its exit code. Unknown takes the safe path: no requeue of its own.
+    MULTINODE_REPLACED=0
+    if [ "$rc" -eq 89 ]; then
+        MULTINODE_REPLACED=1
+    elif [ -e .snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1.replacements.jsonl ]; then
+        multinode node-events --replaced .snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1.replacements.jsonl && MULTINODE_REPLACED=1 || MULTINODE_REPLACED=$(($? != 1))
+    fi
+    if [ "$MULTINODE_REPLACED" = 1 ]; then
         # SLURM 22.05 cannot start a step in a job with spares requeued after it lost a node ("Invalid generic
         # resource (gres) specification"), and a requeue could not leave the replaced nodes out: the retry can
-        echo "[multinode] not requeued by itself: a spare replaced a node in this job (multinode status names it)"
+        echo "[multinode] not requeued by itself: a spare replaced a node in this job, or its record is unknown" \
+            "(multinode status names it)"
     elif [ "$MULTINODE_SELF_REQUEUES" -lt 3 ]; then  # at most 3 requeue(s) of its own
         MULTINODE_REQUEUED=1
         rm -f "$MULTINODE_PREEMPT_FILE"

@@ -118,7 +118,8 @@ MASTER_ADDR=$(getent ahostsv4 "$MASTER_NODE" | awk 'NR == 1 {print $1}')
 case "$MASTER_ADDR" in
     "" | 127.*) MASTER_ADDR=$(hostname -I | awk '{print $1}') ;;  # a loopback entry is unreachable from peers
 esac
-# Derived from the job id: two jobs sharing a head node never pick the same port.
+# Derived from the job id: jobs sharing a head node get different ports unless their ids are a whole cycle apart
+# (contract/protocol.py, PORT_CYCLE); the launcher on the head node moves on from a port in use.
 MASTER_PORT={{master_port}}
 export NODELIST NODE_NUM MASTER_ADDR MASTER_PORT
 export MULTINODE_NODES={{nodes}} MULTINODE_GPUS_PER_NODE={{gpus}} MULTINODE_CPUS_PER_TASK={{cpus_per_task}}
@@ -135,8 +136,8 @@ echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 multinode_start_line() {
     local host
     read -r host </proc/sys/kernel/hostname  # not $HOSTNAME: --export=ALL carries the submitting host's
-    printf '{"event": "start", "job": "%s", "restart": %s, "nodes": "%s", "host": "%s", "time": "%(%Y-%m-%dT%H:%M:%S%z)T"}\n' \
-        "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_NODELIST" "$host" -1 >>"$MULTINODE_RUNS_FILE"
+    printf '{"event": "start", "job": "%s", "restart": %s, "nodes": "%s", "train_nodes": %s, "host": "%s", "time": "%(%Y-%m-%dT%H:%M:%S%z)T"}\n' \
+        "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$SLURM_JOB_NODELIST" "$MULTINODE_NODES" "$host" -1 >>"$MULTINODE_RUNS_FILE"
 }
 if [ {{versions_in_job}} = 1 ]; then
     multinode provenance --start "$MULTINODE_RUNS_FILE" 2>/dev/null || multinode_start_line
@@ -207,10 +208,19 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
     # The job's own requeues only: SLURM's restart count also counts preemptions and admin requeues, which must not
     # use up the budget (a job preempted 3 times still requeues itself at its time limit).
     MULTINODE_SELF_REQUEUES=$(cat {{self_requeue_marker}} 2>/dev/null || echo 0)
-    if [ -s {{replacements_file}} ]; then
+    # Did a spare replace a node in this job? The node events' one reader answers (0 yes, 1 no, else unknown); a
+    # takeover the launcher could not record is its exit code. Unknown takes the safe path: no requeue of its own.
+    MULTINODE_REPLACED=0
+    if [ "$rc" -eq {{exit_unrecorded}} ]; then
+        MULTINODE_REPLACED=1
+    elif [ -e {{replacements_file}} ]; then
+        multinode node-events --replaced {{replacements_file}} && MULTINODE_REPLACED=1 || MULTINODE_REPLACED=$(($? != 1))
+    fi
+    if [ "$MULTINODE_REPLACED" = 1 ]; then
         # SLURM 22.05 cannot start a step in a job with spares requeued after it lost a node ("Invalid generic
         # resource (gres) specification"), and a requeue could not leave the replaced nodes out: the retry can
-        echo "[multinode] not requeued by itself: a spare replaced a node in this job (multinode status names it)"
+        echo "[multinode] not requeued by itself: a spare replaced a node in this job, or its record is unknown" \
+            "(multinode status names it)"
     elif [ "$MULTINODE_SELF_REQUEUES" -lt {{max_requeues}} ]; then  # at most {{max_requeues}} requeue(s) of its own
         MULTINODE_REQUEUED=1
         rm -f "$MULTINODE_PREEMPT_FILE"

@@ -155,6 +155,30 @@ def test_node_seconds_and_gpu_hours_weigh_each_run_by_its_nodes_and_gpus_and_goo
     assert result.goodput == 0.5 and result.share("startup") == 0.5
 
 
+def start(restart: int, train_nodes: int) -> dict[str, Any]:
+    """A runs file's start line that says how many of the allocation's nodes the training runs on."""
+    return {"event": "start", "restart": restart, "train_nodes": train_nodes}
+
+
+def test_a_spares_idle_node_seconds_are_their_own_category_and_productive_counts_the_training_nodes_only():
+    """A 2-node training with spare_nodes=1, requeued once: 3 nodes allocated in each run, 2 train. Productive is the
+    training's own clock times its 2 nodes; the third node's whole time is spare; the parts add up to sacct's."""
+    spans = [RunSpan(0, 100, nodes=3), RunSpan(200, 300, nodes=3)]
+    records = [line(10, 40), line(20, 80), event("resume", 20, 220, restore_s=5), line(30, 260), line(40, 300)]
+    result = ledger(spans, [start(0, 2), start(1, 2)], records)
+    own_clock = (80 - 40) + (300 - 220)  # the intervals between the training's own lines
+    assert result.node_seconds["productive"] == pytest.approx(2 * own_clock)
+    assert result.node_seconds["spare"] == pytest.approx(1 * 200)
+    assert result.allocated_node_s == pytest.approx(3 * 200)  # sacct's allocation: 3 nodes x 2 runs of 100 s
+    assert result.seconds["spare"] == 0  # not a part of the run's wall time: a part of its nodes
+    assert result.goodput == pytest.approx(2 * own_clock / 600)
+
+
+def test_a_run_without_a_train_nodes_line_counts_every_allocated_node_as_training():
+    result = ledger([RunSpan(0, 100, nodes=3)], [], [line(10, 50), line(20, 100)])
+    assert result.node_seconds["spare"] == 0 and result.node_seconds["productive"] == 3 * 50
+
+
 def test_the_queue_wait_is_beside_the_ledger_not_in_it():
     spans = [RunSpan(100, 200, nodes=1, submit=40), RunSpan(300, 400, nodes=1, submit=250)]
     result = ledger(spans, [], [])

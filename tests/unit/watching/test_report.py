@@ -271,14 +271,15 @@ def test_the_markdown_says_where_each_training_jobs_allocation_went_and_the_runs
     header = next(x for x in section.splitlines() if x.startswith("| rule |"))
     assert header == (
         "| rule | wildcards | job | allocated | startup | productive | checkpoint | restore | relaunch | lost | "
-        "stalled | preempted | teardown | unknown | goodput | queue wait |"
+        "stalled | preempted | teardown | spare | unknown | goodput | queue wait |"
     )
     train = next(x for x in section.splitlines() if x.startswith("| train |"))
-    shares = "| 28% | 30% | 4% | 2% | 0% | 6% | 0% | 0% | 30% | 0% | 30% |"
+    shares = "| 28% | 30% | 4% | 2% | 0% | 6% | 0% | 0% | 30% | 0% | 0% | 30% |"
     assert train == f"| train | - | 501 | 1.111 GPU-h {shares} 0:02:40 |"
     silent = next(x for x in section.splitlines() if x.startswith("| silent |"))
     # no metrics and no first output line: all unknown, neither startup nor productive by guess
-    assert silent.endswith("| 0% | unknown | 0% | 0% | 0% | 0% | 0% | 0% | 0% | 100% | unknown | 0:00:00 |"), silent
+    shares = "| 0% | unknown | 0% | 0% | 0% | 0% | 0% | 0% | 0% | 0% | 100% | unknown |"
+    assert silent.endswith(f"{shares} 0:00:00 |"), silent
     assert "| prep |" not in section  # no GPU, no metrics: not a training job
     total = next(x for x in section.splitlines() if x.startswith("| all training jobs |"))
     assert "| 2 job(s) | 1.139 GPU-h |" in total and "| 30% | 0:02:40 |" in total  # goodput of the jobs it knows
@@ -318,6 +319,30 @@ def test_a_run_whose_log_says_the_watchdog_ended_it_is_stalled_after_its_last_pr
     assert job.ledger is not None and job.ledger.seconds["stalled"] == 50 and job.ledger.seconds["teardown"] == 0
 
 
+@pytest.mark.parametrize(
+    ("state", "said"),
+    [
+        ("TIMEOUT", ""),  # a hang that ran into the time limit
+        ("NODE_FAIL", ""),  # a dead node: SLURM ended the job after SlurmdTimeout
+        ("FAILED", "node node2 (node_rank 1) {said}; stopping the others"),  # the launcher, on SLURM's node failure
+    ],
+)
+def test_a_hang_that_slurm_ended_is_stalled_after_the_last_progress_not_teardown(tmp_path, state, said):
+    from snakemake_executor_multinode.launching import stall
+
+    sub_ = timed_job(tmp_path, "507", "train", [{"step": 10, "wall": 50}])
+    Path(sub_.log).write_text(f"[multinode] job\n[multinode] {said.format(said=stall.NODE_FAILURE_SAID)}\n")
+    row = timed_row("507", state, 400, 1, 1, start=0, submit=0)
+    job = report.job_usage(sub_, report.parse_accounting(rows(row))["507"])
+    assert job.ledger is not None and job.ledger.seconds["stalled"] == 350 and job.ledger.seconds["teardown"] == 0
+
+
+def test_a_run_that_ended_by_itself_after_its_last_progress_is_teardown(tmp_path):
+    sub_ = timed_job(tmp_path, "508", "train", [{"step": 10, "wall": 50}])
+    job = report.job_usage(sub_, report.parse_accounting(rows(timed_row("508", "FAILED", 60, 1, 1, 0, 0)))["508"])
+    assert job.ledger is not None and job.ledger.seconds["teardown"] == 10 and job.ledger.seconds["stalled"] == 0
+
+
 def test_a_silent_jobs_startup_ends_at_each_runs_first_output_and_the_rest_is_unknown(tmp_path):
     """No metrics: each run's startup ends at the first line a rank printed (the earliest of its nodes' first output
     files, a restart's from its own), the rest is unknown, and so is its productive time."""
@@ -339,7 +364,7 @@ def test_a_silent_jobs_startup_ends_at_each_runs_first_output_and_the_rest_is_un
     section = report.to_markdown(rep).split("## Where the allocation went")[1]
     line = next(x for x in section.splitlines() if x.startswith("| silent |"))
     # startup to the first lines, then unknown
-    shares = "| 10% | unknown | 0% | 0% | 0% | 0% | 0% | 0% | 0% | 90% | unknown |"
+    shares = "| 10% | unknown | 0% | 0% | 0% | 0% | 0% | 0% | 0% | 0% | 90% | unknown |"
     assert line == f"| silent | - | 506 | 0.278 GPU-h {shares} 0:01:40 |"
 
 

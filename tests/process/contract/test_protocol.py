@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from snakemake_executor_multinode.contract import jobfiles, protocol
+from snakemake_executor_multinode.contract import node_events as node_events_
 from snakemake_executor_multinode.planning import jobscript
 from snakemake_executor_multinode.planning.request import build_request
 from tests.helpers import REPO
@@ -109,6 +112,14 @@ def test_steps_of_one_job_and_neighbouring_jobs_get_distinct_ports():
     assert len(ports) == 10 * protocol.PORTS_PER_JOB
 
 
+def test_ports_differ_within_a_cycle_of_job_ids_and_repeat_after_it():
+    """What the comments claim (protocol.py, the job script): distinct within PORT_CYCLE ids, the same after it."""
+    cycle = protocol.PORT_CYCLE
+    assert cycle == 10_000
+    assert len({protocol.master_port(job) for job in range(5, 5 + cycle)}) == cycle
+    assert protocol.master_port(7) == protocol.master_port(7 + cycle)
+
+
 def run_job_script(
     tmp_path: Path,
     restart: int,
@@ -117,10 +128,12 @@ def run_job_script(
     crashes: str | None = None,
     crash_window_s: int | None = None,
     resources: dict | None = None,
+    node_events: Sequence[node_events_.NodeEvent | str] | None = None,
 ) -> tuple[int, list[str], Path, str]:
     """The rendered job script, run with bash as slurmd would run it (by default a restart of a job whose training
     checkpointed on the pre-time-limit signal); `scontrol` is a stand-in that records its arguments and, for a
-    requeue, ends the run as slurmctld does (SIGTERM). `crashes`: the crash marker earlier runs left.
+    requeue, ends the run as slurmctld does (SIGTERM). `crashes`: the crash marker earlier runs left; `node_events`:
+    what the launcher recorded of the job's nodes (an event, or a raw line).
     Returns (exit code, scontrol calls, the state folder, the script's output)."""
     # max_requeues 3, crash loop: 3 runs within 300 s
     req = build_request("train", {"nodes": 1, "gpus": 1, **(resources or {})})
@@ -139,7 +152,18 @@ def run_job_script(
         f'#!/bin/bash\necho "$*" >> {calls}\ncase "$1" in show) echo node1 ;; requeue) kill -TERM "$PPID" ;; esac\n'
     )
     (bin_dir / "scontrol").chmod(0o755)
+    # the job's `multinode` is this checkout's (the node events' reader the script asks)
+    (bin_dir / "multinode").write_text(f'#!/bin/sh\nexec {sys.executable} -m snakemake_executor_multinode.cli "$@"\n')
+    (bin_dir / "multinode").chmod(0o755)
     state.mkdir()
+    for event in node_events or ():
+        path = jobfiles.JobFiles.of(tmp_path / "logs", "42", req.attempt).replacements
+        path.parent.mkdir(exist_ok=True)
+        if isinstance(event, str):
+            with open(path, "a") as fh:
+                fh.write(event)
+        else:
+            node_events_.append(path, event)
     if own_requeues is not None:
         jobfiles.marker(state, "42", jobfiles.SELF_REQUEUE_MARKER).write_text(f"{own_requeues}\n")
     if crashes is not None:
@@ -147,6 +171,7 @@ def run_job_script(
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": str(restart),
         "SLURM_JOB_NODELIST": "node1", "HOME": str(tmp_path),
+        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
     }  # fmt: skip
     proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     scontrol = calls.read_text().splitlines() if calls.exists() else []
@@ -174,6 +199,41 @@ def test_a_requeue_is_said_in_the_log_even_when_slurmctlds_sigterm_comes_before_
 def test_a_job_that_used_its_own_requeues_stops_and_a_rerun_resumes(tmp_path):
     code, calls, _, _ = run_job_script(tmp_path, restart=1, own_requeues=3)
     assert not any(c.startswith("requeue") for c in calls) and code == protocol.EXIT_PREEMPTED
+
+
+# --- what happened to the job's nodes decides its own requeue, through the node events' one reader -----------------
+WARNED = node_events_.NodeEvent(node_events_.STRAGGLER, "node2", "straggler: node2 5x slower", action="warn")
+REPLACED = node_events_.NodeEvent(node_events_.REPLACED, "node2", "does not answer: the node is down", "node3", 1)
+CHECKED_NO_SPARE = node_events_.NodeEvent(node_events_.CHECK_FAILED, "node3", "failed its node check: no GPU", "")
+CHECKED_SPARE = node_events_.NodeEvent(node_events_.CHECK_FAILED, "node2", "failed its node check: no GPU", "node3")
+
+
+@pytest.mark.parametrize("events", [[WARNED], [CHECKED_NO_SPARE], [WARNED, CHECKED_NO_SPARE]])
+def test_a_warned_straggler_or_a_spare_that_failed_its_check_never_stops_the_jobs_own_requeue(tmp_path, events):
+    code, calls, _, out = run_job_script(tmp_path, restart=0, node_events=events)
+    assert "requeue 42" in calls and code == 143, out
+    assert "not requeued" not in out, out
+
+
+@pytest.mark.parametrize("events", [[REPLACED], [WARNED, CHECKED_SPARE]])
+def test_a_spare_that_took_a_nodes_place_stops_the_jobs_own_requeue_and_the_retry_resumes(tmp_path, events):
+    code, calls, _, out = run_job_script(tmp_path, restart=0, node_events=events)
+    assert not any(c.startswith("requeue") for c in calls) and code == protocol.EXIT_PREEMPTED, out
+    assert "not requeued by itself: a spare replaced a node in this job" in out, out
+
+
+def test_a_damaged_node_record_takes_the_safe_path_and_says_why(tmp_path):
+    """A line cut short (a full disk) may have been a replacement: unknown is never read as "nothing happened"."""
+    code, calls, _, out = run_job_script(tmp_path, restart=0, node_events=[WARNED, '{"job": "42", "event": "repl'])
+    assert not any(c.startswith("requeue") for c in calls) and code == protocol.EXIT_PREEMPTED, out
+    assert "are damaged (line 2): whether a spare replaced a node is unknown" in out, out
+
+
+def test_a_takeover_the_launcher_could_not_record_stops_the_requeue_as_the_record_would(tmp_path):
+    command = f'touch "${protocol.PREEMPT_FILE_VAR}"; exit {protocol.EXIT_UNRECORDED}'
+    code, calls, _, out = run_job_script(tmp_path, restart=0, command=command)
+    assert not any(c.startswith("requeue") for c in calls) and code == protocol.EXIT_PREEMPTED, out
+    assert "not requeued by itself: a spare replaced a node in this job, or its record is unknown" in out, out
 
 
 # What the log says before a requeue is what happened: which signal the training checkpointed after, or the stall.
