@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -97,6 +98,12 @@ def test_second_up_with_other_settings_says_so_and_keeps_the_cluster(slurm_clust
     other = type(slurm_cluster.spec)(dir=slurm_cluster.spec.dir, nodes=2)
     with pytest.raises(cluster.ClusterError, match="other settings is running"):
         cluster.up(other)
+    # the suite's cluster preempts (`up --preemption`): one without is another shape, and the message says how it runs
+    plain = dataclasses.replace(slurm_cluster.spec, preemption=False)
+    with pytest.raises(
+        cluster.ClusterError, match="preemption by partition urgent, GraceTime 60 s, PreemptMode REQUEUE"
+    ):
+        cluster.up(plain)
     cluster.up(slurm_cluster.spec)  # same settings: a no-op
     assert cluster.is_up(slurm_cluster.spec)
 
