@@ -33,6 +33,8 @@ from snakemake_executor_multinode.slurm.client import JobState, QueryError, Slur
 
 # States of a job that SLURM has put back into the queue after a run ended.
 REQUEUED_STATES = {"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PENDING"}
+# A run's state in accounting that SLURM may follow with a requeue of the job (PreemptMode=REQUEUE).
+PREEMPTED_STATES = {"PREEMPTED"}
 # What the tracker does instead of believing a damaged marker (contract/state_files.py).
 _INSTEAD = {
     EXIT_MARKER: "how the job ended is asked of SLURM (the next sweep)",
@@ -259,9 +261,24 @@ class Tracker:
                 outcomes[jobid] = Outcome(jobid, False, state=state, note=self._requeue_note(jobid))
             elif (late := self._from_marker(jobid, fresh=True)) is not None:  # ended between the listing and the query
                 outcomes[jobid] = Outcome(jobid, True, late.success, late.exit_code, state, late.failed_node)
+            elif state.state in PREEMPTED_STATES and (held := self._still_held(jobid, state)) is not None:
+                outcomes[jobid] = held
             else:
                 outcomes[jobid] = Outcome(jobid, True, state.succeeded, None, state)
         return outcomes
+
+    def _still_held(self, jobid: str, state: JobState) -> Outcome | None:
+        """Accounting says a run was preempted: under PreemptMode=REQUEUE slurmctld holds the job (requeued, its run
+        still completing, or running again), whose job script may not have written its marker yet (a training that
+        its grace time's end stops takes seconds); under CANCEL the job has ended. slurmctld decides (sacct lags);
+        None: ended. A query that fails asks again next cycle, never a failure on a guess."""
+        try:
+            live = self.client.live([jobid]).get(jobid)
+        except QueryError:
+            return Outcome(jobid, False, state=state)
+        if live is not None and live.active:
+            return Outcome(jobid, False, state=live)
+        return None
 
     def forget(self, jobid: str) -> None:
         self._stale.pop(jobid, None)

@@ -41,7 +41,7 @@ from tests.helpers import (
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # each preemption waits out its grace time and the requeue delay
 
-GRACE_S = 10  # the training's save on the signal takes ~0.5 s; ten times that leaves room for a loaded machine
+GRACE_S = 30  # the save on the signal takes ~0.5 s, the ranks' exit a few: room for a loaded machine
 
 SNAKEFILE = """
 rule train:

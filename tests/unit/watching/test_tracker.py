@@ -209,3 +209,17 @@ def test_a_crash_loop_the_job_script_ended_is_reported_with_its_runs_and_last_er
     out = tracker.poll(["9"])["9"]
     assert out.finished and not out.success
     assert "a crash loop: 3 runs in a row failed soon after their start, the last with exit 3" in out.describe()
+
+
+def test_a_preempted_run_in_accounting_is_no_end_while_slurmctld_holds_the_job(tmp_path):
+    """PreemptMode=REQUEUE: sacct says PREEMPTED for the run SLURM just ended, while the job script (its training
+    stopped by the grace time's end) has not written its marker yet; slurmctld holds the job (requeued): no failure.
+    Under CANCEL slurmctld says PREEMPTED too: the job has ended."""
+    client, clock = FakeClient({"5": JobState("5", "PREEMPTED", "0:0", "None", "node[1-2]")}), Clock()
+    client.live_states["5"] = JobState("5", "PENDING", "", "BeginTime", "", restarts=1)
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=clock)
+    held = tracker.poll(["5"], force_sweep=True)["5"]
+    assert not held.finished and held.state is not None and held.state.state == "PENDING"
+    client.live_states["5"] = JobState("5", "PREEMPTED", "", "None", "node[1-2]", restarts=0)  # CANCEL: ended
+    ended = tracker.poll(["5"], force_sweep=True)["5"]
+    assert ended.finished and not ended.success and "SLURM state PREEMPTED" in ended.describe()
