@@ -36,6 +36,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if CLUSTER_TESTS in item.path.parents:
             item.add_marker(pytest.mark.cluster)
+    # The fast tier first: it fails in seconds, and its guard (tests/unit/conftest.py) then never watches the last
+    # test's teardown, where pytest stops the session's fixtures of the other tiers (the cluster's `down`).
+    items.sort(key=lambda item: UNIT_TESTS not in item.path.parents)
     if TEST_SLURM != DEFAULT_SLURM:
         left_out = [item for item in items if item.get_closest_marker("one_release")]
         if left_out:
@@ -44,6 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 CLUSTER_TESTS = Path(__file__).resolve().parent / "cluster"
+UNIT_TESTS = Path(__file__).resolve().parent / "unit"
 
 
 @pytest.fixture(scope="session", autouse=True)

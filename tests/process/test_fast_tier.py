@@ -74,7 +74,9 @@ def test_a_test_that_starts_a_process_fails_whatever_catches_the_error_and_one_t
     } <= summary, proc.stdout + proc.stderr
     assert proc.returncode == 1
     said = "started a process or used a socket:\n  subprocess.Popen 'true' ['true']"
-    assert proc.stdout.count(said) == 2, proc.stdout  # the swallowed one too
+    # The failures' own sections, not the summary: under CI=true pytest does not shorten the summary's lines.
+    failures = proc.stdout.split("short test summary info")[0]
+    assert failures.count(said) == 2, proc.stdout  # the swallowed one too
     assert "subprocess.Popen 'git' ['git', 'init'" in proc.stdout
     assert "belongs in tests/process/, in the file of the same name" in proc.stdout
 
@@ -82,3 +84,16 @@ def test_a_test_that_starts_a_process_fails_whatever_catches_the_error_and_one_t
 def test_a_test_of_this_tier_is_not_watched():
     """Also in one session with tests/unit, whose conftest's protocol hook pytest calls for every test."""
     assert watched() is None
+
+
+def test_the_fast_tier_runs_first_so_its_guard_never_watches_another_tiers_session_teardown():
+    """Pytest stops session fixtures (the test cluster's `down`) in the last test's teardown: were that a fast-tier
+    test, its guard would fail it for the other tier's processes. tests/conftest.py runs the fast tier first."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+         "tests/process/test_fast_tier.py", "tests/unit/test_fast_tier.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert ids and ids[0].startswith("tests/unit/"), proc.stdout + proc.stderr
+    assert ids[-1].startswith("tests/process/"), proc.stdout
