@@ -1382,6 +1382,54 @@ def goodput_spares_setup() -> str:
     return f"{when}, {cfg['steps']} steps; load average {load}"
 
 
+# --- The matrix of features and faults: tests/cluster/test_matrix_cluster.py ----------------------------------
+
+MATRIX = "benchmarks/results-matrix.json"  # one run of the matrix test, every case (MULTINODE_MATRIX_RESULT)
+MATRIX_FEATURES = {  # the result's key -> the column: each feature as the user sets it
+    "spare_nodes": "spare_nodes",
+    "on_straggler": "on_straggler",
+    "node_check": "node_check",
+    "on_stall": "on_stall",
+    "max_requeues": "max-requeues",
+    "retries": "--retries",
+    "trackers": "trackers",
+}
+
+
+@renders("matrix")
+def matrix() -> str:
+    """Every case: its fault and features, how it ended (the test holds it to the documented outcome), the steps it
+    computed again, the ledger's productive node-seconds against the training's own clock, and what `multinode
+    status` said."""
+    rows = []
+    for case in data(MATRIX, "cases"):
+        if field(case, "got") != field(case, "expected"):
+            raise MissingResult(f"{MATRIX}: {case['case']} did not end as documented: a failed run's file")
+        said = "<br>".join(field(case, "status_says"))
+        rows.append(
+            [case["case"], field(case, "event"), *(str(field(case, k)) for k in MATRIX_FEATURES),
+             field(case, "ends"), str(field(case, "lost_steps")),
+             f"{f1(field(case, 'productive_node_s'))} / {f1(field(case, 'training_clock_node_s'))}", said or "-"]
+        )  # fmt: skip
+    header = ["case", "fault", *MATRIX_FEATURES.values(), "how it ends (as documented)", "steps computed again",
+              "productive node-s: ledger / training's clock", "`multinode status` says"]  # fmt: skip
+    return table(header, rows)
+
+
+@renders("matrix-cost")
+def matrix_cost() -> str:
+    cases = data(MATRIX, "cases")
+    if data(MATRIX, "cases_run") != len(cases):
+        raise MissingResult(f"{MATRIX}: {data(MATRIX, 'cases_run')} cases run, {len(cases)} passed")
+    load = f"{each(data(MATRIX, 'load_before'), f1)} before, {each(data(MATRIX, 'load_after'), f1)} after"
+    slowest = max(cases, key=lambda c: c["wall_s"])
+    return (
+        f"{len(cases)} cases in {f0(data(MATRIX, 'wall_s'))} s, {data(MATRIX, 'concurrent')} side by side (the "
+        f"slowest, {slowest['case']}, {f0(slowest['wall_s'])} s); {data(MATRIX, 'date')}, commit "
+        f"{data(MATRIX, 'commit')}, load average {load}"
+    )
+
+
 CKPT_COST = "benchmarks/results-checkpoint-verify.json"  # one run of benchmarks/checkpoint_cost.py
 CKPT_COST_H100 = "benchmarks/results-checkpoint-verify-h100.json"  # the same on the lent H100, a GPT-2-medium model
 

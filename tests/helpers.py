@@ -479,6 +479,26 @@ def sacct_jobs(cl: Cluster, names: set[str], expect: set[str]) -> dict[str, list
     return wait_for(ended, f"sacct records of the ends of jobs {sorted(expect)}", 120)
 
 
+def epoch(text: str) -> float:
+    """sacct's local time (no zone, as this process's) as epoch seconds; parsed here, not by the plugin."""
+    return datetime.fromisoformat(text).timestamp()
+
+
+def sacct_runs(cl, job: str) -> list[dict[str, Any]]:
+    """Every run of the job (--duplicates), oldest first: start, end, submit, elapsed seconds, nodes, state."""
+    out = slurm(cl, "sacct", "-X", "-n", "-P", "--duplicates", "-j", job,
+                "-o", "JobIDRaw,State,Submit,Start,End,ElapsedRaw,NNodes")  # fmt: skip
+    runs = []
+    for row in out.splitlines():
+        jobid, state, submit, start, end, elapsed, nodes = row.split("|")
+        if jobid == job:
+            runs.append(
+                {"state": state.split()[0], "submit": epoch(submit), "start": epoch(start), "end": epoch(end),
+                 "elapsed": int(elapsed), "nodes": int(nodes)}
+            )  # fmt: skip
+    return sorted(runs, key=lambda r: r["start"])
+
+
 def alive(pid: int, comm: str) -> bool:
     """The process exists, is not a zombie, and is the one we mean (its name, from /proc)."""
     try:
@@ -796,17 +816,22 @@ def kill_node(cl: Cluster, name: str) -> float:
 
 # The test scripts' step: one all_reduce in which every rank says whether it sees the file; all stop on the same step.
 # (Each rank testing the file on its own, a rank that saw it a step before the others would sit in the barrier after
-# the loop while they sit in the next all_reduce: a mismatch of collectives that hangs, seen under load.)
+# the loop while they sit in the next all_reduce: a mismatch of collectives that hangs, seen under load.) `agree`
+# decides several such flags in the one all_reduce.
 RELEASED = """
 import pathlib
 import torch
 import torch.distributed as dist
 
 
-def released(path):
-    seen = torch.tensor([1.0 if pathlib.Path(path).exists() else 0.0])
+def agree(*flags):
+    seen = torch.tensor([1.0 if flag else 0.0 for flag in flags])
     dist.all_reduce(seen, op=dist.ReduceOp.MAX)
-    return seen.item() > 0
+    return [value > 0 for value in seen.tolist()]
+
+
+def released(path):
+    return agree(pathlib.Path(path).exists())[0]
 """
 
 
@@ -941,6 +966,183 @@ def preempt(cl: Cluster, job: str) -> str:
     return out.strip().split(";")[0]
 
 
+# A tiny 2-node gloo training that keeps the training contract (docs/training-contract.md) and records what it does:
+# `python train.py OUT STEP_S CKPT_EVERY`. Each step "computes" for STEP_S (a sleep, timed: a stopped process overruns
+# it, no CPU speed in the figure), then every rank agrees in one all_reduce (the gradient sync) whether `release`
+# exists and whether any rank got SIGUSR2. Rank 0 checkpoints the step (ckpt.json, by rename) every CKPT_EVERY steps,
+# on SIGUSR2 (then writes $MULTINODE_PREEMPT_FILE and every rank exits 0) and when released (then appends the job id
+# to OUT). A start resumes from ckpt.json. Every rank appends one line per launch to launches.jsonl (job, restart,
+# relaunch, host, pid, run id, resumed step). Rank 0 keeps the metrics in metrics.jsonl (every step a line with
+# `wall` and `step_ms`, busy_s per node every 5 steps, checkpoint_begin/end and resume events; at a resume the step
+# lines above the resumed step become "superseded" events) and links $MULTINODE_METRICS_FILE to it, so every job of
+# the experiment shares one file. With MATRIX_TRACKERS=1 rank 0 logs each step's loss through contract/tracking.py.
+# Until its first step it prints a line every 5 s: its start (torch's import, the rendezvous, the trackers' imports)
+# takes longer than a short stall_timeout on a loaded machine, and a stall may only be the test's fault.
+CONTRACT_TRAINING = (
+    """
+import threading
+started = threading.Event()
+
+
+def starting():
+    print("training: starting", flush=True)
+    while not started.wait(5):
+        print("training: starting", flush=True)
+
+
+threading.Thread(target=starting, daemon=True).start()
+"""
+    + RELEASED
+    + """
+import json, os, signal, socket, sys, time
+
+out, step_s, every = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+usr2 = []
+signal.signal(signal.SIGUSR2, lambda *_: usr2.append(1))  # a flag: acted on at the next step boundary
+dist.init_process_group("gloo")
+rank, world, env = dist.get_rank(), dist.get_world_size(), os.environ
+host = socket.gethostname().split(".")[0]
+metrics, ckpt = pathlib.Path("metrics.jsonl"), pathlib.Path("ckpt.json")
+
+
+def append(path, record):
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record) + "\\n")
+
+
+def event(name, step, **extra):
+    append(metrics, {"event": name, "step": step, "wall": time.time(), **extra})
+
+
+def replace(path, text):
+    tmp = pathlib.Path(f"{path}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+t0 = time.time()
+start = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
+restore_s = time.time() - t0
+append("launches.jsonl", {
+    "rank": rank, "host": host, "pid": os.getpid(), "job": env["SLURM_JOB_ID"],
+    "restart": int(env.get("SLURM_RESTART_COUNT", "0")), "relaunch": int(env.get("MULTINODE_RELAUNCH", "0")),
+    "run_id": env.get("MULTINODE_RUN_ID"), "start": start, "wall": time.time(),
+})
+trackers = None
+if rank == 0:
+    text = metrics.read_text() if metrics.exists() else ""
+    kept = [json.loads(x) for x in text.splitlines(keepends=True) if x.endswith("\\n") and x.strip()]
+    replace(metrics, "".join(
+        json.dumps(m if "event" in m or m["step"] <= start else {**m, "event": "superseded"}) + "\\n" for m in kept
+    ))
+    if env.get("MULTINODE_METRICS_FILE"):
+        link = pathlib.Path(env["MULTINODE_METRICS_FILE"] + ".tmp")
+        link.unlink(missing_ok=True)
+        link.symlink_to(metrics.resolve())
+        os.replace(link, env["MULTINODE_METRICS_FILE"])
+    if env.get("MATRIX_TRACKERS") == "1":
+        print("training: opening the trackers", flush=True)
+        from snakemake_executor_multinode.contract.tracking import Trackers
+        trackers = Trackers.open(first_step=start + 1, config={"step_s": step_s})
+        print("training: trackers " + ",".join(trackers.names), flush=True)
+hosts = [None] * world
+dist.all_gather_object(hosts, host)
+if rank == 0 and start:
+    event("resume", start, restore_s=restore_s)
+print(f"rank {rank} on {host}: resuming at step {start}", flush=True)
+
+
+def save(step):
+    if rank == 0:
+        event("checkpoint_begin", step)
+        replace(ckpt, json.dumps({"step": step}))
+        event("checkpoint_end", step)
+
+
+step, busy, n, mark = start, 0.0, 0, time.perf_counter()
+started.set()  # from here on every step prints a line
+while True:
+    t = time.perf_counter()
+    time.sleep(step_s)  # the step's compute
+    busy, n = busy + time.perf_counter() - t, n + 1
+    done, stop = agree(pathlib.Path("release").exists(), usr2)  # the gradient sync
+    step += 1
+    record = {"step": step}
+    if step % 5 == 0:  # each node's busy seconds per step, for the straggler check
+        figures = [torch.zeros(1) for _ in range(world)]
+        dist.all_gather(figures, torch.tensor([busy / n]))
+        busy, n = 0.0, 0
+        per = {}
+        for h, f in zip(hosts, figures):
+            per.setdefault(h, []).append(f.item())
+        record["busy_s"] = {h: sum(v) / len(v) for h, v in per.items()}
+    now = time.perf_counter()
+    record |= {"wall": time.time(), "step_ms": round(1000 * (now - mark), 3)}
+    mark = now
+    if rank == 0:
+        append(metrics, record)
+        print(f"step {step}", flush=True)
+        if trackers is not None:
+            trackers.log({"loss": 1.0 / step}, step)
+    if stop or done or step % every == 0:
+        save(step)
+        mark = time.perf_counter()
+    if stop:
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # leaving: a repeated signal must not kill the exit
+        if rank == 0 and env.get("MULTINODE_PREEMPT_FILE"):
+            replace(env["MULTINODE_PREEMPT_FILE"], f"{step}\\n")
+        print(f"rank {rank}: SIGUSR2, checkpointed step {step}", flush=True)
+        break
+    if done:
+        if rank == 0:
+            with open(out, "a") as fh:
+                fh.write(env["SLURM_JOB_ID"] + "\\n")
+        break
+if trackers is not None:
+    trackers.close()
+dist.barrier()
+dist.destroy_process_group()
+"""
+)
+
+
+class Slowdown:
+    """Stops a process 80% of the time (SIGSTOP 0.4 s, SIGCONT 0.1 s), by pid, until `end`; it is left running."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.done = pid, threading.Event()
+        self.thread = threading.Thread(target=self._cycle, daemon=True)
+        self.thread.start()
+
+    def _cycle(self) -> None:
+        try:
+            while not self.done.is_set():
+                os.kill(self.pid, signal.SIGSTOP)
+                self.done.wait(0.4)
+                os.kill(self.pid, signal.SIGCONT)
+                self.done.wait(0.1)
+        except ProcessLookupError:
+            pass  # the launcher ended the step
+
+    def end(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=10)
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+# A node check command (a profile's node_check.command, docs/further.md "Node check") that fails on exactly one node:
+# the one that runs the check as the step's second node (SLURM_NODEID 1) names itself in the marker file {mark} on the
+# first check, and from then on the command fails wherever the marker names the node it runs on, printing why.
+FAILING_CHECK = (
+    '[ -e {mark} ] || [ "$SLURM_NODEID" != 1 ] || echo "$SLURMD_NODENAME" > {mark}; '
+    'if [ "$(cat {mark} 2>/dev/null)" = "$SLURMD_NODENAME" ]; then '
+    'echo "marked bad: $SLURMD_NODENAME"; exit 1; fi; echo "healthy: $SLURMD_NODENAME"'
+)
+
+
 def complete_lines(path: Path) -> list[dict[str, Any]]:
     """The complete JSON lines of a file a job may be appending to (a metrics file); none while it is missing."""
     try:
@@ -950,9 +1152,10 @@ def complete_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n") and line.strip()]
 
 
-def rank_pids(cl: Cluster, name: str) -> dict[int, int]:
+def rank_pids(cl: Cluster, name: str, job: str | None = None) -> dict[int, int]:
     """The torch workers running on a node: global RANK -> pid, read from /proc/<pid>/environ of every process of
-    the node's network namespace (torchrun sets RANK in its workers' environment only)."""
+    the node's network namespace (torchrun sets RANK in its workers' environment only); with `job`, those of that
+    SLURM job only (other jobs' workers may share the node)."""
     out = subprocess.run(["ip", "netns", "pids", cl.spec.netns(node_index(cl, name))], capture_output=True, text=True)
     found = {}
     for pid in map(int, out.stdout.split()):
@@ -964,7 +1167,7 @@ def rank_pids(cl: Cluster, name: str) -> dict[int, int]:
             )
         except OSError:
             continue  # ended meanwhile
-        if env.get("RANK", "").isdigit() and "TORCHELASTIC_RUN_ID" in env:
+        if env.get("RANK", "").isdigit() and "TORCHELASTIC_RUN_ID" in env and job in (None, env.get("SLURM_JOB_ID")):
             rank = int(env["RANK"])
             # a worker's child inherits its RANK: the fault must reach the worker itself, so two claimants fail
             assert rank not in found, f"rank {rank}: {found[rank]} {cmdline(found[rank])!r}, {pid} {cmdline(pid)!r}"

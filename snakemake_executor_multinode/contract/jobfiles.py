@@ -119,7 +119,7 @@ SCRIPT = ".sh"
 # Named after the job's log, not its id alone: the log folder keeps them after the run (the state folder's markers
 # are removed once Snakemake has seen the job end), for `multinode status` and the provenance records.
 METRICS = ".metrics.jsonl"  # the training's metrics lines ($MULTINODE_METRICS_FILE)
-RUNS = ".runs.jsonl"  # each run's start and end line: job id, restart, nodes, GPUs, versions, exit
+RUNS = ".runs.jsonl"  # each run's start line (nodes, GPUs, versions) and end (exit, why) or requeue (why) line
 NODE_OUT = ".out"  # <stem>.<node>.out: a node's labelled output (.out: the job's own logs are the .log files)
 GPU_SAMPLES = ".gpu.csv"  # <stem>.<node>.gpu.csv: a node's nvidia-smi samples
 FIRST_OUTPUT = ".first"  # <stem>.<node>.first: epoch seconds of the first line a rank of the node printed in the run

@@ -747,6 +747,28 @@ def unrecorded_exit(code: int, lost: Sequence[node_events.NodeEvent], env: Mappi
     return protocol.EXIT_UNRECORDED
 
 
+def checkpointed(env: Mapping[str, str]) -> bool:
+    """The training checkpointed on the pre-time-limit signal and asked to be requeued: its preempt file."""
+    preempt = env.get(protocol.PREEMPT_FILE_VAR, "")
+    return bool(preempt) and os.path.exists(preempt)
+
+
+def after_checkpoint(failed: Failure, env: Mapping[str, str], lost: Sequence[node_events.NodeEvent]) -> int:
+    """A task that ended badly after the training had checkpointed on the signal: the step's end is the
+    checkpoint's, never a node's failure to replace (a relaunch would train on past the time limit instead of
+    requeueing). A repeated signal kills a worker as it leaves (Python drops its handlers at exit; SLURM and the
+    nodes' labellers may each deliver USR2). A node that is down stays named for the retry; one that answers is not
+    blamed."""
+    log(
+        f"node {failed.node}'s task ended badly ({failure_why(failed)}) after the training checkpointed on the signal "
+        "(its preempt file): the step ended with the checkpoint"
+        + ("" if failed.node_down else f"; node {failed.node} is not blamed")
+    )
+    if not failed.node_down:
+        spares.forget_failed_node(env, failed.node, log)
+    return unrecorded_exit(0, lost, env)
+
+
 def launch_with_spares(
     alloc: Allocation,
     opts: Sequence[str],
@@ -777,6 +799,8 @@ def launch_with_spares(
                 argv_srun, step_env, step.nodes, spare_left=roster.spare() is not None, spares=roster.idle()
             )
         failed = end.failure
+        if failed is not None and checkpointed(env):
+            return after_checkpoint(failed, env, lost)
         if end.code == 0 or failed is None or (spare := roster.drop(failed.node)) is None:
             return unrecorded_exit(end.code, lost, env)
         relaunch += 1

@@ -466,8 +466,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SLURM's --signal=USR2 (and scancel --signal) reaches every process of the step with proctrack/linuxproc, but
     # only the step's task (this process) with proctrack/cgroup, most production clusters. So torchrun starts with
     # USR2 ignored (its agent must not die of it), and this process passes it on to the workers (run: pass_on);
-    # under linuxproc a worker gets it twice, which its flag-setting handler absorbs. USR1 likewise (a rule may
-    # choose it; the launcher also uses it, with a request file, to end a stalled step gently).
+    # under linuxproc a worker gets it twice, which its flag-setting handler absorbs (a training that is leaving
+    # ignores it: docs/training-contract.md; a worker killed by it after its checkpoint: launcher.after_checkpoint).
+    # USR1 likewise (a rule may choose it; the launcher also uses it, with a request file, to end a stalled step
+    # gently).
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     return run(torchrun, args.nproc, args.dynamic, dict(os.environ), args.echo)

@@ -129,7 +129,10 @@ def resource_options(req: JobRequest) -> list[str]:
     opts += [f"{flag}={value}" for flag, value in optional if value]
     if req.spare_nodes:  # a node's failure must not end the allocation: the launcher swaps in a spare
         opts.append("--no-kill")
-    opts.append("--requeue" if req.requeue else "--no-requeue")
+    # SLURM may always requeue the job (an admin's `scontrol requeue`, a preemption): --multinode-max-requeues bounds
+    # only the job's own requeues, which the job script counts. With --no-requeue SLURM refuses an admin's requeue
+    # ("Requested operation is presently disabled") and cancels a preempted job instead of requeueing it.
+    opts.append("--requeue")
     opts += list(req.slurm_extra)
     return opts
 

@@ -173,6 +173,10 @@ def _one_task(per_node: Any = "N") -> str:
 
 _SUBMISSION = "the plugin submits with sbatch --parsable and reads the job id back"
 _TASKS = "(tasks)"  # owner of the task-count flags: the message says how to get N processes per node instead
+_REQUEUES = (
+    "every job may be requeued by SLURM (an admin's requeue, a preemption); how often a job requeues itself after "
+    "its pre-time-limit checkpoint is --multinode-max-requeues (0: never)"
+)
 # Flags the job script manages itself; slurm_extra may not set them (they would silently fight ours). Value: the
 # resource that sets it instead, or why it is the plugin's. Short forms are listed for reference; the check runs on
 # the long name every spelling resolves to (`--outp` is `--output`, `-vN3` holds `-N 3`).
@@ -246,8 +250,8 @@ MANAGED_FLAGS = {
     "--version": f"{_SUBMISSION}; --version submits nothing",
     "-d": "dependencies are the plugin's (--immediate-submit chains jobs with afterok)",
     "--dependency": "dependencies are the plugin's (--immediate-submit chains jobs with afterok)",
-    "--requeue": "requeueing is set by --multinode-max-requeues (0: never)",
-    "--no-requeue": "requeueing is set by --multinode-max-requeues (0: never)",
+    "--requeue": _REQUEUES,
+    "--no-requeue": _REQUEUES,
 }
 
 
@@ -332,10 +336,6 @@ class JobRequest:
     spare_nodes: int = 0
     attempt: int = 1
     warnings: tuple[str, ...] = field(default=(), compare=False)
-
-    @property
-    def requeue(self) -> bool:
-        return self.max_requeues > 0
 
     def launcher_variables(self) -> dict[str, str]:
         """What `multinode torchrun` reads of this job's resources; the job script exports each (a resource that

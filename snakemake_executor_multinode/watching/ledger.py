@@ -188,16 +188,17 @@ def _extended(spans: list[RunSpan], records: list[_Record]) -> list[RunSpan]:
 
 
 def _resumed_from(per_run: list[list[_Record]]) -> list[float | None]:
-    """The step each run resumed from: its resume event's, or inferred (no event) as the last step earlier runs
-    logged below its first line's step (0 when none). None: the run logged no step, so says nothing."""
+    """The step each run started from: the resume event before its first step line, or inferred (no such event) as
+    the last step earlier runs logged below its first line's step (0 when none). A resume after a step line is a
+    spare's relaunch inside the run, not where the run started. None: the run logged no step, so says nothing."""
     found: list[float | None] = []
     for j, recs in enumerate(per_run):
-        resume = next((r.step for r in recs if r.kind == _RESUME and r.step is not None), None)
-        if resume is None:
-            first = next((r.step for r in recs if r.kind == _LINE and r.step is not None), None)
-            if first is not None:
-                earlier = [r.step for run in per_run[:j] for r in run if r.step is not None and r.step < first]
-                resume = max(earlier, default=0.0)
+        first = next(((r.kind, r.step) for r in recs if r.kind in (_RESUME, _LINE) and r.step is not None), None)
+        resume = None
+        if first is not None:
+            kind, step = first
+            earlier = [r.step for run in per_run[:j] for r in run if r.step is not None and r.step < step]
+            resume = step if kind == _RESUME else max(earlier, default=0.0)
         found.append(resume)
     return found
 

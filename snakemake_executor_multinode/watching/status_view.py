@@ -43,7 +43,7 @@ from snakemake_executor_multinode.slurm.client import (
     queue_key,
 )
 from snakemake_executor_multinode.slurm.formats import clock, clock_to_seconds, gres_gpus, minutes_to_seconds, tres_map
-from snakemake_executor_multinode.watching import gpu_use, preemptions, progress
+from snakemake_executor_multinode.watching import gpu_use, preemptions, progress, run_ends
 from snakemake_executor_multinode.watching.ledger import CATEGORIES, RunSpan, ledger
 from snakemake_executor_multinode.watching.registry import Submission, runs
 
@@ -87,6 +87,7 @@ class JobRow:
     run_id: str = ""  # the experiment its runs log to (W&B run id, MLflow tag), shown for a training-shaped job
     tensorboard: str = ""  # its TensorBoard folder, once the training has written it
     preempted: str = ""  # its runs SLURM preempted, each with its preemptor (preemptions.py)
+    ended: str = ""  # how its runs ended, where there is more to say than one run's exit 0 (run_ends.py)
 
     @property
     def active(self) -> bool:
@@ -403,6 +404,9 @@ def rows_for(
                 run_id=run_id,
                 tensorboard=tensorboard,
                 preempted=(preempted or {}).get(sub.jobid or "", ""),
+                ended=run_ends.describe(json_lines(JobFiles.from_log(sub.log).runs), state in ACTIVE_STATES)
+                if sub.log
+                else "",
             )
         )
     return rows
@@ -466,6 +470,7 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
     goodput = [f"  {_label(r)} (job {r.jobid}): {r.goodput}" for r in rows if r.goodput]
     replaced = [f"  {_label(r)} (job {r.jobid}): {r.replaced}" for r in rows if r.replaced]
     preempted = [f"  {_label(r)} (job {r.jobid}): {r.preempted}" for r in rows if r.preempted]
+    ended = [f"  {_label(r)} (job {r.jobid}): {r.ended}" for r in rows if r.ended]
     tracked = [
         f"  {_label(r)} (job {r.jobid}): run {r.run_id}, TensorBoard "
         + (_short(r.tensorboard, workdir) if r.tensorboard else "none written yet")
@@ -502,6 +507,7 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
                 if replaced
                 else []
             ),
+            *(["", "how the runs ended (requeued, stalled, the failing node):", *ended] if ended else []),
         ]
     )
 

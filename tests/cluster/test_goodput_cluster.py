@@ -16,7 +16,6 @@ import csv
 import io
 import math
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from tests.helpers import (
     multinode,
     records,
     sacct_jobs,
+    sacct_runs,
     slurm,
     train_rule,
     training_folder,
@@ -119,26 +119,6 @@ def step_lines(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def event(recs: list[dict[str, Any]], name: str, step: int | None = None) -> list[dict[str, Any]]:
     return [r for r in recs if r.get("event") == name and (step is None or r["step"] == step)]
-
-
-def epoch(text: str) -> float:
-    """sacct's local time (no zone, as this process's) as epoch seconds; parsed here, not by the plugin."""
-    return datetime.fromisoformat(text).timestamp()
-
-
-def sacct_runs(cl, job: str) -> list[dict[str, Any]]:
-    """Every run of the job (--duplicates), oldest first: start, end, submit, elapsed seconds, nodes, state."""
-    out = slurm(cl, "sacct", "-X", "-n", "-P", "--duplicates", "-j", job,
-                "-o", "JobIDRaw,State,Submit,Start,End,ElapsedRaw,NNodes")  # fmt: skip
-    runs = []
-    for row in out.splitlines():
-        jobid, state, submit, start, end, elapsed, nodes = row.split("|")
-        if jobid == job:
-            runs.append(
-                {"state": state.split()[0], "submit": epoch(submit), "start": epoch(start), "end": epoch(end),
-                 "elapsed": int(elapsed), "nodes": int(nodes)}
-            )  # fmt: skip
-    return sorted(runs, key=lambda r: r["start"])
 
 
 def within(wall: float, run: dict[str, Any], skew: float = 2.0) -> bool:

@@ -22,7 +22,7 @@ import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
 from snakemake_executor_multinode.launching.nodecheck import PREFIX
-from tests.helpers import figures, job_logs, records, sacct_jobs, snakemake
+from tests.helpers import FAILING_CHECK, figures, job_logs, records, sacct_jobs, snakemake
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]
 
@@ -34,11 +34,6 @@ pathlib.Path(f"rank-{job}-{rank}.txt").write_text(socket.gethostname().split("."
 print("TRAINING rank", rank, "of", os.environ["WORLD_SIZE"], "on", socket.gethostname(), flush=True)
 """
 
-CHECK = (
-    '[ -e {mark} ] || [ "$SLURM_NODEID" != 1 ] || echo "$SLURMD_NODENAME" > {mark}; '
-    'if [ "$(cat {mark} 2>/dev/null)" = "$SLURMD_NODENAME" ]; then '
-    'echo "marked bad: $SLURMD_NODENAME"; exit 1; fi; echo "healthy: $SLURMD_NODENAME"'
-)
 CHECK_TIME = re.compile(r"node check: (\d+) of (\d+) node\(s\) ok in ([\d.]+) s")
 
 
@@ -49,7 +44,7 @@ def workflow(wd: Path, spare_nodes: int) -> Path:
     (wd / "train.py").write_text(TRAIN)
     (wd / "profiles.yaml").write_text(
         "profiles:\n  checked:\n    node_check:\n"
-        f"      command: {json.dumps(CHECK.format(mark=mark))}\n      timeout: 60\n"
+        f"      command: {json.dumps(FAILING_CHECK.format(mark=mark))}\n      timeout: 60\n"
     )
     (wd / "Snakefile").write_text(
         'rule train:\n    output: "out.txt"\n'

@@ -11,19 +11,16 @@ and relaunches on the head and the spare from the saved step, in the same job, w
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from tests.helpers import Snakemake, figures, records, sacct_jobs, wait_for
+from tests.helpers import Slowdown, Snakemake, figures, records, sacct_jobs, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -88,33 +85,6 @@ rule train:
 def saved_step(wd: Path) -> int:
     text = (wd / "step.txt").read_text().strip() if (wd / "step.txt").exists() else ""
     return int(text) if text.isdigit() else 0
-
-
-class Slowdown:
-    """Stops a process 80% of the time (SIGSTOP 0.4 s, SIGCONT 0.1 s), by pid, until `end`; it is left running."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.done = pid, threading.Event()
-        self.thread = threading.Thread(target=self._cycle, daemon=True)
-        self.thread.start()
-
-    def _cycle(self) -> None:
-        try:
-            while not self.done.is_set():
-                os.kill(self.pid, signal.SIGSTOP)
-                self.done.wait(0.4)
-                os.kill(self.pid, signal.SIGCONT)
-                self.done.wait(0.1)
-        except ProcessLookupError:
-            pass  # the launcher ended the step
-
-    def end(self) -> None:
-        self.done.set()
-        self.thread.join(timeout=10)
-        try:
-            os.kill(self.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
 
 
 def test_a_straggling_node_is_named_and_replaced_by_the_spare_in_the_same_job(slurm_cluster, tmp_path):

@@ -61,19 +61,27 @@ if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && grep -qF "$MULTINODE_ENDED_WELL" "$M
         "preemption, SLURM 24.11 does so once): nothing to do"
     exit 0
 fi
-MULTINODE_REQUEUED=0
+MULTINODE_REQUEUED=0 MULTINODE_WHY=
 multinode_finish() {
     local rc=$?
+    multinode_now
     if [ "$MULTINODE_REQUEUED" = 1 ]; then
         # Said here, as slurmctld's SIGTERM ends the run: that SIGTERM can end this shell before it sees scontrol
         # requeue return, and a line after scontrol would then be lost.
         echo "[multinode] requeued; the next run resumes from the checkpoint"
+        printf '{"event": "requeue", "job": "%s", "restart": %s, "why": "%s", "time": "%s"}\n' \
+            "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$MULTINODE_WHY" "$MULTINODE_NOW" >>"$MULTINODE_RUNS_FILE"
         return
     fi
-    multinode_now
     echo "[multinode] exit $rc, $MULTINODE_NOW"
-    printf '{"event": "end", "job": "%s", "restart": %s, "exit": %s, "time": "%s"}\n' \
-        "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$rc" "$MULTINODE_NOW" >>"$MULTINODE_RUNS_FILE"
+    # Why the run ended, where this script knows it (`multinode status` says it): the stall watchdog, the node the
+    # launcher blamed (a host name, or nothing), a checkpoint that was not requeued (MULTINODE_WHY). Fixed words.
+    local why=${MULTINODE_WHY:-} node=
+    [ -n "$why" ] || [ ! -e "$MULTINODE_STALL_FILE" ] || why="stalled: ended by the progress watchdog"
+    read -r node 2>/dev/null <"$MULTINODE_FAILED_NODE_FILE"
+    [[ $node =~ ^[A-Za-z0-9._-]+$ ]] && why="${why:+$why; }failing node $node"
+    printf '{"event": "end", "job": "%s", "restart": %s, "exit": %s, "why": "%s", "time": "%s"}\n' \
+        "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "$rc" "$why" "$MULTINODE_NOW" >>"$MULTINODE_RUNS_FILE"
     local marker="$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.exit" line
     # atomic (never read half-written); the restart tells a requeued job's earlier runs from its last, the job name
     # (unique to the submission) this job's marker from one of an earlier job with the same id
@@ -223,7 +231,7 @@ wait "$MULTINODE_COMMAND" || rc=$?
 if [ -e "$MULTINODE_PREEMPT_NOTICE_FILE" ] && { [ -e "$MULTINODE_PREEMPT_FILE" ] || [ "$rc" -ne 0 ]; }; then
     if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
         echo "[multinode] checkpointed on preemption ($(cat "$MULTINODE_PREEMPT_FILE"))"
-        rc=85
+        rc=85 MULTINODE_WHY="checkpointed on preemption"
     else
         echo "[multinode] preempted: the command ended with exit $rc, without a checkpoint"
     fi
@@ -235,6 +243,7 @@ fi
 if [ -e "$MULTINODE_CANCEL_FILE" ] && [ -e "$MULTINODE_PREEMPT_FILE" ]; then
     echo "[multinode] checkpointed for a cancel ($(cat "$MULTINODE_CANCEL_FILE")); not requeued: a rerun resumes" \
         "from the checkpoint"
+    MULTINODE_WHY="checkpointed for a cancel"
     exit 85
 fi
 
@@ -242,8 +251,10 @@ fi
 if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
     if [ -e "$MULTINODE_STALL_FILE" ]; then  # on_stall: requeue; no signal came, the launcher ended the step
         echo "[multinode] stalled, ended by the progress watchdog (on_stall: requeue): $(cat "$MULTINODE_STALL_FILE")"
+        MULTINODE_WHY="stalled: ended by the progress watchdog, on_stall requeue"
     else
         echo "[multinode] checkpointed after SIGUSR2 ($(cat "$MULTINODE_PREEMPT_FILE"))"
+        MULTINODE_WHY="checkpointed before the time limit"
     fi
     # The job's own requeues only: SLURM's restart count also counts preemptions and admin requeues, which must not
     # use up the budget (a job preempted 3 times still requeues itself at its time limit).
@@ -261,17 +272,20 @@ if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
         # resource (gres) specification"), and a requeue could not leave the replaced nodes out: the retry can
         echo "[multinode] not requeued by itself: a spare replaced a node in this job, or its record is unknown" \
             "(multinode status names it)"
+        MULTINODE_WHY="$MULTINODE_WHY; not requeued: a spare replaced a node in this job, or its record is unknown"
     elif [ "$MULTINODE_SELF_REQUEUES" -lt 3 ]; then  # at most 3 requeue(s) of its own
         MULTINODE_REQUEUED=1
         rm -f "$MULTINODE_PREEMPT_FILE"
         echo "$((MULTINODE_SELF_REQUEUES + 1))" >"$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.self-requeues"
-        MULTINODE_WHY="checkpointed before the time limit"
-        [ -e "$MULTINODE_STALL_FILE" ] && MULTINODE_WHY="stalled: ended by the progress watchdog, on_stall requeue"
         printf '%s %s\n' "$((${SLURM_RESTART_COUNT:-0} + 1))" "$MULTINODE_WHY" >"$MULTINODE_STATE_DIR/$MULTINODE_JOB_KEY.requeued"
         if scontrol requeue "$SLURM_JOB_ID"; then
             sleep 600 & wait  # slurmctld ends this run (the EXIT trap says so)
         fi
         MULTINODE_REQUEUED=0
+        MULTINODE_WHY="$MULTINODE_WHY; not requeued: scontrol requeue failed"
+    else
+        MULTINODE_WHY="$MULTINODE_WHY; not requeued: its own requeues are used up"
+        MULTINODE_WHY+=" (--multinode-max-requeues 3)"
     fi
     echo "[multinode] not requeued: a rerun or --retries resumes from the checkpoint"
     exit 85

@@ -652,6 +652,7 @@ def loop(
             if run.rank == 0:
                 write_preempt_file(state.step)
             log0(run.rank, f"SIGUSR2: checkpointed step {state.step}, exiting for requeue")
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # a second signal must not kill the exit
             return 0
         if cfg["ckpt_every"] and state.step % cfg["ckpt_every"] == 0:
             logger.checkpoint(run.ckpt.save, state)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -156,9 +157,9 @@ def run_job_script(
     (bin_dir / "multinode").write_text(f'#!/bin/sh\nexec {sys.executable} -m snakemake_executor_multinode.cli "$@"\n')
     (bin_dir / "multinode").chmod(0o755)
     state.mkdir()
+    (tmp_path / "logs").mkdir()  # the plugin makes the log folder before it submits
     for event in node_events or ():
         path = jobfiles.JobFiles.of(tmp_path / "logs", "42", req.attempt).replacements
-        path.parent.mkdir(exist_ok=True)
         if isinstance(event, str):
             with open(path, "a") as fh:
                 fh.write(event)
@@ -175,7 +176,8 @@ def run_job_script(
     }  # fmt: skip
     proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     scontrol = calls.read_text().splitlines() if calls.exists() else []
-    return proc.returncode, scontrol, state, proc.stdout + proc.stderr
+    later = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("*.log")))  # a restart writes its own log
+    return proc.returncode, scontrol, state, proc.stdout + proc.stderr + later
 
 
 def test_preemptions_and_admin_requeues_do_not_use_up_the_jobs_own_requeue_budget(tmp_path):
@@ -461,3 +463,58 @@ def test_a_run_after_one_that_ended_well_has_nothing_to_do(tmp_path):
     (again / "logs" / runs.name).write_text(runs.read_text().replace('"exit": 0,', '"exit": 85,'))
     proc, _, _ = started_job_script(again, "touch ran", restart=2)
     assert proc.wait(timeout=60) == 0 and (again / "ran").exists()
+
+
+# --- each run's end in the runs file: why it ended, where the job script knows (`multinode status` says it) ---------
+
+
+def runs_lines(tmp_path: Path) -> list[dict]:
+    path = jobfiles.JobFiles.of(tmp_path / "logs", "42", 1).runs
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_run_that_requeues_itself_writes_a_requeue_line_saying_why_and_no_end_line(tmp_path):
+    code, _, _, out = run_job_script(tmp_path, restart=0)
+    assert code == 143, out
+    assert [(x["event"], x["restart"]) for x in runs_lines(tmp_path)] == [("start", 0), ("requeue", 0)]
+    assert runs_lines(tmp_path)[1]["why"] == "checkpointed before the time limit"
+
+
+def test_a_stall_that_requeues_the_job_says_so_in_its_requeue_line(tmp_path):
+    code, _, _, out = run_job_script(tmp_path, restart=0, command=STALLED_STEP, resources={"on_stall": "requeue"})
+    assert code == 143, out
+    assert runs_lines(tmp_path)[-1]["why"] == "stalled: ended by the progress watchdog, on_stall requeue"
+
+
+def test_a_checkpoint_that_is_not_requeued_says_why_in_the_end_line(tmp_path):
+    code, _, _, out = run_job_script(tmp_path, restart=1, own_requeues=3)
+    assert code == protocol.EXIT_PREEMPTED, out
+    end = runs_lines(tmp_path)[-1]
+    assert (end["event"], end["exit"]) == ("end", protocol.EXIT_PREEMPTED), end
+    assert end["why"] == (
+        "checkpointed before the time limit; not requeued: its own requeues are used up (--multinode-max-requeues 3)"
+    )
+    (tmp_path / "spare").mkdir()
+    run_job_script(tmp_path / "spare", restart=0, node_events=[REPLACED])
+    assert runs_lines(tmp_path / "spare")[-1]["why"] == (
+        "checkpointed before the time limit; not requeued: a spare replaced a node in this job, or its record is "
+        "unknown"
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        (f'echo node2 > "${protocol.FAILED_NODE_FILE_VAR}"; exit 1', "failing node node2"),
+        (f'echo stalled > "${protocol.STALL_FILE_VAR}"; exit {protocol.EXIT_STALLED}',
+         "stalled: ended by the progress watchdog"),
+        (f'echo stalled > "${protocol.STALL_FILE_VAR}"; echo node2 > "${protocol.FAILED_NODE_FILE_VAR}"; exit 87',
+         "stalled: ended by the progress watchdog; failing node node2"),
+        (f"printf 'no\\\\\"de' > \"${protocol.FAILED_NODE_FILE_VAR}\"; exit 1", ""),  # no host name: not copied
+        ("exit 3", ""),
+    ],
+)  # fmt: skip
+def test_a_failed_run_names_in_its_end_line_the_stall_and_the_node_the_launcher_blamed(tmp_path, command, why):
+    code, _, _, out = run_job_script(tmp_path, restart=0, command=command)
+    end = runs_lines(tmp_path)[-1]  # a whole JSON line whatever the marker held
+    assert (end["event"], end["exit"], end["why"]) == ("end", code, why), out

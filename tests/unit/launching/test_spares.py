@@ -242,3 +242,40 @@ def test_an_unreachable_node_is_replaced_saying_why_and_the_spares_are_asked_too
     assert f"replacing node node2 ({why}) with spare node3; relaunch 1" in capfd.readouterr().err
     (line,) = [json.loads(x) for x in JobFiles(stem).replacements.read_text().splitlines()]
     assert (line["node"], line["spare"], line["why"]) == ("node2", "node3", why)
+
+
+# --- a task that ends badly after the training checkpointed on the pre-time-limit signal ------------------------
+
+
+def checkpointed_env(tmp_path: Path) -> tuple[dict[str, str], Path, Path]:
+    preempt, marker = tmp_path / "77.preempted", tmp_path / "77.failed-node"
+    preempt.write_text("14\n")  # the training checkpointed step 14 and asked for its requeue
+    env = {
+        protocol.TRAIN_NODES_VAR: "2", protocol.LOG_STEM_VAR: str(JobFiles.of(tmp_path, "77", 1).prefix),
+        protocol.FAILED_NODE_FILE_VAR: str(marker), protocol.PREEMPT_FILE_VAR: str(preempt),
+    }  # fmt: skip
+    return env, preempt, marker
+
+
+def test_a_task_killed_as_it_left_after_the_checkpoint_is_no_node_failure_and_no_spare_takes_over(
+    tmp_path, monkeypatch, capfd
+):
+    """Found by the matrix of features and faults: a second SIGUSR2 (delivered twice under load) killed both workers
+    as they left after their checkpoint; the launcher blamed the head and, with a spare left, would relaunch the
+    training on it: the job would train on past its time limit instead of requeueing."""
+    env, _, marker = checkpointed_env(tmp_path)
+    marker.write_text("node1\n")  # as report_failure wrote it when srun said the task failed
+    killed = Failure("node1", 0, 1, "Exited with exit code 1")
+    started = fake_steps(monkeypatch, [StepEnd(1, killed), StepEnd(0)])
+    assert launcher.launch_with_spares(ALLOC, [], ["train.py"], env, None) == 0  # main() says EXIT_PREEMPTED
+    assert len(started) == 1  # no relaunch
+    assert not marker.exists() and not JobFiles.of(tmp_path, "77", 1).replacements.exists()
+    assert "after the training checkpointed on the signal (its preempt file)" in capfd.readouterr().err
+
+
+def test_a_node_that_died_after_the_checkpoint_stays_named_for_the_retry_and_is_not_replaced(tmp_path, monkeypatch):
+    env, _, marker = checkpointed_env(tmp_path)
+    marker.write_text("node2\n")
+    started = fake_steps(monkeypatch, [StepEnd(1, Failure("node2", 1, 1, "not answering", victim="node1"))])
+    assert launcher.launch_with_spares(ALLOC, [], ["train.py"], env, None) == 0
+    assert len(started) == 1 and marker.read_text() == "node2\n"

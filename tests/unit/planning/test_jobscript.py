@@ -9,6 +9,7 @@ from pathlib import PurePath
 from snakemake_executor_multinode.cli import main
 from snakemake_executor_multinode.planning import jobscript
 from snakemake_executor_multinode.planning.request import build_request
+from snakemake_executor_multinode.planning.settings import PlanningSettings
 from tests.helpers import REPO, blog_script, spare_script
 
 GOLDEN = REPO / "tests" / "golden"
@@ -40,6 +41,17 @@ def test_sbatch_header_carries_every_resource(tmp_path):
         "--export=ALL",
     ):
         assert f"#SBATCH {flag}" in header
+
+
+def test_max_requeues_0_bounds_the_jobs_own_requeues_and_still_lets_slurm_requeue_it():
+    """--multinode-max-requeues counts the job's own requeues only: an admin's `scontrol requeue` or a preemption
+    must still requeue the job (SLURM refuses both for a --no-requeue job: found by the feature/fault matrix)."""
+    ctx = jobscript.ScriptContext("true", PurePath("/w"), PurePath("logs"), PurePath("/w/s"), "n")
+    for budget in (0, 3):
+        req = build_request("t", {"nodes": 2}, defaults=PlanningSettings(max_requeues=budget))
+        assert req.max_requeues == budget
+        opts = jobscript.sbatch_options(req, ctx)
+        assert "--requeue" in opts and "--no-requeue" not in opts, (budget, opts)
 
 
 def test_gpus_per_node_flag_and_gpu_type():

@@ -71,6 +71,30 @@ def test_a_relaunch_that_lost_nothing_leaves_the_steps_before_it_productive():
     assert seconds(result) == {"startup": 200, "restore": 10, "relaunch": 50, "productive": 100}
 
 
+def test_a_relaunch_inside_a_run_does_not_move_where_the_run_started_its_first_lines_steps_stay_productive():
+    """Found by the matrix of features and faults: a spare's relaunch resumed at step 40 was taken for the run's
+    own start, so the first line's 10 steps (2 s each, by its step_ms) fell into startup."""
+    records = [
+        line(10, 100, step_ms=2000), line(40, 200), event("checkpoint_begin", 40, 200),
+        event("checkpoint_end", 40, 210), line(45, 240), event("resume", 40, 300, restore_s=15), line(50, 400),
+    ]  # fmt: skip
+    result = ledger([RunSpan(0, 400, nodes=2)], [], records)
+    assert seconds(result) == {"startup": 80, "productive": 220, "checkpoint": 10, "lost": 30, "restore": 15,
+                               "relaunch": 45}  # fmt: skip
+
+
+def test_a_later_run_that_started_from_scratch_and_relaunched_makes_the_earlier_runs_steps_lost_not_kept():
+    """The second run had no checkpoint to resume (it starts at step 1 again); its spare's relaunch later resumed
+    from its own checkpoint of step 20. Every step of the first run was computed again."""
+    first = [line(10, 100), line(20, 200)]
+    second = [
+        line(10, 1100), line(20, 1200), event("checkpoint_begin", 20, 1200), event("checkpoint_end", 20, 1210),
+        line(25, 1240), event("resume", 20, 1300, restore_s=10), line(30, 1400),
+    ]  # fmt: skip
+    result = ledger([RunSpan(0, 200, nodes=1), RunSpan(1000, 1400, nodes=1)], [], first + second)
+    assert seconds(result, run=0) == {"startup": 100, "lost": 100}
+
+
 def test_a_job_killed_30_s_after_its_checkpoint_at_step_40_and_resumed_from_step_40_loses_the_steps_after_40():
     first = [line(40, 200), event("checkpoint_begin", 40, 200), event("checkpoint_end", 40, 210), line(45, 240)]
     second = [event("resume", 40, 1050, restore_s=10), line(50, 1150)]
