@@ -38,8 +38,10 @@ from chain_overhead import sdiag_rpcs  # noqa: E402  (one sdiag parser for both 
 
 def slots() -> int:
     """CPUs the cluster's idle nodes offer (each job here takes one)."""
-    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%c %T"], capture_output=True, text=True, check=True).stdout
-    return sum(int(line.split()[0]) for line in out.splitlines() if line.split()[1] in ("idle", "mixed"))
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c %T"], capture_output=True, text=True, check=True).stdout
+    # one line per node and partition (`cluster up --preemption` adds one): each node once
+    nodes = {line.split()[0]: line.split()[1:] for line in out.splitlines() if len(line.split()) == 3}
+    return sum(int(cpus) for cpus, state in nodes.values() if state in ("idle", "mixed"))
 
 
 def handwritten(n: int, workdir: Path) -> dict:

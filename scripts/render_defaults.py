@@ -101,10 +101,13 @@ def rows() -> list[tuple[str, str, str]]:
             "not a setting; `spare_nodes` replaces the node inside the job instead",
         ),
         (
-            "Ctrl-C cancels this run's jobs; with `--immediate-submit` a failed job cancels its dependants",
-            "`scancel` of every job this run submitted, and of none other; dependants submitted ahead carry "
-            "`--dependency=afterok:...` and `--kill-on-invalid-dep=yes`, so none waits for an input that never comes",
-            "not a setting",
+            f"Ctrl-C cancels this run's jobs, a running training after its checkpoint (at most "
+            f"{s.cancel_checkpoint_seconds:g} s); with `--immediate-submit` a failed job cancels its dependants",
+            "`scancel` of every job this run submitted, and of none other; a training (a `multinode torchrun` step) is "
+            "asked to checkpoint first and resumes at the next run, a second Ctrl-C cancels at once; dependants "
+            "submitted ahead carry `--dependency=afterok:...` and `--kill-on-invalid-dep=yes`, so none waits for an "
+            "input that never comes",
+            "`--multinode-cancel-checkpoint-seconds` (0: at once); [preemption.md](docs/preemption.md)",
         ),
         (
             "`spare_nodes=0`",

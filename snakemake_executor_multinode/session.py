@@ -40,7 +40,7 @@ from snakemake_executor_multinode.slurm.client import QueryError, RetryPolicy, S
 from snakemake_executor_multinode.slurm.pacing import Pace
 from snakemake_executor_multinode.slurm.sbatch_flags import table_for
 from snakemake_executor_multinode.slurm.settings import SubmitSettings
-from snakemake_executor_multinode.watching import provenance, reattach, report
+from snakemake_executor_multinode.watching import cancelling, provenance, reattach, report
 from snakemake_executor_multinode.watching.failure import failure_message
 from snakemake_executor_multinode.watching.notify import Notices, Notifier, command
 from snakemake_executor_multinode.watching.progress import ProgressLines, duration
@@ -457,8 +457,31 @@ class Session:
             self.client.cancel(todo)
 
     def cancel_all(self, ids: Iterable[str] = ()) -> None:
-        """Ctrl-C: every job this run submitted (the registry knows those Snakemake no longer tracks)."""
-        self.cancel({*ids, *(sub.jobid for sub in self.registry.mine() if sub.jobid is not None)})
+        """Ctrl-C: every job this run submitted (the registry knows those Snakemake no longer tracks). Running
+        trainings are first asked to checkpoint and given cancel_checkpoint_seconds to end (watching/cancelling.py);
+        a second Ctrl-C during that wait cancels them at once."""
+        ids = {*ids, *(sub.jobid for sub in self.registry.mine() if sub.jobid is not None)}
+        wait_s = self.settings.cancel_checkpoint_seconds
+        trainings: set[str] = set()
+        if wait_s > 0 and (todo := ids - self._cancelled):
+            try:
+                trainings = cancelling.training(self.client, todo)
+            except QueryError as err:
+                self.warning(f"SLURM did not say which jobs run a training ({err}): cancelling every job at once")
+        self.cancel(ids - trainings)  # with the jobs whose sbatch reply has not come
+        if not trainings:
+            return
+        self._cancelled |= trainings
+        try:
+            cancelling.checkpoint_then_cancel(
+                self.client, self.folders.state, trainings, wait_s, self.info, "Snakemake's Ctrl-C",
+                hint=" (Ctrl-C again: at once)",
+            )  # fmt: skip
+        except KeyboardInterrupt:
+            pass  # the second Ctrl-C: what was left is cancelled
+        except QueryError as err:
+            self.warning(f"asking the trainings to checkpoint failed ({err}): cancelling them at once")
+            self.client.cancel(sorted(trainings, key=job_order))
 
     def report(self, queued: bool) -> None:
         """The efficiency report, when the setting asks for it: after the last job (its sacct record is final)."""

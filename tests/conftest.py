@@ -68,7 +68,10 @@ def slurm_cluster() -> Iterator[Cluster]:
     stopped at the end."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("the local SLURM cluster needs root and iproute2")
-    spec = ClusterSpec(dir=TEST_CLUSTER_DIR, slurm=TEST_SLURM, nodes=TEST_NODES)
+    # With preemption (`up --preemption`: a partition `urgent` whose jobs preempt the default one's): a tier nobody
+    # else submits to changes nothing for the other tests; the preemption tests (test_preemption_cluster.py) set
+    # the grace time and mode they need for their block (helpers.preemption).
+    spec = ClusterSpec(dir=TEST_CLUSTER_DIR, slurm=TEST_SLURM, nodes=TEST_NODES, preemption=True)
     running = ClusterSpec.load(spec.dir)
     was_up = running is not None and running.same_shape(spec) and cluster.is_up(running)
     cluster.up(spec)

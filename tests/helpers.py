@@ -41,6 +41,7 @@ from snakemake_executor_multinode.sandbox.cluster import slurm_env
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
 from snakemake_executor_multinode.session import Session, Settings
 from snakemake_executor_multinode.slurm.client import JobState, QueryError, SlurmClient
+from snakemake_executor_multinode.slurm.formats import hostlist
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 
 T = TypeVar("T")
@@ -454,7 +455,9 @@ def restart_slurmctld(cl: Cluster) -> None:
     cluster._slurmctld_up(cl.spec)
 
 
-END_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+END_STATES = {
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED",
+}  # fmt: skip
 
 
 def figures(test: str, **values: object) -> None:
@@ -920,6 +923,104 @@ def saved_step(wd: Path) -> int:
     """The step ckpt_loop's rank 0 saved last (step.txt); 0 before the first."""
     text = (wd / "step.txt").read_text().strip() if (wd / "step.txt").exists() else ""
     return int(text) if text.isdigit() else 0
+
+
+def checkpoint_loop(
+    every: int = 5, save_s: float = 0.0, pause_s: float = 0.1, periodic_save_s: float | None = None
+) -> str:
+    """A tiny 2-node gloo training that keeps the training contract (docs/training-contract.md), for the preemption
+    tests: every `every` steps, and on the checkpoint signal (SIGUSR2, a flag every rank agrees on at a step
+    boundary), rank 0 saves the step to ckpt.txt (written aside, `save_s` seconds long, then renamed;
+    `periodic_save_s` for the periodic saves and the last one, when given) between checkpoint_begin and
+    checkpoint_end metrics events; after a signal's save it writes $MULTINODE_PREEMPT_FILE and every rank exits 0. A
+    run resumes from ckpt.txt (a resume event); every step line (with `wall`) goes to $MULTINODE_METRICS_FILE. It
+    trains until `release` exists, then saves and rank 0 appends the job id and the step to argv[1]. Rank 0 also
+    writes saving-<step> while a save is under way (a test's event), and each rank ready-<job>-<restart>-<rank> (its
+    $MULTINODE_RUN_ID) once its handler is installed."""
+    periodic = save_s if periodic_save_s is None else periodic_save_s
+    return f"""{RELEASED}
+import json, os, signal, sys, time
+
+dist.init_process_group("gloo")
+rank, job = dist.get_rank(), os.environ["SLURM_JOB_ID"]
+restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+stop = torch.zeros(1)
+signal.signal(signal.SIGUSR2, lambda *_: stop.fill_(1))
+
+
+def log(**record):
+    if rank == 0:
+        with open(os.environ["MULTINODE_METRICS_FILE"], "a") as fh:
+            print(json.dumps({{**record, "wall": time.time()}}), file=fh, flush=True)
+
+
+def save(step, seconds):
+    if rank == 0:
+        log(event="checkpoint_begin", step=step)
+        marker = pathlib.Path(f"saving-{{step}}")
+        marker.touch()
+        pathlib.Path("ckpt.tmp").write_text(str(step))
+        time.sleep(seconds)
+        os.replace("ckpt.tmp", "ckpt.txt")
+        marker.unlink()
+        log(event="checkpoint_end", step=step)
+    dist.barrier()
+
+
+saved = pathlib.Path("ckpt.txt")
+step = int(saved.read_text()) if saved.exists() else 0
+if saved.exists():
+    log(event="resume", step=step)
+print(f"rank {{rank}}: job {{job}} restart {{restart}} resumes at step {{step}}", flush=True)
+pathlib.Path(f"ready-{{job}}-{{restart}}-{{rank}}").write_text(os.environ.get("MULTINODE_RUN_ID", ""))
+while not released("release"):
+    step += 1
+    time.sleep({pause_s})
+    log(step=step)
+    flag = stop.clone()
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item():
+        save(step, {save_s})
+        if rank == 0:
+            pathlib.Path(os.environ["MULTINODE_PREEMPT_FILE"]).write_text(f"step {{step}}\\n")
+        print(f"rank {{rank}}: checkpointed step {{step}} on the signal", flush=True)
+        dist.destroy_process_group()
+        sys.exit(0)
+    if step % {every} == 0:
+        save(step, {periodic})
+save(step, {periodic})
+if rank == 0:
+    with open(sys.argv[1], "a") as fh:
+        fh.write(f"{{job}} {{step}}\\n")
+dist.destroy_process_group()
+"""
+
+
+@contextmanager
+def preemption(cl: Cluster, grace_s: int, mode: str = "REQUEUE") -> Iterator[None]:
+    """The default partition's GraceTime and PreemptMode for the block (scontrol update: slurmctld takes them at
+    once), then the cluster's own again (`up --preemption`: its spec's)."""
+    spec = cl.spec
+    assert spec.preemption, "the test cluster preempts (conftest.py: `up --preemption`)"
+    part = f"PartitionName={spec.partition}"
+    slurm(cl, "scontrol", "update", part, f"GraceTime={grace_s}", f"PreemptMode={mode}")
+    try:
+        yield
+    finally:
+        own = spec.preempt_mode.upper()
+        slurm(cl, "scontrol", "update", part, f"GraceTime={spec.grace_time}", f"PreemptMode={own}")
+
+
+def preempt(cl: Cluster, job: str) -> str:
+    """A job of the preempting partition that needs the job's nodes whole (a second), submitted now: SLURM preempts
+    the job for it. Returns its id."""
+    from snakemake_executor_multinode.sandbox.spec import PREEMPTING
+
+    nodes = slurm(cl, "squeue", "-h", "-j", job, "-o", "%N").strip()
+    assert nodes and nodes != "(null)", f"job {job} holds no nodes"
+    out = slurm(cl, "sbatch", "--parsable", "-p", PREEMPTING, "-w", nodes, "-N", str(len(hostlist(nodes))),
+                "--exclusive", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 1")  # fmt: skip
+    return out.strip().split(";")[0]
 
 
 # A tiny 2-node gloo training that keeps the training contract (docs/training-contract.md) and records what it does:

@@ -16,7 +16,7 @@ def _cluster_parser(sub: argparse._SubParsersAction) -> None:
     from snakemake_executor_multinode.contract.releases import DEFAULT as DEFAULT_RELEASE
     from snakemake_executor_multinode.contract.releases import NAMES as RELEASES
     from snakemake_executor_multinode.sandbox.releases import describe as describe_release
-    from snakemake_executor_multinode.sandbox.spec import DEFAULT_DIR
+    from snakemake_executor_multinode.sandbox.spec import DEFAULT_DIR, PREEMPT_MODES, PREEMPTING
 
     cluster = sub.add_parser("cluster", help="a real local SLURM cluster of namespaced nodes (needs root)")
     actions = cluster.add_subparsers(dest="action", required=True)
@@ -33,6 +33,23 @@ def _cluster_parser(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_RELEASE,
         help="SLURM release: " + " or ".join(map(describe_release, RELEASES)),
     )
+    up.add_argument(
+        "--preemption",
+        action="store_true",
+        help=f"add a partition {PREEMPTING!r} over the same nodes whose jobs preempt the default partition's "
+        "(PreemptType=preempt/partition_prio, PriorityTier)",
+    )
+    up.add_argument(
+        "--grace-time",
+        metavar="SECONDS",
+        help="with --preemption: seconds between a preempted job's SIGTERM and its end (GraceTime; default 60)",
+    )
+    up.add_argument(
+        "--preempt-mode",
+        choices=PREEMPT_MODES,
+        help="with --preemption: what ends a preempted job, PreemptMode=REQUEUE (the default: the same job runs "
+        "again) or CANCEL",
+    )
     for name, text in (
         ("down", "stop everything `up` started"),
         ("status", "show daemons and nodes"),
@@ -44,9 +61,17 @@ def _cluster_parser(sub: argparse._SubParsersAction) -> None:
 
 def _run_cluster(args: argparse.Namespace) -> int:
     from snakemake_executor_multinode.sandbox import cluster
-    from snakemake_executor_multinode.sandbox.spec import ClusterSpec
+    from snakemake_executor_multinode.sandbox.spec import ClusterError, ClusterSpec
 
     if args.action == "up":
+        preemption: dict[str, object] = {}
+        for flag, value in (("--grace-time", args.grace_time), ("--preempt-mode", args.preempt_mode)):
+            if value is not None and not args.preemption:
+                raise ClusterError(f"{flag} sets how the cluster preempts: it needs --preemption")
+        if args.grace_time is not None:  # checked by the spec: a whole number of seconds, 0 or more
+            preemption["grace_time"] = int(args.grace_time) if args.grace_time.isdigit() else args.grace_time
+        if args.preempt_mode is not None:
+            preemption["preempt_mode"] = args.preempt_mode
         spec = ClusterSpec(
             dir=args.dir.resolve(),
             nodes=args.nodes,
@@ -55,6 +80,8 @@ def _run_cluster(args: argparse.Namespace) -> int:
             mem_mb=args.mem,
             accounting=not args.no_accounting,
             slurm=args.slurm,
+            preemption=args.preemption,
+            **preemption,  # type: ignore[arg-type]
         )
         cluster.up(spec)
         return 0
@@ -104,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         from snakemake_executor_multinode.watching.provenance import write_start
 
         return write_start(Path(argv[2]))
+    # A run after a preemption: which job took the previous run's nodes (the job script, at a restart)
+    if len(argv) == 2 and argv[0] == "preempted-by":
+        from snakemake_executor_multinode.watching.preemptions import say_previous
+
+        return say_previous(argv[1], os.environ)
     # The job script's question at its checkpoint: did a spare replace a node in this job (the node events' reader)?
     if argv[:1] == ["node-events"]:
         from snakemake_executor_multinode.contract.node_events import main as node_events_main

@@ -13,12 +13,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR, STATE_ROOT
+from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR, STATE_ROOT, StateFolders
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, RetryPolicy, SlurmClient, job_order
-from snakemake_executor_multinode.watching import clean, logs, report, report_files, status_view
+from snakemake_executor_multinode.watching import cancelling, clean, logs, report, report_files, status_view
 
 # An interactive command waits out a restarting controller for a minute, not the executor's ten.
 RETRY = RetryPolicy(total_seconds=60)
+CHECKPOINT_WAIT_S = 300.0  # `cancel --checkpoint`: the longest wait for a training's save before it is cancelled
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -56,6 +57,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     lg.set_defaults(func=logs_command)
     cancel = sub.add_parser("cancel", help="cancel a run's jobs that are still queued or running, and only those")
     common(cancel, "latest (default), or a run id (or a unique prefix)")
+    cancel.add_argument(
+        "--checkpoint",
+        action="store_true",
+        help="first ask the running trainings (multinode torchrun) to checkpoint, as at the time limit, and wait for "
+        "them to end (the next snakemake resumes from that checkpoint); the other jobs are cancelled at once",
+    )
+    cancel.add_argument(
+        "--wait",
+        type=float,
+        default=CHECKPOINT_WAIT_S,
+        metavar="SECONDS",
+        help=f"with --checkpoint: cancel a training that has not ended this long after the request (default "
+        f"{CHECKPOINT_WAIT_S:.0f})",
+    )
     cancel.set_defaults(func=cancel_command)
     rep = sub.add_parser("report", help=f"a run's efficiency report (written to {REPORTS_DIR}/)")
     common(rep, "latest (default), or a run id (or a unique prefix)")
@@ -108,9 +123,10 @@ def status_text(workdir: Path, which: str, every_run: bool, client: SlurmClient)
         raise status_view.RunNotFound("no run has submitted a job from this folder")
     subs = [s for run in chosen for s in table[run]]
     views = status_view.slurm_views(client, [s.jobid for s in subs if s.jobid])
+    preempted = status_view.preempted(client, subs)
     blocks = []
     for run in chosen:
-        rows = status_view.rows_for(table[run], views, workdir)
+        rows = status_view.rows_for(table[run], views, workdir, preempted)
         blocks.append(status_view.render(run, rows, workdir, started=status_view.run_started(table[run])))
     return "\n\n".join(blocks)
 
@@ -185,11 +201,32 @@ def cancel_command(args: argparse.Namespace) -> int:
         print(f"run {run}: no job queued or running ({len(ids)} job(s) ended)")
         return 0
     try:
+        if args.checkpoint:
+            return _cancel_checkpointing(workdir, run, active, client, args.wait)
         client.cancel(active)
     except QueryError as err:
         print(_unanswered("cancel", err), file=sys.stderr)
         return 1
     print(f"run {run}: cancelled SLURM job(s) {' '.join(active)}")
+    return 0
+
+
+def _cancel_checkpointing(workdir: Path, run: str, active: list[str], client: SlurmClient, wait_s: float) -> int:
+    trainings = cancelling.training(client, active)
+    if others := [j for j in active if j not in trainings]:
+        client.cancel(others)
+    done = cancelling.checkpoint_then_cancel(
+        client, StateFolders(workdir).state, trainings, wait_s, lambda line: print(f"run {run}: {line}", flush=True),
+        "multinode cancel --checkpoint",
+    )  # fmt: skip
+    done.cancelled[:0] = others
+    for jobs, what in (
+        (done.checkpointed, "checkpointed and ended (the next snakemake resumes from the checkpoint)"),
+        (done.ended, "ended, without the checkpoint's exit code (see its log)"),
+        (done.cancelled, "cancelled"),
+    ):
+        if jobs:
+            print(f"run {run}: SLURM job(s) {' '.join(jobs)} {what}")
     return 0
 
 

@@ -92,8 +92,15 @@ REQUEUE_MARKER = ".requeued"  # "<next restart> <why>": the job requeued itself 
 STALL_MARKER = ".stalled"  # the watchdog's verdict, one line (written by the launcher, read by the tracker)
 SELF_REQUEUE_MARKER = ".self-requeues"  # how often the job requeued itself after a checkpoint (its budget)
 CRASH_MARKER = ".crashes"  # "<runs> <exit>": failed runs in a row soon after their start, the last one's exit code
+# SLURM is preempting this run (its SIGTERM came with a PreemptTime): one JSON line, the runs file's "preempted" line,
+# written by the first node's labeller that asked (launching/preemption.py); the job script waits for SLURM's end.
+PREEMPT_NOTICE_MARKER = ".preempt-notice"
+# `multinode cancel --checkpoint` (or Snakemake's first Ctrl-C) asked the training to checkpoint: the job ends after
+# its checkpoint instead of requeueing itself (the text: who asked, and when)
+CANCEL_MARKER = ".cancel-checkpoint"
 MARKERS = (
     EXIT_MARKER, FAILED_NODE_MARKER, PREEMPT_MARKER, REQUEUE_MARKER, STALL_MARKER, SELF_REQUEUE_MARKER, CRASH_MARKER,
+    PREEMPT_NOTICE_MARKER, CANCEL_MARKER,
 )  # fmt: skip
 
 

@@ -54,6 +54,16 @@ JOB_KEY_VAR = "MULTINODE_JOB_KEY"
 ARRAY_KEY_VAR = "MULTINODE_ARRAY_KEY"
 JOB_NAME_VAR = "MULTINODE_JOB_NAME"  # internal to the job script: the submission's name, written into the exit marker
 PREEMPT_FILE_VAR = "MULTINODE_PREEMPT_FILE"  # training: write your step here after checkpointing on SIGUSR2
+# SLURM's preemption notice of this run (jobfiles.PREEMPT_NOTICE_MARKER): `multinode torchrun`'s labellers write it
+# when SLURM's SIGTERM comes with a PreemptTime (launching/preemption.py), the job script and the launcher read it.
+PREEMPT_NOTICE_FILE_VAR = "MULTINODE_PREEMPT_NOTICE_FILE"
+# `multinode cancel --checkpoint` (or Snakemake's first Ctrl-C) asks the job's training to checkpoint before its end
+# (jobfiles.CANCEL_MARKER): a SIGTERM to the training's step is then passed on as the checkpoint signal, and the job
+# script ends the job after the checkpoint instead of requeueing it.
+CANCEL_FILE_VAR = "MULTINODE_CANCEL_FILE"
+# The name of the signal the rule's training checkpoints on (its `signal`, USR2 by default): `multinode torchrun`
+# passes SLURM's preemption SIGTERM on to the workers as this signal.
+CHECKPOINT_SIGNAL_VAR = "MULTINODE_CHECKPOINT_SIGNAL"
 FAILED_NODE_FILE_VAR = "MULTINODE_FAILED_NODE_FILE"
 STALL_FILE_VAR = "MULTINODE_STALL_FILE"  # the progress watchdog's verdict (launching/stall.py)
 NODES_VAR = "MULTINODE_NODES"
@@ -64,6 +74,7 @@ SELF_REQUEUES_VAR = "MULTINODE_SELF_REQUEUES"  # internal to the job script: its
 STARTED_VAR = "MULTINODE_STARTED"  # internal to the job script: this run's start (epoch seconds)
 CRASHES_VAR = "MULTINODE_CRASHES"  # internal to the job script: quick failures in a row, this run's included
 ENDED_VAR = "MULTINODE_ENDED"  # internal to the job script: this run's end (epoch seconds)
+ENDED_WELL_VAR = "MULTINODE_ENDED_WELL"  # internal to the job script: the previous run's end line, had it ended well
 NOW_VAR = "MULTINODE_NOW"  # internal to the job script: the time, as `date -Is` writes it
 STALE_VAR = "MULTINODE_STALE"  # internal to the job script: markers a new run removes
 REQUEUED_VAR = "MULTINODE_REQUEUED"  # internal to the job script: this run handed over to its requeued rerun
@@ -92,7 +103,8 @@ TRAIN_NODES_VAR = "MULTINODE_TRAIN_NODES"
 # (a spare replaced a failed node, or an in-job restart on the same nodes; resume from your checkpoint;
 # docs/training-contract.md).
 RELAUNCH_VAR = "MULTINODE_RELAUNCH"
-RUNS_FILE_VAR = "MULTINODE_RUNS_FILE"  # internal to the job script: where each run's start and end are recorded
+# Where each run's start and end are recorded (the job script), and a preemption notice (the labeller that got it)
+RUNS_FILE_VAR = "MULTINODE_RUNS_FILE"
 CHANGED_VAR = "MULTINODE_CHANGED"  # internal to the job script: the files a restart found changed
 # Training: write your metrics JSON lines here, or make this path a link to your own metrics file. It lies beside
 # the job's log (so it outlives the run), and `multinode status` and the progress lines read its last line.
@@ -175,6 +187,9 @@ VARIABLES = (
     ARRAY_KEY_VAR,
     JOB_NAME_VAR,
     PREEMPT_FILE_VAR,
+    PREEMPT_NOTICE_FILE_VAR,
+    CHECKPOINT_SIGNAL_VAR,
+    CANCEL_FILE_VAR,
     FAILED_NODE_FILE_VAR,
     STALL_FILE_VAR,
     NODES_VAR,
@@ -188,6 +203,7 @@ VARIABLES = (
     STARTED_VAR,
     CRASHES_VAR,
     ENDED_VAR,
+    ENDED_WELL_VAR,
     NOW_VAR,
     STALE_VAR,
     COMMAND_VAR,

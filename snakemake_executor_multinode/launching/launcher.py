@@ -37,6 +37,7 @@ from snakemake_executor_multinode.launching import (
     netcheck,
     nodecheck,
     nodelog,
+    preemption,
     restarts,
     spares,
     stall,
@@ -1017,7 +1018,9 @@ def main(argv: Sequence[str]) -> int:
         check_python(env)
     code = launch_with_spares(alloc, opts, script, env, box)
     preempt = env.get(protocol.PREEMPT_FILE_VAR)
-    if code == 0 and preempt and Path(preempt).exists():
+    checkpointed = code == 0 and bool(preempt) and Path(str(preempt)).exists()
+    if (notice := preemption.noticed(env, checkpointed, socket.gethostname().split(".")[0])) is not None:
+        log(preemption.verdict(notice, code, checkpointed, env, time.time()))
+    elif checkpointed:
         log("training checkpointed on the pre-time-limit signal")
-        return EXIT_PREEMPTED
-    return code
+    return EXIT_PREEMPTED if checkpointed else code

@@ -39,8 +39,9 @@ from pathlib import Path
 from snakemake_executor_multinode.contract import logline, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.contract.private_files import write_private
-from snakemake_executor_multinode.launching import proctree, stall
+from snakemake_executor_multinode.launching import preemption, proctree, stall
 from snakemake_executor_multinode.launching.torchrun_flags import option_value
+from snakemake_executor_multinode.slurm.client import Preemption, QueryError
 
 POLL_S = 0.05  # how often new rank files are looked for and read: the delay a line may see, nothing more
 # Polls that a rank file's lines wait for its worker's rank before they go out labelled with the local rank only (the
@@ -282,7 +283,8 @@ def run(torchrun: Sequence[str], nproc: int, dynamic: bool, env: dict[str, str],
             return node_rank * nproc + local
         return rank_of_worker(proc.pid, local, attempt)  # the rendezvous picked it; None until the worker runs
 
-    _handle_signals(proc, log_stem(env), contained=bool(env.get(protocol.CONTAINER_RUNTIME_VAR)))
+    contained = bool(env.get(protocol.CONTAINER_RUNTIME_VAR))
+    _handle_signals(proc, log_stem(env), Preempted(proc, env, node, out, agent[1]), contained=contained)
     files = RankFiles(root, node, rank, lambda local: shown_ranks is None or local in shown_ranks)
     stacks = StackRequests(log_stem(env), node, proc.pid, out)
     try:
@@ -307,48 +309,118 @@ def _first_output_file(env: Mapping[str, str], node: str) -> Path | None:
     return JobFiles(Path(stem)).first_output(node) if stem else None
 
 
-def _handle_signals(proc: subprocess.Popen, stem: str, contained: bool = False) -> None:
-    """SIGTERM/SIGINT go to torchrun (it stops its workers; the reading goes on until it is gone); USR2 to torchrun
-    and its workers (signal_workers). USR1 is the launcher's gentle end of a stalled step (stall.stop_file exists):
-    SIGTERM to torchrun, and without a container (`contained`) a SIGKILL to it and every process below it
-    stall.STOP_KILL_S later (a stopped or hung worker outlives the SIGTERM; SLURM's own SIGKILL waits for its
-    KillWait); else a user's checkpoint signal (signal="USR1@..."), passed on as USR2 is."""
+def _forward(proc: subprocess.Popen, signum: int) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signum)
+
+
+def _pass_on(proc: subprocess.Popen, signum: int) -> None:
+    """To torchrun and its workers (signal_workers): torchrun's agent ignores USR1/USR2 (inherited) and its workers
+    checkpoint; a container runtime's client (podman) passes it into the container."""
+    signal_workers(proc.pid, signum)
+
+
+def _kill_all(proc: subprocess.Popen) -> None:
+    """SIGKILL to torchrun and every process below it, unless torchrun ended on the gentle stop's SIGTERM."""
+    if proc.poll() is not None:
+        return
+    below = proctree.descendants(proc.pid)  # found first: torchrun first, before it can react to its workers' end
+    for pid in (proc.pid, *below):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _handle_signals(proc: subprocess.Popen, stem: str, term: Preempted, contained: bool = False) -> None:
+    """SIGINT goes to torchrun (it stops its workers; the reading goes on until it is gone), and so does SIGTERM
+    unless SLURM is preempting the job (`term`: then it is the checkpoint signal). USR2 goes to torchrun and its
+    workers (signal_workers). USR1 is the launcher's gentle end of a stalled step (stall.stop_file exists): SIGTERM to
+    torchrun, and without a container (`contained`) a SIGKILL to it and every process below it stall.STOP_KILL_S
+    later (a stopped or hung worker outlives the SIGTERM; SLURM's own SIGKILL waits for its KillWait); else a user's
+    checkpoint signal (signal="USR1@..."), passed on as USR2 is."""
     stopping: list[threading.Timer] = []
 
-    def forward(signum: int, _frame: object) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    def kill_all() -> None:
-        if proc.poll() is not None:
-            return  # torchrun ended on the SIGTERM
-        below = proctree.descendants(proc.pid)  # found first: torchrun first, before it can react to its workers' end
-        for pid in (proc.pid, *below):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-    def pass_on(signum: int, _frame: object) -> None:
-        # torchrun's agent ignores it (inherited) and its workers checkpoint; a container runtime's client (podman)
-        # passes it into the container
-        signal_workers(proc.pid, signum)
-
-    def usr1(signum: int, frame: object) -> None:
+    def usr1(signum: int, _frame: object) -> None:
         if stem and stall.stop_file(stem).exists():
-            forward(signal.SIGTERM, frame)
+            _forward(proc, signal.SIGTERM)
             if not contained and not stopping:
-                stopping.append(threading.Timer(stall.STOP_KILL_S, kill_all))
+                stopping.append(threading.Timer(stall.STOP_KILL_S, _kill_all, (proc,)))
                 stopping[0].daemon = True
                 stopping[0].start()
         else:
-            pass_on(signum, frame)
+            _pass_on(proc, signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
+    signal.signal(signal.SIGINT, lambda signum, _frame: _forward(proc, signum))
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: term.sigterm())
     # torchrun started with USR1 and USR2 ignored (set in main, inherited); from here on this process passes them on
-    signal.signal(signal.SIGUSR2, pass_on)
+    signal.signal(signal.SIGUSR2, lambda signum, _frame: _pass_on(proc, signum))
     signal.signal(signal.SIGUSR1, usr1)
+
+
+class Preempted:
+    """A SIGTERM to this node's task: SLURM's preemption notice, or the end (scancel, time limit, the grace time's
+    end)? slurmctld is asked, on a thread of its own (the lines keep flowing); a preemption is passed on to the
+    workers as the checkpoint signal and noted for the job script (preemption.py), anything else, and any second
+    SIGTERM, goes to torchrun at once."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        env: Mapping[str, str],
+        node: str,
+        out: Labeller,
+        said: Source,
+        ask: Callable[[Mapping[str, str]], Preemption | None] = preemption.ask,
+    ) -> None:
+        self.proc, self.env, self.node, self.out, self.said, self.ask = proc, env, node, out, said, ask
+        self.state = "running"  # -> asking -> preempted | stopped
+        # re-entrant: a second SIGTERM's handler may run inside the first's, in the same thread
+        self.lock = threading.RLock()
+        self.thread: threading.Thread | None = None
+
+    def sigterm(self) -> None:
+        with self.lock:
+            if self.state == "running":
+                self.state = "asking"
+                self.thread = threading.Thread(target=self.decide, daemon=True)
+                self.thread.start()
+                return
+            self.state = "stopped"
+        _forward(self.proc, signal.SIGTERM)
+
+    def decide(self) -> None:
+        name = preemption.checkpoint_signal(self.env)
+        cancel = self.env.get(protocol.CANCEL_FILE_VAR, "")
+        if cancel and Path(cancel).exists():  # `multinode cancel --checkpoint` sent it: no question for SLURM
+            with self.lock:
+                if self.state != "asking":
+                    return
+                self.state = "preempted"
+            self._say(f"SIGTERM of a cancel that checkpoints first: passed on to the ranks as SIG{name}")
+            _pass_on(self.proc, getattr(signal, f"SIG{name}"))
+            return
+        try:
+            found, why = self.ask(self.env), ""
+        except QueryError as err:
+            found, why = None, f"SLURM did not answer whether this SIGTERM is a preemption ({err}): "
+        with self.lock:
+            if self.state != "asking":
+                return  # a second SIGTERM came first: stopped already
+            self.state = "preempted" if found is not None else "stopped"
+        if found is None:
+            if why:
+                self._say(f"{why}the training ends, as on any SIGTERM")
+            _forward(self.proc, signal.SIGTERM)
+            return
+        self._say(f"{preemption.when(preemption.notice_line(self.env, found, self.node))}: passed on to the ranks as "
+                  f"SIG{name}, the checkpoint signal")  # fmt: skip
+        if error := preemption.record(self.env, found, self.node):
+            self._say(f"ERROR: {error}")
+        _pass_on(self.proc, getattr(signal, f"SIG{name}"))
+
+    def _say(self, text: str) -> None:
+        self.out.write(self.said, f"[multinode torchrun] {text}\n".encode())
 
 
 class StackRequests:

@@ -17,10 +17,12 @@ from pathlib import Path, PurePath
 
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import (
+    CANCEL_MARKER,
     CRASH_MARKER,
     EXIT_MARKER,
     FAILED_NODE_MARKER,
     PREEMPT_MARKER,
+    PREEMPT_NOTICE_MARKER,
     REQUEUE_MARKER,
     SELF_REQUEUE_MARKER,
     STALL_MARKER,
@@ -168,12 +170,17 @@ def _sbatch_lines(opts: list[str]) -> str:
     return "\n".join(lines)
 
 
+def signal_name(signal: str | None) -> str | None:
+    """The name (or number) of the rule's pre-time-limit signal, [B:|R:]NAME|NUMBER[@lead]; None without one."""
+    return None if signal is None else signal.split(":", 1)[-1].split("@", 1)[0].removeprefix("SIG")
+
+
 def checkpointed(signal: str | None) -> str:
     """What the log says when the training asked for a requeue: after the rule's pre-time-limit signal (the one its
     checkpoint handler answers; SLURM tells the job no signal name, so the plan's is the one to say)."""
-    if signal is None:
+    name = signal_name(signal)
+    if name is None:
         return "checkpointed without a pre-time-limit signal"
-    name = signal.split(":", 1)[-1].split("@", 1)[0].removeprefix("SIG")  # [B:|R:]NAME|NUMBER[@lead]
     return f"checkpointed after signal {name}" if name.isdigit() else f"checkpointed after SIG{name}"
 
 
@@ -209,6 +216,10 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "master_port": str(req.master_port) if req.master_port else protocol.master_port_shell(),
         "exit_marker": marker_shell(EXIT_MARKER),
         "preempt_marker": marker_shell(PREEMPT_MARKER),
+        "preempt_notice_marker": marker_shell(PREEMPT_NOTICE_MARKER),
+        "cancel_marker": marker_shell(CANCEL_MARKER),
+        # the training's checkpoint signal (a preemption is passed on as it): the rule's, else the contract's USR2
+        "checkpoint_signal": q(signal_name(req.signal) or "USR2"),
         "failed_node_marker": marker_shell(FAILED_NODE_MARKER),
         "requeue_marker": marker_shell(REQUEUE_MARKER),
         "stall_marker": marker_shell(STALL_MARKER),

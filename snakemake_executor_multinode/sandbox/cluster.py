@@ -21,7 +21,7 @@ from typing import IO
 
 from . import cgroups, releases
 from . import processes as ps
-from .spec import DEFAULT_DIR, ClusterError, ClusterSpec, render_configs
+from .spec import DEFAULT_DIR, ClusterError, ClusterSpec, preemption_text, render_configs
 
 __all__ = ["DEFAULT_DIR", "ClusterError", "ClusterSpec", "up", "down", "status", "env_lines", "is_up"]
 
@@ -113,9 +113,8 @@ def daemons(spec: ClusterSpec) -> list[Daemon]:
 
 def nodes_in(spec: ClusterSpec, states: str = "idle") -> set[str]:
     """Names of the nodes sinfo reports in these states (comma-separated, sinfo -t)."""
-    proc = subprocess.run(
-        ["sinfo", "-h", "-N", "-t", states, "-o", "%N"], capture_output=True, text=True, env=slurm_env(spec), timeout=10
-    )
+    sinfo = ["sinfo", "-h", "-N", "-p", spec.partition, "-t", states, "-o", "%N"]
+    proc = subprocess.run(sinfo, capture_output=True, text=True, env=slurm_env(spec), timeout=10)
     return set(proc.stdout.split()) if proc.returncode == 0 else set()
 
 
@@ -129,9 +128,8 @@ def status(spec: ClusterSpec) -> str:
         pid = d.pid()
         lines.append(f"  {d.name:<14} {'running, pid ' + str(pid) if pid else 'stopped'}")
     if any(d.name == "slurmctld" and d.pid() for d in daemons(spec)):
-        proc = subprocess.run(
-            ["sinfo", "-N", "-o", "%N %T %c %m %G %E"], capture_output=True, text=True, env=slurm_env(spec), timeout=10
-        )
+        sinfo = ["sinfo", "-N", "-o", "%N %P %T %c %m %G %E"]  # a node in two partitions (--preemption): two lines
+        proc = subprocess.run(sinfo, capture_output=True, text=True, env=slurm_env(spec), timeout=10)
         lines += ["", proc.stdout.rstrip() or proc.stderr.rstrip()]
     return "\n".join(lines)
 
@@ -154,7 +152,8 @@ def up(spec: ClusterSpec) -> None:
                 raise ClusterError(
                     f"a cluster with other settings is running from {spec.dir} "
                     f"(SLURM {previous.slurm}, {previous.nodes} nodes x {previous.gpus} GPUs, accounting "
-                    f"{'on' if previous.accounting else 'off'}): run `multinode cluster down` first"
+                    f"{'on' if previous.accounting else 'off'}, {preemption_text(previous)}): run `multinode cluster "
+                    "down` first"
                 )
             if len(nodes_in(spec, "idle,alloc,mix,comp")) >= spec.nodes:  # busy nodes are up too
                 say(f"already up: {spec.nodes} nodes ({spec.dir}); nothing to do")
@@ -193,7 +192,8 @@ def up(spec: ClusterSpec) -> None:
                 _write_configs(spec, recorded + 1, with_cgroups)
         _slurmctld_up(spec)
         _slurmd_up(spec)
-        say(f"ready: {spec.nodes} idle nodes with gpu:{spec.gpus}; use it with: {use_command(spec)}")
+        extra = f"; {preemption_text(spec)}" if spec.preemption else ""
+        say(f"ready: {spec.nodes} idle nodes with gpu:{spec.gpus}{extra}; use it with: {use_command(spec)}")
 
 
 def use_command(spec: ClusterSpec) -> str:
@@ -464,7 +464,7 @@ def restart_node(spec: ClusterSpec, i: int, timeout: float = 180) -> None:
     subprocess.run(update, capture_output=True, env=slurm_env(spec), timeout=30)
 
     def takes_jobs() -> bool:  # exactly these states: `sinfo -t idle` also lists a node still completing a job
-        sinfo = ["sinfo", "-h", "-n", node, "-o", "%T"]
+        sinfo = ["sinfo", "-h", "-n", node, "-p", spec.partition, "-o", "%T"]  # one line: each partition has one
         out = subprocess.run(sinfo, capture_output=True, text=True, env=slurm_env(spec), timeout=10).stdout
         return out.strip() in ("idle", "mixed", "allocated")
 

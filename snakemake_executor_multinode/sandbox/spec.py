@@ -19,6 +19,8 @@ from .releases import release
 DEFAULT_DIR = Path(os.environ.get("MULTINODE_CLUSTER_DIR", "/var/tmp/multinode-cluster"))
 SLOTS = (20, 220)  # subnets 172.31.20.0/24 .. 172.31.219.0/24
 PORT_BASE = 17000  # daemon ports PORT_BASE + 10 * slot + 6..9
+PREEMPTING = "urgent"  # the partition whose jobs preempt the default one's (`up --preemption`); others check this name
+PREEMPT_MODES = ("requeue", "cancel")  # slurm.conf's PreemptMode values the sandbox offers, in lower case
 
 
 def slot_for(directory: Path) -> int:
@@ -51,6 +53,12 @@ class ClusterSpec:
     slot: int = -1
     # Which SLURM runs it, daemons and clients: a release of contract/releases.py (how each runs: releases.py).
     slurm: str = DEFAULT_RELEASE
+    # Preemption as on a shared cluster (`up --preemption`): a partition PREEMPTING over the same nodes, of a higher
+    # PriorityTier, whose jobs preempt the default partition's (PreemptType=preempt/partition_prio) after
+    # `grace_time` seconds of SIGTERM (GraceTime), requeued or cancelled (`preempt_mode`, the cluster's PreemptMode).
+    preemption: bool = False
+    grace_time: int = 60
+    preempt_mode: str = "requeue"
 
     def __post_init__(self) -> None:
         for name, low, high in (("nodes", 1, 64), ("cpus", 1, 1024), ("gpus", 0, 64), ("mem_mb", 100, 10**8)):
@@ -60,6 +68,10 @@ class ClusterSpec:
         if self.proctrack not in ("cgroup", "linuxproc"):
             raise ClusterError(f"proctrack must be 'cgroup' or 'linuxproc', got {self.proctrack!r}")
         release(self.slurm)  # a ClusterError naming the releases there are
+        if not isinstance(self.grace_time, int) or isinstance(self.grace_time, bool) or self.grace_time < 0:
+            raise ClusterError(f"--grace-time must be a whole number of seconds, 0 or more, got {self.grace_time!r}")
+        if self.preempt_mode not in PREEMPT_MODES:
+            raise ClusterError(f"--preempt-mode must be {' or '.join(PREEMPT_MODES)}, got {self.preempt_mode!r}")
         if self.slot == -1:
             object.__setattr__(self, "slot", slot_for(self.dir))
         if not isinstance(self.slot, int) or not SLOTS[0] <= self.slot < SLOTS[1]:
@@ -147,6 +159,28 @@ class ClusterSpec:
         return asdict(self) == asdict(other)
 
 
+def preemption_text(spec: ClusterSpec) -> str:
+    if not spec.preemption:
+        return "no preemption"
+    mode = spec.preempt_mode.upper()
+    return f"preemption by partition {PREEMPTING}, GraceTime {spec.grace_time} s, PreemptMode {mode}"
+
+
+def partition_lines(spec: ClusterSpec) -> list[str]:
+    """slurm.conf's partitions, with preemption's settings where the cluster preempts."""
+    default = f"PartitionName={spec.partition} Nodes={spec.node_range} Default=YES MaxTime=INFINITE State=UP"
+    if not spec.preemption:
+        return [default]
+    return [
+        "# Preemption (`up --preemption`): a job of the higher PriorityTier takes the default partition's nodes; the",
+        "# preempted job gets SIGTERM, GraceTime seconds to end, then is requeued (REQUEUE) or cancelled (CANCEL).",
+        "PreemptType=preempt/partition_prio",
+        f"PreemptMode={spec.preempt_mode.upper()}",
+        f"{default} PriorityTier=1 GraceTime={spec.grace_time}",
+        f"PartitionName={PREEMPTING} Nodes={spec.node_range} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
+    ]
+
+
 def _template(name: str) -> Template:
     return Template(resources.files(__package__).joinpath("templates", name).read_text())
 
@@ -187,6 +221,7 @@ def render_configs(
     # address (::ffff:a.b.c.d); without an entry glibc falls back to DNS, which is unreachable here, and every
     # rank logs "The hostname of the client socket cannot be retrieved". A separate name keeps `nodeN` IPv4-only.
     hosts += [f"::ffff:{spec.node_ip(i)} {spec.node_name(i)}-v4mapped" for i in spec.node_indices]
+    values["partition_lines"] = "\n".join(partition_lines(spec))
     configs = {
         "slurm.conf": _template("slurm.conf").substitute(values),
         "gres.conf": _template("gres.conf").substitute(values) if spec.gpus else "",

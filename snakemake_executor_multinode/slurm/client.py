@@ -9,10 +9,11 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from snakemake_executor_multinode.slurm.formats import array_tasks
+from snakemake_executor_multinode.slurm.formats import array_tasks, epoch
 from snakemake_executor_multinode.slurm.pacing import Pace
 from snakemake_executor_multinode.slurm.reasons import NO_REASON
 
@@ -130,6 +131,29 @@ class JobState:
     @property
     def succeeded(self) -> bool:
         return self.state in SUCCESS_STATES
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """slurmctld's notice that it preempts a running job: when it sent the job SIGTERM (squeue's PreemptTime) and
+    when the job's grace time ends (its EndTime, moved to PreemptTime + GraceTime, or earlier with its time limit)."""
+
+    notice: float  # epoch seconds
+    ends: float | None  # epoch seconds; None when squeue gives no end
+
+    @property
+    def grace_s(self) -> float | None:
+        return None if self.ends is None else max(self.ends - self.notice, 0.0)
+
+
+@dataclass(frozen=True)
+class Started:
+    """A job that started on some nodes (squeue -w, sacct -N): a preempted run's preemptor is the first of them."""
+
+    jobid: str
+    start: float
+    submit: float | None
+    nodes: str
 
 
 class SlurmClient:
@@ -390,6 +414,47 @@ class SlurmClient:
                 )
         return states
 
+    def preemption(self, jobid: str) -> Preemption | None:
+        """Whether slurmctld is preempting this running job (one squeue): its PreemptTime is set while it runs out
+        its grace time (measured on 22.05 and 24.11: a preempted job's steps get SIGTERM, its batch shell nothing,
+        until the grace time ends). None for a job that is not (a scancel's or the time limit's SIGTERM); QueryError
+        when slurmctld does not answer."""
+        rows = self.queue([jobid], ("JobID", "State", "PreemptTime", "EndTime"))
+        row = next((r for r in rows if r.get("JobID", "").strip() == jobid), rows[0] if len(rows) == 1 else None)
+        # SIGNALING: 24.11 shows a running job so while slurmctld delivers a signal (seen once in eight preemptions,
+        # asked 20 ms after the SIGTERM); COMPLETING: the grace time is over
+        if row is None or row.get("State", "").strip() not in ("RUNNING", "SIGNALING"):
+            return None
+        notice = epoch(row.get("PreemptTime", ""))
+        return None if notice is None else Preemption(notice, epoch(row.get("EndTime", "")))
+
+    def started_on(self, nodes: Sequence[str], since: float) -> list[Started]:
+        """The jobs (anyone's) that started on any of these nodes at or after `since`, oldest start first: slurmctld's
+        (squeue -w, jobs ended up to MinJobAge ago), and accounting's for those it forgot (sacct -N; none without
+        accounting). Two queries at most, for any number of preempted runs. QueryError when neither answers."""
+        found: dict[str, Started] = {}
+        names = ",".join(sorted(set(nodes)))
+        fields = ("JobID", "StartTime", "SubmitTime", "NodeList", "ArrayJobID", "ArrayTaskID")
+        spec = ",".join(f"{name}:|" for name in fields)
+        squeue = self._run(["squeue", "-h", "-a", "-t", "all", "-w", names, "-O", spec])
+        for line in squeue.stdout.splitlines() if squeue.returncode == 0 else []:
+            row = dict(zip(fields, line.split("|"), strict=False))
+            start = epoch(row.get("StartTime", ""))
+            if start is not None and start >= since:
+                key = queue_key(row)
+                found[key] = Started(key, start, epoch(row.get("SubmitTime", "")), row.get("NodeList", "").strip())
+        window = datetime.fromtimestamp(since).strftime("%Y-%m-%dT%H:%M:%S")
+        fields_sacct = "JobID,Start,Submit,NodeList"
+        sacct = self._run(["sacct", "-X", "-a", "-n", "-P", "-N", names, "-S", window, "-E", "now", "-o", fields_sacct])
+        for line in sacct.stdout.splitlines() if sacct.returncode == 0 else []:
+            parts = line.split("|")
+            start = epoch(parts[1]) if len(parts) >= 4 else None
+            if start is not None and start >= since and is_job_key(parts[0]) and parts[0] not in found:
+                found[parts[0]] = Started(parts[0], start, epoch(parts[2]), parts[3].strip())
+        if squeue.returncode != 0 and sacct.returncode != 0:
+            raise QueryError(f"squeue: {squeue.stderr.strip()} / sacct: {sacct.stderr.strip()}")
+        return sorted(found.values(), key=lambda s: (s.start, job_order(s.jobid)))
+
     def named(self, jobids: Iterable[str]) -> dict[str, tuple[str, str]]:
         """slurmctld's (job name, state) of each job it knows (one squeue): whether a job id still belongs to the
         submission that got it, and its current state (sacct's lags). QueryError when slurmctld does not answer."""
@@ -398,6 +463,34 @@ class SlurmClient:
             for row in self.queue(jobids, ("JobID", "Name", "State", "ArrayJobID", "ArrayTaskID"))
             if is_job_key(queue_key(row))
         }
+
+    def step_names(self, jobids: Iterable[str]) -> dict[str, set[str]]:
+        """The names of each job's running steps (one squeue -s): "batch", a launcher's "torchrun", ... A job without
+        a step is left out. One attempt; QueryError when slurmctld does not answer."""
+        ids = sorted(set(jobids), key=job_order)
+        if not ids:
+            return {}
+        proc = self._run(["squeue", "-h", "-s", "-j", ",".join(ids), "-O", "StepId:|,StepName:|"])
+        if proc.returncode != 0:
+            if "Invalid job id" in proc.stderr:
+                return {}
+            raise QueryError(f"squeue: {proc.stderr.strip()}")
+        found: dict[str, set[str]] = {}
+        for line in proc.stdout.splitlines():
+            step, _, rest = line.partition("|")
+            job = step.strip().rsplit(".", 1)[0]
+            if is_job_key(job):
+                found.setdefault(job, set()).add(rest.split("|", 1)[0].strip())
+        return found
+
+    def signal_steps(self, jobids: Iterable[str], signal: str) -> None:
+        """Send `signal` to every step of these jobs but their batch shells (scancel --signal; SLURM's rule without
+        --full), waiting out a controller outage as `cancel` does."""
+        ids = list(jobids)
+        if ids:
+            proc = self._patiently("scancel", lambda: self._run(["scancel", f"--signal={signal}", *ids]))
+            if proc is not None and proc.returncode != 0 and "Invalid job id" not in proc.stderr:
+                raise QueryError(f"scancel --signal={signal}: {proc.stderr.strip()}")
 
     def find_by_names(self, names: Iterable[str]) -> list[str]:
         """Ids of the jobs with these (unique) names: a submission whose sbatch reply never came."""

@@ -96,6 +96,38 @@ def gres_gpus(text: str) -> int | None:
     return 0
 
 
+# --- node lists -------------------------------------------------------------------------------------------------
+def hostlist(text: str) -> list[str]:
+    """SLURM's compact node list as names: "node[1-3,7],gpu[01-02]" -> node1 node2 node3 node7 gpu01 gpu02 (zero
+    padding kept, several bracket groups in one name expanded in turn). "None assigned", "(null)", "": none."""
+    text = text.strip()
+    if not text or text in ("None assigned", "(null)", "None"):
+        return []
+    names: list[str] = []
+    depth, start = 0, 0
+    for i, ch in enumerate(text + ","):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            names += _expand(text[start:i])
+            start = i + 1
+    return [n for n in names if n]
+
+
+def _expand(name: str) -> list[str]:
+    head, sep, rest = name.partition("[")
+    if not sep or "]" not in rest:
+        return [name]
+    inside, _, tail = rest.partition("]")
+    out = []
+    for part in inside.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            return [name]  # not SLURM's form: the text as it is
+        width = len(low)
+        out += [f"{head}{n:0{width}d}{t}" for n in range(int(low), int(high or low) + 1) for t in _expand(tail)]
+    return out
+
+
 # --- job arrays -------------------------------------------------------------------------------------------------
 def array_tasks(spec: str) -> list[int]:
     """The tasks of an array record's id: "[0-3,7]" -> 0, 1, 2, 3, 7 (a "%N" limit is dropped)."""

@@ -23,6 +23,8 @@ time is cut at the records' times, so the parts add up to the run's allocated ti
 - spare: the allocated nodes beyond those the training runs on (resource spare_nodes: the runs file's
   `train_nodes`), for the whole run: every other category counts the training's nodes only, so productive
   node-seconds are the training's own, and the categories still add up to the allocation;
+- preempted: SLURM's preemption notice (the runs file's "preempted" line, launching/preemption.py) to the run's end:
+  the save in the grace time, and the wait for SLURM's end; the run is cut there as if it ended then;
 - unknown: a job with no metrics at all: startup to its first output line when the caller knows it, the rest
   unknown; without a first output line (a command with its own launcher) the whole run is unknown. Its productive
   time is unknown, never guessed.
@@ -33,10 +35,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 CATEGORIES = (
-    "startup", "productive", "checkpoint", "restore", "relaunch", "lost", "stalled", "teardown", "spare", "unknown",
+    "startup", "productive", "checkpoint", "restore", "relaunch", "lost", "stalled", "preempted", "teardown", "spare",
+    "unknown",
 )  # fmt: skip
 # sacct's Start and End are whole seconds and the nodes' clocks drift: a record this close outside a run is the run's
 # (clamped into it); one further away belongs to another job sharing the training's metrics file.
@@ -294,6 +298,31 @@ def _by_restart(runs_lines: Sequence[Mapping[str, Any]], event: str, key: str) -
     return found
 
 
+def _preemptions(runs_lines: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    """The runs file's preemption notices: SLURM's PreemptTime (epoch seconds) by restart."""
+    found: dict[int, float] = {}
+    for line in runs_lines:
+        restart = line.get("restart")
+        if line.get("event") == "preempted" and isinstance(restart, int):
+            try:
+                found[restart] = datetime.fromisoformat(str(line.get("time"))).timestamp()
+            except ValueError:
+                continue
+    return found
+
+
+def _run_until_preempted(
+    span: RunSpan, recs: list[_Record], known: bool, start_step: float, keep_to: float, notice: float | None
+) -> dict[str, float]:
+    """A run's seconds; a preempted run's before the notice as any run's, the rest `preempted`."""
+    if notice is None or not span.start < notice < span.end:
+        return _run_seconds(span, recs, known, start_step, keep_to)
+    before = [r for r in recs if r.wall <= notice]
+    seconds = _run_seconds(replace(span, end=notice), before, known, start_step, keep_to)
+    seconds["preempted"] += span.end - notice
+    return seconds
+
+
 def ledger(spans: Sequence[RunSpan], runs_lines: Sequence[Mapping[str, Any]], metrics: Sequence[Any]) -> Ledger:
     """The ledger of one job: its runs as SLURM accounted them (any order), its runs file's lines and its metrics
     records (parsed JSON, in the file's order)."""
@@ -305,6 +334,7 @@ def ledger(spans: Sequence[RunSpan], runs_lines: Sequence[Mapping[str, Any]], me
     resumed = _resumed_from(per_run)
     exits = _by_restart(runs_lines, "end", "exit")
     trains = _by_restart(runs_lines, "start", "train_nodes")
+    preempted = _preemptions(runs_lines)
     runs: list[RunLedger] = []
     resumes = [(r.wall, r.step) for r in records if r.kind == _RESUME and r.step is not None]
     for i, (span, recs) in enumerate(zip(ordered, per_run, strict=True)):
@@ -313,7 +343,7 @@ def ledger(spans: Sequence[RunSpan], runs_lines: Sequence[Mapping[str, Any]], me
         keep_to = min(later, default=math.inf)  # steps above it were computed again by a later run
         resumed_at = resumed[i]
         start_step = resumed_at if resumed_at is not None else 0.0
-        seconds = _run_seconds(span, recs, known, start_step, keep_to)
+        seconds = _run_until_preempted(span, recs, known, start_step, keep_to, preempted.get(i))
         runs.append(RunLedger(span, seconds, i, exits.get(i), trains.get(i)))
     result = Ledger(runs, known)
     for cat in CATEGORIES:

@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import STALL_MARKER, JobFiles, marker
+from snakemake_executor_multinode.contract.jsonl import json_lines
 from snakemake_executor_multinode.planning.settings import SettingsError
-from snakemake_executor_multinode.watching.jsonl import json_lines
 from snakemake_executor_multinode.watching.registry import Submission
 from snakemake_executor_multinode.watching.status_view import current_log, replaced
 from snakemake_executor_multinode.watching.tracker import Outcome

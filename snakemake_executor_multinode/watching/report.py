@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import REPORTS_DIR, JobFiles
+from snakemake_executor_multinode.contract.jsonl import json_lines
 from snakemake_executor_multinode.contract.state_files import Damaged, foreign, ignored
 from snakemake_executor_multinode.launching import stall
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient, is_job_key, is_transient
 from snakemake_executor_multinode.slurm.formats import clock, cpu_seconds, epoch, minutes_to_seconds, size_mb, tres_map
 from snakemake_executor_multinode.watching import gpu_use, progress
-from snakemake_executor_multinode.watching.jsonl import json_lines
 from snakemake_executor_multinode.watching.ledger import CATEGORIES, Ledger, RunSpan, ledger
 from snakemake_executor_multinode.watching.registry import Submission
 from snakemake_executor_multinode.watching.status_view import replacements, run_table

@@ -26,6 +26,7 @@ COLOURS = {
     "relaunch": "#fd8d3c",
     "lost": "#de2d26",
     "stalled": "#a50f15",
+    "preempted": "#e7ba52",
     "teardown": "#969696",
     "spare": "#fdd0a2",
     "unknown": "#d9d9d9",

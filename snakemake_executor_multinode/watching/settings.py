@@ -54,6 +54,14 @@ class WatchSettings:
             "seconds, read from the job's metrics file ($MULTINODE_METRICS_FILE; no SLURM query). 0: none."
         },
     )
+    cancel_checkpoint_seconds: float = field(
+        default=120.0,
+        metadata={
+            "help": "Snakemake's first Ctrl-C asks each running training (a multinode torchrun step) to checkpoint, "
+            "as at the time limit, and cancels it once it has ended or after this many seconds; other jobs are "
+            "cancelled at once. A second Ctrl-C cancels everything at once. 0: the first Ctrl-C cancels at once."
+        },
+    )
     notify: Optional[str] = field(
         default=None,
         metadata={

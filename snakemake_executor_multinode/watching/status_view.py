@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -31,6 +31,7 @@ from snakemake_executor_multinode.contract.jobfiles import (
     StateFolders,
     tensorboard_dir,
 )
+from snakemake_executor_multinode.contract.jsonl import json_lines
 from snakemake_executor_multinode.contract.state_files import Damaged, ignored, marker_text
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import (
@@ -42,8 +43,7 @@ from snakemake_executor_multinode.slurm.client import (
     queue_key,
 )
 from snakemake_executor_multinode.slurm.formats import clock, clock_to_seconds, gres_gpus, minutes_to_seconds, tres_map
-from snakemake_executor_multinode.watching import gpu_use, progress, run_ends
-from snakemake_executor_multinode.watching.jsonl import json_lines
+from snakemake_executor_multinode.watching import gpu_use, preemptions, progress, run_ends
 from snakemake_executor_multinode.watching.ledger import CATEGORIES, RunSpan, ledger
 from snakemake_executor_multinode.watching.registry import Submission, runs
 
@@ -86,6 +86,7 @@ class JobRow:
     replaced: str = ""  # the nodes `multinode torchrun` dropped for spares (resource spare_nodes), with why
     run_id: str = ""  # the experiment its runs log to (W&B run id, MLflow tag), shown for a training-shaped job
     tensorboard: str = ""  # its TensorBoard folder, once the training has written it
+    preempted: str = ""  # its runs SLURM preempted, each with its preemptor (preemptions.py)
     ended: str = ""  # how its runs ended, where there is more to say than one run's exit 0 (run_ends.py)
 
     @property
@@ -349,7 +350,21 @@ def curves(sub: Submission, view: SlurmView | None) -> tuple[str, str]:
     return sub.tracking_id, str(folder) if written else ""
 
 
-def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: Path) -> list[JobRow]:
+def preempted(client: SlurmClient, subs: Sequence[Submission]) -> dict[str, str]:
+    """Each job's preempted runs, said with their preemptors: job id -> "run 0 preempted by job 15 (...); ...".
+    One SLURM query for every preempted run of these jobs (none without one)."""
+    found = {
+        sub.jobid: runs
+        for sub in subs
+        if sub.jobid and sub.log and (runs := preemptions.preempted_runs(json_lines(JobFiles.from_log(sub.log).runs)))
+    }
+    by = preemptions.preemptors(client, [r for runs in found.values() for r in runs])
+    return {job: "; ".join(r.describe(by.get((r.job, r.restart))) for r in runs) for job, runs in found.items()}
+
+
+def rows_for(
+    subs: Sequence[Submission], views: dict[str, SlurmView], workdir: Path, preempted: Mapping[str, str] | None = None
+) -> list[JobRow]:
     rows = []
     for sub in sorted(subs, key=lambda s: s.submitted_at):
         view = views.get(sub.jobid or "")
@@ -388,6 +403,7 @@ def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: P
                 replaced=replacements(sub.log),
                 run_id=run_id,
                 tensorboard=tensorboard,
+                preempted=(preempted or {}).get(sub.jobid or "", ""),
                 ended=run_ends.describe(json_lines(JobFiles.from_log(sub.log).runs), state in ACTIVE_STATES)
                 if sub.log
                 else "",
@@ -397,7 +413,8 @@ def rows_for(subs: Sequence[Submission], views: dict[str, SlurmView], workdir: P
 
 
 def collect(workdir: Path, subs: Sequence[Submission], client: SlurmClient) -> list[JobRow]:
-    return rows_for(subs, slurm_views(client, [s.jobid for s in subs if s.jobid]), workdir)
+    views = slurm_views(client, [s.jobid for s in subs if s.jobid])
+    return rows_for(subs, views, workdir, preempted(client, subs))
 
 
 # --- the table --------------------------------------------------------------------------------------------------
@@ -452,6 +469,7 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
     gpus = [f"  {_label(r)} (job {r.jobid}): {r.gpu_use}" for r in rows if r.gpu_use]
     goodput = [f"  {_label(r)} (job {r.jobid}): {r.goodput}" for r in rows if r.goodput]
     replaced = [f"  {_label(r)} (job {r.jobid}): {r.replaced}" for r in rows if r.replaced]
+    preempted = [f"  {_label(r)} (job {r.jobid}): {r.preempted}" for r in rows if r.preempted]
     ended = [f"  {_label(r)} (job {r.jobid}): {r.ended}" for r in rows if r.ended]
     tracked = [
         f"  {_label(r)} (job {r.jobid}): run {r.run_id}, TensorBoard "
@@ -466,6 +484,11 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
             *(["", "why they wait:", *waits] if waits else []),
             *(["", "GPU use so far (per node: mean utilisation, peak memory of one GPU):", *gpus] if gpus else []),
             *(["", "goodput so far (productive share of the allocation; the rest):", *goodput] if goodput else []),
+            *(
+                ["", "preempted by SLURM (for a job of a higher priority tier or QOS):", *preempted]
+                if preempted
+                else []
+            ),
             *(
                 [
                     "",

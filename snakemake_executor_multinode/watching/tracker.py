@@ -8,6 +8,7 @@ started.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -19,23 +20,28 @@ from snakemake_executor_multinode.contract.jobfiles import (
     EXIT_MARKER,
     FAILED_NODE_MARKER,
     MARKERS,
+    PREEMPT_NOTICE_MARKER,
     REQUEUE_MARKER,
     STALL_MARKER,
     marker,
 )
 from snakemake_executor_multinode.contract.protocol import EXIT_CODE_CHANGED, EXIT_CRASH_LOOP, EXIT_PREEMPTED
 from snakemake_executor_multinode.contract.state_files import Damaged, ignored, marker_text
+from snakemake_executor_multinode.launching import preemption
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import JobState, QueryError, SlurmClient
 
 # States of a job that SLURM has put back into the queue after a run ended.
 REQUEUED_STATES = {"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PENDING"}
+# A run's state in accounting that SLURM may follow with a requeue of the job (PreemptMode=REQUEUE).
+PREEMPTED_STATES = {"PREEMPTED"}
 # What the tracker does instead of believing a damaged marker (contract/state_files.py).
 _INSTEAD = {
     EXIT_MARKER: "how the job ended is asked of SLURM (the next sweep)",
     FAILED_NODE_MARKER: "no node is blamed for the failure",
     REQUEUE_MARKER: "the requeue is not reported",
     STALL_MARKER: "the failure is reported without the watchdog's verdict",
+    PREEMPT_NOTICE_MARKER: "the requeue is reported without the preemption",
     CRASH_MARKER: "the failure is reported without the crash loop's count",
 }
 UNKNOWN_SWEEPS = 3  # sweeps in a row in which SLURM does not know a job before it counts as lost
@@ -66,7 +72,7 @@ class Outcome:
         if self.exit_code is not None:
             parts.append(f"job script exit {self.exit_code}")
             if self.exit_code == EXIT_PREEMPTED:
-                parts.append("(checkpointed before the time limit and not requeued: a rerun resumes)")
+                parts.append("(checkpointed and not requeued: a rerun or --retries resumes from the checkpoint)")
             if self.exit_code == EXIT_CODE_CHANGED:
                 parts.append("(a restart found the code changed since submission and did not resume: see the log)")
             if self.exit_code == EXIT_CRASH_LOOP and self.crashes:
@@ -158,6 +164,18 @@ class Tracker:
         restart, _, why = text.partition(" ")
         return f"requeued ({why}), restart {restart}"
 
+    def _preempted(self, jobid: str) -> str | None:
+        """The run's preemption notice (launching/preemption.py), said; None without one (or once the next run has
+        removed it)."""
+        text = self._read(jobid, PREEMPT_NOTICE_MARKER)
+        if text is None:
+            return None
+        try:
+            notice = json.loads(text)
+        except ValueError:
+            notice = None
+        return preemption.when(notice if isinstance(notice, dict) else {})
+
     def _judge_failed_run(self, jobid: str, ended: Outcome, state: JobState | None, answered: bool) -> Outcome:
         """A run ended with an error. Did the job end (a failure), or does SLURM run it again (preemption,
         `scontrol requeue`, a node failure with requeue)? slurmctld decides, by the restart count: sacct lags."""
@@ -173,11 +191,11 @@ class Tracker:
         if live is not None:
             if (live.restarts or 0) > restart or live.state in REQUEUED_STATES:
                 self._stale[jobid] = text
-                note = (
-                    f"requeued (the run ended with exit {ended.exit_code}; SLURM state {live.state}), "
-                    f"restart {restart + 1}"
-                )
-                return Outcome(jobid, False, state=live, note=note)
+                why = f"the run ended with exit {ended.exit_code}; SLURM state {live.state}"
+                if (preempted := self._preempted(jobid)) is not None:
+                    done = "checkpointed" if ended.exit_code == EXIT_PREEMPTED else f"exit {ended.exit_code}"
+                    why = f"preempted: {preempted}; {done}"
+                return Outcome(jobid, False, state=live, note=f"requeued ({why}), restart {restart + 1}")
             # RUNNING: the EXIT trap wrote the marker before the shell ended; ask again next cycle. COMPLETING with
             # this run's restart count is final: a requeue raises the count at once (checked above; measured: a
             # `scontrol requeue` shows COMPLETING with the count raised). Waiting on COMPLETING would wait for a
@@ -243,9 +261,24 @@ class Tracker:
                 outcomes[jobid] = Outcome(jobid, False, state=state, note=self._requeue_note(jobid))
             elif (late := self._from_marker(jobid, fresh=True)) is not None:  # ended between the listing and the query
                 outcomes[jobid] = Outcome(jobid, True, late.success, late.exit_code, state, late.failed_node)
+            elif state.state in PREEMPTED_STATES and (held := self._still_held(jobid, state)) is not None:
+                outcomes[jobid] = held
             else:
                 outcomes[jobid] = Outcome(jobid, True, state.succeeded, None, state)
         return outcomes
+
+    def _still_held(self, jobid: str, state: JobState) -> Outcome | None:
+        """Accounting says a run was preempted: under PreemptMode=REQUEUE slurmctld holds the job (requeued, its run
+        still completing, or running again), whose job script may not have written its marker yet (a training that
+        its grace time's end stops takes seconds); under CANCEL the job has ended. slurmctld decides (sacct lags);
+        None: ended. A query that fails asks again next cycle, never a failure on a guess."""
+        try:
+            live = self.client.live([jobid]).get(jobid)
+        except QueryError:
+            return Outcome(jobid, False, state=state)
+        if live is not None and live.active:
+            return Outcome(jobid, False, state=live)
+        return None
 
     def forget(self, jobid: str) -> None:
         self._stale.pop(jobid, None)

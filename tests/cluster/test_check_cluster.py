@@ -1,5 +1,6 @@
 """Bad input is refused before the first submission, and `multinode check` / `multinode preview --rule` say so
-without running anything: on the real local SLURM cluster (5 nodes in partition `gpu`, the default; accounting on).
+without running anything: on the real local SLURM cluster (5 nodes in partition `gpu`, the default, and in `urgent`,
+which preempts it; accounting on).
 
 Each bad case is given to a real `snakemake --executor multinode` run (upstream rule fine, downstream rule bad: the
 run stops before the upstream job is submitted) and to `multinode check` with the same arguments (same message,
@@ -77,7 +78,7 @@ BAD = {
     ),
     "partition": (
         ["--set-resources", "down:slurm_partition=nosuch"],
-        "rule 'down': resource slurm_partition='nosuch' is invalid: no such partition; partitions: gpu (SLURM: "
+        "rule 'down': resource slurm_partition='nosuch' is invalid: no such partition; partitions: gpu, urgent (SLURM: "
         "Invalid partition name specified)",
     ),
     "account": (
@@ -87,7 +88,8 @@ BAD = {
     ),
     "partition-setting": (
         ["--multinode-partition", "nosuch"],
-        "rules 'up', 'down', 'py': resource slurm_partition='nosuch' is invalid: no such partition; partitions: gpu; "
+        "rules 'up', 'down', 'py': resource slurm_partition='nosuch' is invalid: no such partition; partitions: gpu, "
+        "urgent; "
         "set by --multinode-partition (SLURM: Invalid partition name specified)",
     ),
 }

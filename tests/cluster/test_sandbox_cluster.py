@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -21,7 +22,9 @@ pytestmark = pytest.mark.cluster
 
 
 def test_every_node_is_up_each_with_eight_gpus(slurm_cluster):
-    out = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N %T %G").stdout.split("\n")
+    # the default partition's nodes (the suite's cluster preempts: `urgent` lists the same nodes once more)
+    partition = slurm_cluster.spec.partition
+    out = slurm_cluster.run("sinfo", "-h", "-N", "-p", partition, "-o", "%N %T %G").stdout.split("\n")
     rows = sorted(line.split() for line in out if line.strip())
     assert [(name, gres) for name, _, gres in rows] == [(f"node{i}", "gpu:8") for i in slurm_cluster.spec.node_indices]
     # up and schedulable: idle, or running (or ending) someone's job (the suite's cluster may be shared by parallel
@@ -95,6 +98,12 @@ def test_second_up_with_other_settings_says_so_and_keeps_the_cluster(slurm_clust
     other = type(slurm_cluster.spec)(dir=slurm_cluster.spec.dir, nodes=2)
     with pytest.raises(cluster.ClusterError, match="other settings is running"):
         cluster.up(other)
+    # the suite's cluster preempts (`up --preemption`): one without is another shape, and the message says how it runs
+    plain = dataclasses.replace(slurm_cluster.spec, preemption=False)
+    with pytest.raises(
+        cluster.ClusterError, match="preemption by partition urgent, GraceTime 60 s, PreemptMode REQUEUE"
+    ):
+        cluster.up(plain)
     cluster.up(slurm_cluster.spec)  # same settings: a no-op
     assert cluster.is_up(slurm_cluster.spec)
 

@@ -211,3 +211,32 @@ def test_slurm_extra_is_read_with_the_options_of_the_release_the_session_finds(t
         s.plan(RuleJob("train", {"slurm_extra": "--segment=2"}, "true", key="0.1"), ["out.txt"])
     s.plan(RuleJob("train", {}, "true", key="0.2"), ["out2.txt"])
     assert s.slurm_version == "22.05.8" and s.client.runner.calls.count(["sbatch", "--version"]) == 1
+
+
+def test_ctrl_c_asks_running_trainings_to_checkpoint_and_cancels_everything_else_at_once(tmp_path):
+    """Snakemake's first Ctrl-C (cancel_all): job 41 runs a training step, 42 a plain command, 43 waits. 42 and 43
+    are cancelled at once; 41 gets its cancel marker and SIGTERM to its steps, and is cancelled only if it has not
+    ended within --multinode-cancel-checkpoint-seconds."""
+    from snakemake_executor_multinode.contract.jobfiles import CANCEL_MARKER, marker
+
+    steps = "41.batch|batch|\n41.0|torchrun|\n42.batch|batch|\n"
+    ended = "41|COMPLETED|None|node1|0|N/A|N/A|\n"
+
+    def squeue(cmd: list[str]) -> tuple[int, str, str]:
+        return (0, steps, "") if "-s" in cmd else (0, ended, "")
+
+    s, said = fake_session(tmp_path, FakeSlurm(squeue=squeue))
+    s.cancel_all(["41", "42", "43"])
+    fake = s.client.runner
+    assert isinstance(fake, FakeSlurm)
+    assert fake.called("scancel") == [["scancel", "42", "43"], ["scancel", "--signal=TERM", "41"]]
+    assert marker(s.folders.state, "41", CANCEL_MARKER).read_text().startswith("Snakemake's Ctrl-C, ")
+    assert any("asked SLURM job(s) 41 to checkpoint" in line and "(Ctrl-C again: at once)" in line for line in said)
+
+
+def test_with_the_setting_at_0_ctrl_c_cancels_every_job_at_once(tmp_path):
+    fake = FakeSlurm()
+    s, _ = fake_session(tmp_path, fake)
+    s.settings = replace(s.settings, cancel_checkpoint_seconds=0)
+    s.cancel_all(["41", "42"])
+    assert fake.called("scancel") == [["scancel", "41", "42"]] and not fake.called("squeue", "-h", "-s")

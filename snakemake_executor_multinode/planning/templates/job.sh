@@ -29,10 +29,23 @@ echo "[multinode] job $MULTINODE_JOB_KEY, rule {{rule_q}}, attempt {{attempt}}, 
 # ==== bookkeeping: a marker on the shared filesystem tells Snakemake the job ended (no slurmctld query)
 MULTINODE_STATE_DIR={{state_dir}}
 export MULTINODE_PREEMPT_FILE={{preempt_marker}}
+# SLURM preempts a job by SIGTERM to its steps alone: `multinode torchrun` asks SLURM, passes a preemption on to the
+# training as the checkpoint signal, and notes it here (its runs file line too).
+export MULTINODE_PREEMPT_NOTICE_FILE={{preempt_notice_marker}} MULTINODE_CHECKPOINT_SIGNAL={{checkpoint_signal}}
+export MULTINODE_CANCEL_FILE={{cancel_marker}}  # `multinode cancel --checkpoint`: checkpoint, then end
 export MULTINODE_FAILED_NODE_FILE={{failed_node_marker}}
 export MULTINODE_STALL_FILE={{stall_marker}}
 export MULTINODE_METRICS_FILE={{metrics_file}}  # training progress: `multinode status` reads its last line
-MULTINODE_RUNS_FILE={{runs_file}}  # each run's start and end, for the outputs' provenance records
+export MULTINODE_RUNS_FILE={{runs_file}}  # each run's start, end and preemption, for provenance and the ledger
+# SLURM 24.11 runs a job once more after it ended well, where a preemption had requeued it before (docs/slurm-versions.md):
+# that run has nothing to do (its outputs are made, Snakemake has seen the job end), and is said and ended here.
+printf -v MULTINODE_ENDED_WELL '"event": "end", "job": "%s", "restart": %s, "exit": 0,' "$SLURM_JOB_ID" \
+    "$((${SLURM_RESTART_COUNT:-0} - 1))"  # the previous run's end line, had it ended with exit 0 (multinode_finish)
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && grep -qF "$MULTINODE_ENDED_WELL" "$MULTINODE_RUNS_FILE" 2>/dev/null; then
+    echo "[multinode] run $((SLURM_RESTART_COUNT - 1)) of this job ended with exit 0; SLURM ran the job again (after a" \
+        "preemption, SLURM 24.11 does so once): nothing to do"
+    exit 0
+fi
 MULTINODE_REQUEUED=0 MULTINODE_WHY=
 multinode_finish() {
     local rc=$?
@@ -69,7 +82,12 @@ multinode_finish() {
 trap multinode_finish EXIT
 trap 'exit 143' TERM
 [ -d "$MULTINODE_STATE_DIR" ] || mkdir -p "$MULTINODE_STATE_DIR"
-MULTINODE_STALE=("$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE")
+# After a preemption (the last run's notice is still there): which job SLURM gave the nodes to (its runs file, squeue)
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -e "$MULTINODE_PREEMPT_NOTICE_FILE" ]; then
+    multinode preempted-by "$MULTINODE_RUNS_FILE" 2>&1 || true
+fi
+MULTINODE_STALE=("$MULTINODE_PREEMPT_FILE" "$MULTINODE_FAILED_NODE_FILE" "$MULTINODE_STALL_FILE"
+    "$MULTINODE_PREEMPT_NOTICE_FILE" "$MULTINODE_CANCEL_FILE")
 # A first run's id is new to this job: exit and requeue markers of that id belong to an earlier job of the same id
 [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] ||
     MULTINODE_STALE+=({{exit_marker}} {{requeue_marker}} {{self_requeue_marker}} {{crash_marker}})
@@ -153,9 +171,9 @@ export OMP_NUM_THREADS={{threads}} GOTO_NUM_THREADS={{threads}} OPENBLAS_NUM_THR
 export MKL_NUM_THREADS={{threads}} VECLIB_MAXIMUM_THREADS={{threads}} NUMEXPR_NUM_THREADS={{threads}}
 cd {{workdir}}
 rc=0
-# In the background, in a process group of its own, so that a SIGTERM (scancel, time limit, requeue, preemption)
-# reaches all of it at once: with proctrack/cgroup SLURM signals only this shell, and a shell runs its TERM trap
-# only after its foreground command has ended; the command would hold the job until KillWait's SIGKILL.
+# In the background, in a process group of its own, so that a SIGTERM (scancel, time limit, requeue, a preemption's
+# grace time's end) reaches all of it at once: with proctrack/cgroup SLURM signals only this shell, and a shell runs
+# its TERM trap only after its foreground command has ended; the command would hold the job until KillWait's SIGKILL.
 set -m
 {{command}} &
 MULTINODE_COMMAND=$!
@@ -164,6 +182,30 @@ trap 'kill -TERM -- -"$MULTINODE_COMMAND" 2>/dev/null; wait "$MULTINODE_COMMAND"
 wait "$MULTINODE_COMMAND" || rc=$?
 # The samples end with the rule's command (srun stops its tasks on SIGTERM); the job's end would stop them anyway.
 [ -z "$MULTINODE_GPU_SAMPLER" ] || { kill "$MULTINODE_GPU_SAMPLER" 2>/dev/null; wait "$MULTINODE_GPU_SAMPLER"; }
+
+# ==== preempted, or checkpointed for a cancel: no requeue of its own ============================================
+# A preempted run waits for SLURM, which ends it at its grace time's end and requeues or cancels the job (the site's
+# PreemptMode): a job that ended now would be no preemption to SLURM (never requeued), and a requeue of its own
+# would count against max-requeues what is SLURM's doing. 143 (the command ended by the grace time's end) does not
+# come here: the TERM trap ended the run; nor does a command that finished its work (exit 0, no checkpoint).
+if [ -e "$MULTINODE_PREEMPT_NOTICE_FILE" ] && { [ -e "$MULTINODE_PREEMPT_FILE" ] || [ "$rc" -ne 0 ]; }; then
+    if [ -e "$MULTINODE_PREEMPT_FILE" ]; then
+        echo "[multinode] checkpointed on preemption ($(cat "$MULTINODE_PREEMPT_FILE"))"
+        rc={{exit_preempted}} MULTINODE_WHY="checkpointed on preemption"
+    else
+        echo "[multinode] preempted: the command ended with exit $rc, without a checkpoint"
+    fi
+    echo "[multinode] SLURM ends this run when its grace time ends, and requeues or cancels the job; the next run" \
+        "resumes from the last checkpoint"
+    trap 'exit "$rc"' TERM
+    while :; do sleep 600 & wait $!; done
+fi
+if [ -e "$MULTINODE_CANCEL_FILE" ] && [ -e "$MULTINODE_PREEMPT_FILE" ]; then
+    echo "[multinode] checkpointed for a cancel ($(cat "$MULTINODE_CANCEL_FILE")); not requeued: a rerun resumes" \
+        "from the checkpoint"
+    MULTINODE_WHY="checkpointed for a cancel"
+    exit {{exit_preempted}}
+fi
 
 # ==== 5. checkpointed before the time limit, or stalled (on_stall requeue)? requeue, to resume ===
 if [ -e "$MULTINODE_PREEMPT_FILE" ]; then

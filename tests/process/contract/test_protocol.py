@@ -6,8 +6,10 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -327,6 +329,140 @@ def test_an_exit_marker_that_cannot_be_written_is_said_and_the_job_ends_with_its
     assert said, out
     assert (said[1], int(said[2]), said[4]) == (str(marker), len("3 0 t\n"), str(state))
     assert "write error" not in out and "Is a directory" not in out  # one line of ours, not bash's
+
+
+# --- preemption: SLURM ends the run; the job neither ends itself nor requeues itself -------------------------------
+
+
+def started_job_script(
+    tmp_path: Path, command: str, restart: int = 0, notice: bool = False
+) -> tuple[subprocess.Popen, Path, Path]:
+    """The rendered job script started with bash as slurmd starts it (scontrol a recording stand-in, `multinode` one
+    that says it was asked), for a test that sends it SLURM's SIGTERM; `notice`: an earlier run's preemption notice
+    is there. (process, state folder, scontrol calls)."""
+    req = build_request("train", {"nodes": 1, "gpus": 1})
+    state = tmp_path / "state"
+    ctx = jobscript.ScriptContext(
+        command=command, workdir=tmp_path, log_dir=Path("logs"), state_dir=state, job_name="t"
+    )  # fmt: skip
+    (tmp_path / "job.sh").write_text(jobscript.render(req, ctx, []))
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol.calls"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$*" >> {calls}\n[ "$1" != show ] || echo node1\n')
+    (bin_dir / "multinode").write_text('#!/bin/bash\necho "multinode $*"\n')
+    for name in ("scontrol", "multinode"):
+        (bin_dir / name).chmod(0o755)
+    state.mkdir()
+    if notice:
+        jobfiles.marker(state, "42", jobfiles.PREEMPT_NOTICE_MARKER).write_text("{}\n")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": str(restart),
+           "SLURM_JOB_NODELIST": "node1", "HOME": str(tmp_path)}  # fmt: skip
+    out = (tmp_path / "out.txt").open("w")
+    proc = subprocess.Popen(["bash", str(tmp_path / "job.sh")], cwd=tmp_path, env=env, stdout=out, stderr=out)
+    return proc, state, calls
+
+
+def said(tmp_path: Path, line: str, proc: subprocess.Popen) -> str:
+    """The script's output once it has said `line` (the event a test waits for)."""
+    deadline = time.monotonic() + 60
+    while line not in (text := (tmp_path / "out.txt").read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, text
+        time.sleep(0.05)
+    return text
+
+
+PREEMPTED_AND_SAVED = (
+    f'echo "{{}}" > "${protocol.PREEMPT_NOTICE_FILE_VAR}"; echo "step 6" > "${protocol.PREEMPT_FILE_VAR}"'
+)
+
+
+def test_a_run_checkpointed_on_preemption_waits_for_slurms_end_neither_requeueing_nor_counting_itself(tmp_path):
+    """The labeller noted SLURM's preemption and the training checkpointed: the job script says so and waits; SLURM's
+    SIGTERM at the grace time's end ends it with exit 85 (checkpointed). No scontrol requeue, no budget used: SLURM
+    requeues (REQUEUE) or ends (CANCEL) the job."""
+    proc, state, calls = started_job_script(tmp_path, PREEMPTED_AND_SAVED)
+    try:
+        said(tmp_path, "SLURM ends this run when its grace time ends", proc)
+        time.sleep(0.5)
+        assert proc.poll() is None  # it waits for SLURM
+        proc.send_signal(signal.SIGTERM)  # the grace time's end
+        assert proc.wait(timeout=30) == protocol.EXIT_PREEMPTED
+    finally:
+        proc.kill()
+    out = (tmp_path / "out.txt").read_text()
+    assert "[multinode] checkpointed on preemption (step 6)\n" in out
+    assert f"[multinode] exit {protocol.EXIT_PREEMPTED}," in out
+    assert not any(c.startswith("requeue") for c in (calls.read_text().splitlines() if calls.exists() else []))
+    assert not jobfiles.marker(state, "42", jobfiles.SELF_REQUEUE_MARKER).exists()
+    exit_marker = jobfiles.marker(state, "42", jobfiles.EXIT_MARKER).read_text().split()
+    assert exit_marker[:2] == [str(protocol.EXIT_PREEMPTED), "0"]
+
+
+def test_a_preempted_run_whose_training_did_not_checkpoint_still_waits_for_slurm(tmp_path):
+    """A training that does not handle the checkpoint signal (it died of it): the job does not end now, which SLURM
+    would take for a finished job and never requeue."""
+    proc, _, _ = started_job_script(tmp_path, f'echo "{{}}" > "${protocol.PREEMPT_NOTICE_FILE_VAR}"; exit 1')
+    try:
+        said(tmp_path, "[multinode] preempted: the command ended with exit 1, without a checkpoint", proc)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 1
+    finally:
+        proc.kill()
+
+
+def test_a_restart_after_a_preemption_names_the_preemptor_and_forgets_the_old_notice(tmp_path):
+    proc, state, _ = started_job_script(tmp_path, "true", restart=1, notice=True)  # the previous run's notice
+    assert proc.wait(timeout=60) == 0
+    assert "multinode preempted-by " in (tmp_path / "out.txt").read_text()  # the line that names the preemptor
+    assert not jobfiles.marker(state, "42", jobfiles.PREEMPT_NOTICE_MARKER).exists()
+    first = tmp_path / "first"  # a first run: a notice there is an earlier job's of the same id
+    first.mkdir()
+    proc, state, _ = started_job_script(first, "true", restart=0, notice=True)
+    assert proc.wait(timeout=60) == 0
+    assert "preempted-by" not in (first / "out.txt").read_text()
+    assert not jobfiles.marker(state, "42", jobfiles.PREEMPT_NOTICE_MARKER).exists()
+
+
+def test_a_checkpoint_for_a_cancel_ends_the_job_with_85_at_once_without_a_requeue(tmp_path):
+    """`multinode cancel --checkpoint` wrote its marker and the training checkpointed: the job ends, not requeued, and
+    the next snakemake resumes."""
+    command = (f'echo "multinode cancel --checkpoint, 10:00:00" > "${protocol.CANCEL_FILE_VAR}"; '
+               f'echo "step 7" > "${protocol.PREEMPT_FILE_VAR}"')  # fmt: skip
+    code, calls, state, out = run_job_script(tmp_path, restart=0, command=command)
+    assert code == protocol.EXIT_PREEMPTED, out
+    assert not any(c.startswith("requeue") for c in calls)
+    assert "[multinode] checkpointed for a cancel (multinode cancel --checkpoint, 10:00:00); not requeued" in out
+    assert not jobfiles.marker(state, "42", jobfiles.SELF_REQUEUE_MARKER).exists()
+
+
+def test_a_training_that_finished_its_work_as_slurm_preempted_it_ends_the_job_with_success(tmp_path):
+    """The notice came, but the command ended well without a checkpoint (its last step): done, not waiting for a
+    requeue that would run it again."""
+    proc, _, _ = started_job_script(tmp_path, f'echo "{{}}" > "${protocol.PREEMPT_NOTICE_FILE_VAR}"; exit 0')
+    try:
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert "[multinode] exit 0," in (tmp_path / "out.txt").read_text()
+
+
+def test_a_run_after_one_that_ended_well_has_nothing_to_do(tmp_path):
+    """SLURM 24.11 runs a job once more after it ended with exit 0 where a preemption had requeued it before: the
+    command does not run again (its outputs are made), and the log says why."""
+    runs = tmp_path / "logs" / "42.attempt1.runs.jsonl"
+    runs.parent.mkdir()
+    runs.write_text('{"event": "end", "job": "42", "restart": 1, "exit": 0, "time": "2026-12-06T07:11:02+00:00"}\n')
+    proc, _, _ = started_job_script(tmp_path, "touch ran", restart=2)
+    assert proc.wait(timeout=60) == 0
+    assert not (tmp_path / "ran").exists()
+    said = (tmp_path / "logs" / "42.attempt1.restart2.log").read_text()  # a restart writes its own log
+    assert "[multinode] run 1 of this job ended with exit 0; SLURM ran the job again" in said, said
+    again = tmp_path / "again"  # a run that ended with 85 (checkpointed): the next run trains on
+    (again / "logs").mkdir(parents=True)
+    (again / "logs" / runs.name).write_text(runs.read_text().replace('"exit": 0,', '"exit": 85,'))
+    proc, _, _ = started_job_script(again, "touch ran", restart=2)
+    assert proc.wait(timeout=60) == 0 and (again / "ran").exists()
 
 
 # --- each run's end in the runs file: why it ended, where the job script knows (`multinode status` says it) ---------

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import nodelog, stall
+from snakemake_executor_multinode.launching.nodelog import Labeller, Source
 from tests.helpers import wait_for
 
 
@@ -25,7 +26,8 @@ def test_a_stalled_step_s_processes_that_outlive_the_gentle_stop_are_sigkilled_b
     sleeper = int(child.read_text())
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)}
     try:
-        nodelog._handle_signals(torchrun, stem, contained=False)
+        term = nodelog.Preempted(torchrun, {}, "node1", Labeller(tmp_path / "node1.out"), Source(b"[node1] ", 2))
+        nodelog._handle_signals(torchrun, stem, term, contained=False)
         os.kill(os.getpid(), signal.SIGUSR1)
         assert torchrun.wait(timeout=120) == -signal.SIGKILL  # not the SIGTERM, which it ignores
     finally:

@@ -129,3 +129,49 @@ def test_the_ready_line_names_a_cluster_outside_the_default_folder_so_env_cannot
     assert use_command(ClusterSpec(dir=Path("/var/tmp/my lab"))) == (
         "eval \"$(multinode cluster env --dir '/var/tmp/my lab')\""
     )
+
+
+def test_without_preemption_the_cluster_has_one_partition_and_no_preemption():
+    conf = render_configs(ClusterSpec(dir=Path("/x"), nodes=2), 1, "c")["slurm.conf"]
+    assert [line for line in conf.splitlines() if line.startswith("PartitionName=")] == [
+        "PartitionName=gpu Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP"
+    ]
+    assert "Preempt" not in conf and "GraceTime" not in conf
+
+
+def test_preemption_adds_the_partition_urgent_over_the_same_nodes_that_preempts_the_default_one():
+    """The exact names checks outside the team read: partition urgent, a higher PriorityTier, preempt/partition_prio,
+    PreemptMode=REQUEUE, the default partition's GraceTime (60 s unless given)."""
+    conf = render_configs(ClusterSpec(dir=Path("/x"), nodes=2, preemption=True), 1, "c")["slurm.conf"]
+    lines = conf.splitlines()
+    assert "PreemptType=preempt/partition_prio" in lines and "PreemptMode=REQUEUE" in lines
+    assert (
+        "PartitionName=gpu Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=60" in lines
+    )
+    assert "PartitionName=urgent Nodes=node[1-2] MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF" in lines
+    other = render_configs(ClusterSpec(dir=Path("/x"), preemption=True, grace_time=300, preempt_mode="cancel"), 1, "c")
+    assert "PreemptMode=CANCEL" in other["slurm.conf"].splitlines() and "GraceTime=300" in other["slurm.conf"]
+
+
+@pytest.mark.parametrize("value", ["-5", "1.5", "soon", "", "60s"])
+def test_a_grace_time_that_is_no_whole_number_of_seconds_is_refused_before_anything_starts(capsys, value):
+    assert main(["cluster", "up", "--preemption", "--grace-time", value, "--dir", "/nonexistent/x"]) == 1
+    assert f"--grace-time must be a whole number of seconds, 0 or more, got {value!r}" in capsys.readouterr().err
+    with pytest.raises(ClusterError, match="--grace-time must be a whole number"):
+        ClusterSpec(preemption=True, grace_time=-1)
+
+
+@pytest.mark.parametrize("flags", [["--grace-time", "30"], ["--preempt-mode", "cancel"]])
+def test_how_the_cluster_preempts_needs_preemption(capsys, flags):
+    assert main(["cluster", "up", *flags, "--dir", "/nonexistent/x"]) == 1
+    assert f"{flags[0]} sets how the cluster preempts: it needs --preemption" in capsys.readouterr().err
+
+
+def test_a_running_cluster_with_other_preemption_settings_is_another_shape(tmp_path):
+    spec = ClusterSpec(dir=tmp_path, preemption=True)
+    spec.save()
+    loaded = ClusterSpec.load(tmp_path)
+    assert loaded == spec and loaded is not None and loaded.same_shape(spec)
+    assert not spec.same_shape(ClusterSpec(dir=tmp_path)) and not spec.same_shape(
+        ClusterSpec(dir=tmp_path, preemption=True, grace_time=5)
+    )

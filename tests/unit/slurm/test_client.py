@@ -7,6 +7,7 @@ the local cluster in test_faults_cluster.py."""
 from __future__ import annotations
 
 import subprocess
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,48 @@ def test_the_elements_of_an_array_cancelled_before_its_tasks_started_take_the_ar
     assert {j: s.state for j, s in SlurmClient(runner=bare).query(["8_0", "8_1"]).items()} == {
         "8_0": "CANCELLED", "8_1": "CANCELLED"
     }  # fmt: skip
+
+
+# --- preemption: what squeue says of a running job SLURM preempts (measured on 22.05 and 24.11) ----------------------
+@pytest.mark.parametrize("state", ["RUNNING", "SIGNALING"])  # 24.11 says SIGNALING while it delivers the SIGTERM
+def test_a_running_job_with_a_preempt_time_is_being_preempted_until_its_grace_time_ends(state):
+    fake = FakeSlurm(squeue=(0, f"57|{state}|2026-12-06T05:47:18|2026-12-06T05:47:28|\n", ""))
+    found = SlurmClient(runner=fake).preemption("57")
+    assert found is not None and found.grace_s == 10
+    assert fake.calls[0][:7] == ["squeue", "-h", "-r", "-t", "all", "-j", "57"]
+    assert "PreemptTime:|" in fake.calls[0][-1]
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        "57|RUNNING|N/A|2026-12-06T06:11:30|",  # a scancel's or the time limit's SIGTERM: no PreemptTime
+        "57|COMPLETING|2026-12-06T05:47:18|2026-12-06T06:11:30|",  # the grace time's end (or a cancel during it)
+        "",  # gone
+    ],
+)
+def test_a_job_without_a_preempt_time_or_no_longer_running_is_not_being_preempted(row):
+    assert SlurmClient(runner=FakeSlurm(squeue=(0, row + "\n", ""))).preemption("57") is None
+
+
+def test_the_jobs_started_on_some_nodes_come_from_slurmctld_and_accounting_oldest_first():
+    squeue = (
+        "60|2026-12-06T05:48:03|2026-12-06T05:47:18|node[1-2]|N/A|N/A|\n"
+        "59|N/A|2026-12-06T05:47:10|(null)|N/A|N/A|\n"  # pending: never started
+    )
+    sacct = "58|2026-12-06T05:47:40|2026-12-06T05:40:00|node2\n60|2026-12-06T05:48:03|2026-12-06T05:47:18|node[1-2]\n"
+    fake = FakeSlurm(squeue=(0, squeue, ""), sacct=(0, sacct, ""))
+    since = datetime.fromisoformat("2026-12-06T05:47:30").timestamp()
+    found = SlurmClient(runner=fake).started_on(["node2", "node1"], since)
+    assert [(s.jobid, s.nodes) for s in found] == [("58", "node2"), ("60", "node[1-2]")]  # 59 never started
+    assert fake.called("squeue")[0][:7] == ["squeue", "-h", "-a", "-t", "all", "-w", "node1,node2"]
+    assert fake.called("sacct")[0][fake.called("sacct")[0].index("-S") + 1] == "2026-12-06T05:47:30"
+
+
+def test_step_names_say_which_jobs_run_a_training_step():
+    out = "41.batch|batch|\n41.0|torchrun|\n42.batch|batch|\n40_3.0|torchrun|\n"
+    fake = FakeSlurm(squeue=(0, out, ""))
+    assert SlurmClient(runner=fake).step_names(["42", "41", "40_3"]) == {
+        "41": {"batch", "torchrun"}, "42": {"batch"}, "40_3": {"torchrun"},
+    }  # fmt: skip
+    assert fake.calls[0][:5] == ["squeue", "-h", "-s", "-j", "40_3,41,42"]

@@ -55,3 +55,17 @@ def test_sacct_times_are_local_iso_times_and_unknown_is_none():
 
     assert formats.epoch("2026-12-05T01:02:03") == datetime(2026, 12, 5, 1, 2, 3).timestamp()
     assert formats.epoch("Unknown") is None and formats.epoch("None") is None and formats.epoch("") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("node[1-3,7],gpu[01-02]", ["node1", "node2", "node3", "node7", "gpu01", "gpu02"]),
+        ("node1", ["node1"]),
+        ("r[1-2]n[08-09]", ["r1n08", "r1n09", "r2n08", "r2n09"]),
+        ("None assigned", []),
+        ("", []),
+    ],
+)
+def test_node_lists_expand_as_slurm_writes_them(text, names):
+    assert formats.hostlist(text) == names

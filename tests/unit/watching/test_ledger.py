@@ -290,3 +290,33 @@ def test_records_in_the_second_sacct_cut_off_a_runs_end_still_count():
     result = ledger([RunSpan(0, 100, nodes=1), RunSpan(110, 122, nodes=1)], [], records)
     assert seconds(result, run=0)["lost"] == 0.9 and result.runs[0].allocated_s == 100.8
     assert seconds(result, run=1) == {"startup": 10, "productive": 2}
+
+
+def preempted_at(wall: float, restart: int = 0) -> dict[str, Any]:
+    """The runs file's line for SLURM's preemption notice (launching/preemption.py)."""
+    from datetime import UTC, datetime
+
+    when = datetime.fromtimestamp(wall, UTC).isoformat()
+    return {"event": "preempted", "job": "57", "restart": restart, "time": when}
+
+
+def test_a_preempted_runs_time_from_slurms_notice_to_its_end_is_preempted():
+    # preempted at 200 (after step 20); the training saves 205-215 and the run waits for SLURM until 260; the requeued
+    # run resumes from step 20 at 300
+    records = [
+        line(10, 100), line(20, 200), event("checkpoint_begin", 20, 205), event("checkpoint_end", 20, 215),
+        event("resume", 20, 300), line(30, 400),
+    ]  # fmt: skip
+    spans = [RunSpan(0, 260, nodes=2), RunSpan(290, 400, nodes=2)]
+    result = ledger(spans, [preempted_at(200)], records)
+    assert seconds(result, run=0) == {"startup": 100, "productive": 100, "preempted": 60}
+    assert seconds(result, run=1) == {"startup": 10, "productive": 100}
+    assert result.node_seconds["preempted"] == 120  # two nodes
+    assert set(CATEGORIES) >= {"preempted"}
+
+
+def test_a_notice_outside_a_run_or_of_another_restart_changes_nothing():
+    records = [line(10, 100), line(20, 200)]
+    plain = ledger([RunSpan(0, 260, nodes=1)], [], records)
+    for lines in ([preempted_at(300)], [preempted_at(150, restart=1)], [{"event": "preempted", "restart": 0}]):
+        assert seconds(ledger([RunSpan(0, 260, nodes=1)], lines, records)) == seconds(plain)

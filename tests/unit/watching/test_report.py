@@ -271,14 +271,15 @@ def test_the_markdown_says_where_each_training_jobs_allocation_went_and_the_runs
     header = next(x for x in section.splitlines() if x.startswith("| rule |"))
     assert header == (
         "| rule | wildcards | job | allocated | startup | productive | checkpoint | restore | relaunch | lost | "
-        "stalled | teardown | spare | unknown | goodput | queue wait |"
+        "stalled | preempted | teardown | spare | unknown | goodput | queue wait |"
     )
     train = next(x for x in section.splitlines() if x.startswith("| train |"))
-    shares = "| 28% | 30% | 4% | 2% | 0% | 6% | 0% | 30% | 0% | 0% | 30% |"
+    shares = "| 28% | 30% | 4% | 2% | 0% | 6% | 0% | 0% | 30% | 0% | 0% | 30% |"
     assert train == f"| train | - | 501 | 1.111 GPU-h {shares} 0:02:40 |"
     silent = next(x for x in section.splitlines() if x.startswith("| silent |"))
     # no metrics and no first output line: all unknown, neither startup nor productive by guess
-    assert silent.endswith("| 0% | unknown | 0% | 0% | 0% | 0% | 0% | 0% | 0% | 100% | unknown | 0:00:00 |"), silent
+    shares = "| 0% | unknown | 0% | 0% | 0% | 0% | 0% | 0% | 0% | 0% | 100% | unknown |"
+    assert silent.endswith(f"{shares} 0:00:00 |"), silent
     assert "| prep |" not in section  # no GPU, no metrics: not a training job
     total = next(x for x in section.splitlines() if x.startswith("| all training jobs |"))
     assert "| 2 job(s) | 1.139 GPU-h |" in total and "| 30% | 0:02:40 |" in total  # goodput of the jobs it knows
@@ -382,7 +383,7 @@ def test_a_silent_jobs_startup_ends_at_each_runs_first_output_and_the_rest_is_un
     section = report.to_markdown(rep).split("## Where the allocation went")[1]
     line = next(x for x in section.splitlines() if x.startswith("| silent |"))
     # startup to the first lines, then unknown
-    shares = "| 10% | unknown | 0% | 0% | 0% | 0% | 0% | 0% | 0% | 90% | unknown |"
+    shares = "| 10% | unknown | 0% | 0% | 0% | 0% | 0% | 0% | 0% | 0% | 90% | unknown |"
     assert line == f"| silent | - | 506 | 0.278 GPU-h {shares} 0:01:40 |"
 
 

@@ -175,7 +175,7 @@ def test_cancel_cancels_the_runs_queued_and_running_jobs_and_no_other(tmp_path, 
     record(tmp_path, "other002", "train", "227", at=4.0)  # newer, and running: not the run asked for
     fake = FakeSlurm(sacct=(0, SACCT, ""))
     monkeypatch.setattr(runs, "_client", lambda: SlurmClient(runner=fake))
-    args = argparse.Namespace(directory=tmp_path, run="mine")
+    args = argparse.Namespace(directory=tmp_path, run="mine", checkpoint=False, wait=300.0)
     assert runs.cancel_command(args) == 0
     assert fake.called("scancel") == [["scancel", "440", "448"]]  # 239 had ended; 227 is another run's
     assert "run mine0001: cancelled SLURM job(s) 440 448" in capsys.readouterr().out

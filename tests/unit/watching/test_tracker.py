@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 from snakemake_executor_multinode.slurm.client import JobState, SlurmClient, parse_sacct
@@ -87,6 +88,19 @@ def test_a_requeued_job_is_not_a_failure_and_its_last_run_reports_once(tmp_path)
     (tmp_path / "9.exit").write_text("0 1\n")  # the rerun's own marker
     last = tracker.poll(["9"])["9"]
     assert last.finished and last.success
+
+
+def test_a_requeue_after_a_preemption_says_so_and_whether_the_run_checkpointed(tmp_path):
+    client = FakeClient({"9": JobState("9", "RUNNING", "0:0", "None", "node1")})
+    client.live_states["9"] = JobState("9", "PENDING", "", "BeginTime", "", restarts=1)
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=Clock())
+    notice = {"event": "preempted", "time": "2026-12-06T05:51:59+00:00", "ends": "2026-12-06T05:52:19+00:00",
+              "grace_s": 20}  # fmt: skip
+    (tmp_path / "9.preempt-notice").write_text(json.dumps(notice) + "\n")
+    (tmp_path / "9.exit").write_text("85 0\n")
+    note = tracker.poll(["9"])["9"].note
+    assert note is not None and note.startswith("requeued (preempted: SLURM's preemption SIGTERM at ")
+    assert ", grace time 20 s, to " in note and note.endswith("; checkpointed), restart 1"), note
 
 
 def test_a_failed_run_whose_marker_came_before_slurmctld_saw_the_end_is_not_yet_a_failure(tmp_path):
@@ -195,3 +209,17 @@ def test_a_crash_loop_the_job_script_ended_is_reported_with_its_runs_and_last_er
     out = tracker.poll(["9"])["9"]
     assert out.finished and not out.success
     assert "a crash loop: 3 runs in a row failed soon after their start, the last with exit 3" in out.describe()
+
+
+def test_a_preempted_run_in_accounting_is_no_end_while_slurmctld_holds_the_job(tmp_path):
+    """PreemptMode=REQUEUE: sacct says PREEMPTED for the run SLURM just ended, while the job script (its training
+    stopped by the grace time's end) has not written its marker yet; slurmctld holds the job (requeued): no failure.
+    Under CANCEL slurmctld says PREEMPTED too: the job has ended."""
+    client, clock = FakeClient({"5": JobState("5", "PREEMPTED", "0:0", "None", "node[1-2]")}), Clock()
+    client.live_states["5"] = JobState("5", "PENDING", "", "BeginTime", "", restarts=1)
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=clock)
+    held = tracker.poll(["5"], force_sweep=True)["5"]
+    assert not held.finished and held.state is not None and held.state.state == "PENDING"
+    client.live_states["5"] = JobState("5", "PREEMPTED", "", "None", "node[1-2]", restarts=0)  # CANCEL: ended
+    ended = tracker.poll(["5"], force_sweep=True)["5"]
+    assert ended.finished and not ended.success and "SLURM state PREEMPTED" in ended.describe()
