@@ -1,17 +1,20 @@
-"""Killed mid-save, on the real local SLURM cluster (issue 38, part 2): a rank SIGKILLed, or its whole node killed,
-while a checkpoint is being written. The retry resumes from the last complete checkpoint, the temp folder of the
-unfinished save is removed (named in the log), the steps lost are the steps since that checkpoint, and the goodput
-ledger counts exactly their time as lost; the final model equals a run without the fault.
+"""Killed mid-save, on the real local SLURM cluster (issue 38, part 2; issue 48, part 3): a rank SIGKILLed, or its
+whole node killed, while a checkpoint is being written in the background (ckpt_async, the default: the training goes
+on while the save's second half writes, fsyncs and publishes it). The retry resumes from the last complete
+checkpoint, the temp folder of the unfinished save is removed (named in the log), the steps lost are the steps since
+that checkpoint, and the goodput ledger counts exactly their time as lost; the final model equals a run without the
+fault.
 
 A 2-node `--executor multinode` rule (`--retries 1`) trains workflows/scripts/train.py (torch_ddp, CPU + gloo, a tiny
 model, one rank per node) with a checkpoint every EVERY steps. "While a checkpoint is being written" is an event, not
-a time: the test's wrapper of train.py (its own file, the training unchanged) stops rank 1 of the first launch inside
-Checkpointer.save of step KILL_AT, where the save asks for the rank's own file: the model, optimizer and lr schedule
-are in the temp folder, trainer.json is not, and rank 0 waits in the barrier before the rename. The wrapper writes
-that rank's host and pid to a file; the test sees it, with the `checkpoint_begin` event of KILL_AT and the temp folder,
-and kills by pid: the worker (a process of that node's network namespace), or the node (its slurmd and every process
-of its namespace, tests/helpers.py's kill_node). Steps are paced (STEP_S) so that the lost time is measured in the
-report's tenths of node-seconds whatever the machine's speed.
+a time: the test's wrapper of train.py (its own file, the training unchanged) holds rank 1's background writer of step
+KILL_AT before its first file (background_save.Capture.write): the save's stall has ended (checkpoint_end), rank 0's
+files are in the temp folder, trainer.json is not, and rank 0's writer waits for rank 1's at the save's agreement.
+The training goes on to the next save (the last, STEPS), which waits for KILL_AT's write. The wrapper writes rank 1's
+host and pid to a file; the test sees it, with the `checkpoint_begin` event of STEPS and the temp folder, and kills by
+pid: the worker (a process of that node's network namespace), or the node (its slurmd and every process of its
+namespace, tests/helpers.py's kill_node). Steps are paced (STEP_S) so that the lost time is measured in the report's
+tenths of node-seconds whatever the machine's speed.
 """
 
 from __future__ import annotations
@@ -56,10 +59,10 @@ TMP = f".tmp_step_{KILL_AT:08d}"
 WRAPPER = """
 import os, socket, sys, time
 sys.path.insert(0, {scripts!r})
-import checkpoint
+import background_save
 import train
 
-_step, _rank_file = train.train_step, checkpoint.rank_file
+_step, _write = train.train_step, background_save.Capture.write
 
 
 def step(run, at, *rest):
@@ -67,17 +70,17 @@ def step(run, at, *rest):
     return _step(run, at, *rest)
 
 
-def rank_file(path, rank):
-    if path.name == {tmp!r} and rank == 1 and not os.path.exists({paused!r}):
+def write(self, writing):
+    if self.folder.name == {tmp!r} and os.environ["RANK"] == "1" and not os.path.exists({paused!r}):
         with open({paused!r} + ".tmp", "w") as fh:
             fh.write(f"{{socket.gethostname()}} {{os.getpid()}}\\n")
         os.replace({paused!r} + ".tmp", {paused!r})
         while True:  # until the test's SIGKILL
             time.sleep(1)
-    return _rank_file(path, rank)
+    return _write(self, writing)
 
 
-train.train_step, checkpoint.rank_file = step, rank_file
+train.train_step, background_save.Capture.write = step, write
 sys.exit(train.main())
 """
 
@@ -122,15 +125,17 @@ def test_a_save_killed_midway_resumes_from_the_last_complete_checkpoint_and_lose
     try:
         first, _ = sm.submitted("train", timeout=180)
 
-        def saving() -> bool:  # the event: rank 1 stopped inside the save of KILL_AT, which has begun
+        def writing() -> bool:  # the event: rank 1's writer of KILL_AT held, and the next save waiting for it
             return paused.exists() and any(
-                r["step"] == KILL_AT for r in event(metrics(metrics_file), "checkpoint_begin")
+                r["step"] == STEPS for r in event(metrics(metrics_file), "checkpoint_begin")
             )
 
-        wait_for(saving, f"rank 1 inside the save of step {KILL_AT}", 600, sm.proc)
+        wait_for(writing, f"the save of step {STEPS} waiting for step {KILL_AT}'s background write", 600, sm.proc)
         host, pid = paused.read_text().split()
         assert (ckpt / TMP / "model").is_dir() and not (ckpt / TMP / "trainer.json").exists(), sorted(ckpt.iterdir())
         assert not (ckpt / f"step_{KILL_AT:08d}").exists()
+        ran_on = [r["step"] for r in metrics(metrics_file) if "event" not in r]
+        assert ran_on == list(range(1, STEPS + 1))  # the training went on while step KILL_AT was written
         assert rank_pids(slurm_cluster, host) == {1: int(pid)}  # rank 1's worker, as its node's processes tell
         if fault == "rank":
             os.kill(int(pid), signal.SIGKILL)  # the fault
@@ -165,15 +170,20 @@ def test_a_save_killed_midway_resumes_from_the_last_complete_checkpoint_and_lose
     # --- the steps lost: those since the last complete checkpoint, as the metrics file records them ------------------
     recs_m = metrics(metrics_file)
     lost_steps = [r["step"] for r in event(recs_m, "superseded")]
-    assert lost_steps == list(range(KILL_AT - EVERY + 1, KILL_AT + 1)), lost_steps
+    assert lost_steps == list(range(KILL_AT - EVERY + 1, STEPS + 1)), lost_steps  # all since the complete one
     assert [r["step"] for r in event(recs_m, "resume")] == [KILL_AT - EVERY]
     assert [r["step"] for r in recs_m if "event" not in r] == list(range(1, STEPS + 1))
-    assert [r["step"] for r in event(recs_m, "checkpoint_begin")] == [5, 10, 10, 15]  # the first 10 never ended
-    assert [r["step"] for r in event(recs_m, "checkpoint_end")] == [5, 10, 15]
+    # the first job: 5, 10 (its stall ended: the write went on beside the training), 15 (waiting for 10's write)
+    # the retry: 10 and 15 again
+    assert [r["step"] for r in event(recs_m, "checkpoint_begin")] == [5, 10, 15, 10, 15]
+    assert [r["step"] for r in event(recs_m, "checkpoint_end")] == [5, 10, 10, 15]
+    assert [r["step"] for r in event(recs_m, "checkpoint_written")] == [5, 10, 15]  # 10: the retry's
     end5 = next(r for r in event(recs_m, "checkpoint_end") if r["step"] == KILL_AT - EVERY)
-    begin10 = next(r for r in event(recs_m, "checkpoint_begin") if r["step"] == KILL_AT)  # the killed save's
-    lost = (begin10["wall"] - end5["wall"]) * 2  # the steps after the checkpoint, on 2 nodes
-    assert lost >= EVERY * STEP_S * 2
+    begin10, begin15 = (next(r for r in event(recs_m, "checkpoint_begin") if r["step"] == s) for s in (KILL_AT, STEPS))
+    end10 = next(r for r in event(recs_m, "checkpoint_end") if r["step"] == KILL_AT)  # the first job's
+    # the steps after the complete checkpoint, on 2 nodes: those before the save of 10 and those after its stall
+    lost = ((begin10["wall"] - end5["wall"]) + (begin15["wall"] - end10["wall"])) * 2
+    assert lost >= (STEPS - EVERY) * STEP_S * 2
 
     # --- the goodput ledger (`multinode report`'s CSV) counts exactly that time as lost -------------------------------
     (run_id,) = {r["run_id"] for r in recs}

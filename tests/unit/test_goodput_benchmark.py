@@ -67,3 +67,45 @@ def test_a_checkpoint_at_the_signal_loses_nothing(tmp_path):
     fault = g.FaultResult("time_limit_signal", "7", injected_at=95.0, step=5)
     g.settle(fault, progress, progress.records)
     assert (fault.resumed_from, fault.steps_lost, fault.time_to_first_resumed_step_s) == (6, 0, 36.0)
+
+
+def test_a_faults_time_is_cut_into_held_queue_startup_restore_and_lost_at_saccts_runs():
+    """A requeue: the run it hit ends 10 s after it (held), the next starts 30 s later (queue: not allocated), its
+    resume loads for 2 s after 8 s of startup; 4 steps of 0.5 s are computed again (lost)."""
+    g = goodput_module()
+    runs = [g.Run("7", 0.0, 0.0, 110.0, 2, "REQUEUED", "0:0", "None"),
+            g.Run("7", 110.0, 140.0, 300.0, 2, "COMPLETED", "0:0", "None")]  # fmt: skip
+    fault = g.FaultResult("admin_requeue", "7", injected_at=100.0, step=40, resumed_from=36, steps_lost=4)
+    g.cut(fault, runs, {"event": "resume", "step": 36, "wall": 150.0, "restore_s": 2.0}, step_s=0.5)
+    assert (fault.held_s, fault.queue_s, fault.startup_s, fault.restore_s, fault.lost_s) == (10, 30, 8, 2, 2)
+    # a spare's relaunch resumes inside the run it hit: all of it held, no queue, no new run's startup
+    runs = [g.Run("8", 0.0, 0.0, 300.0, 3, "COMPLETED", "0:0", "None")]
+    fault = g.FaultResult("node_death", "8", injected_at=100.0, step=40, resumed_from=36, steps_lost=4)
+    g.cut(fault, runs, {"event": "resume", "step": 36, "wall": 125.0, "restore_s": 1.0}, step_s=0.5)
+    assert (fault.held_s, fault.queue_s, fault.startup_s, fault.restore_s, fault.lost_s) == (24, 0, 0, 1, 2)
+    # not resumed (yet): nothing is cut
+    fault = g.FaultResult("hang", "8", injected_at=100.0, step=40)
+    g.cut(fault, runs, None, step_s=0.5)
+    assert fault.held_s is None and fault.lost_s is None
+
+
+def test_the_recipes_scripts_are_bash_that_parses_and_the_competent_one_adds_what_a_team_adds(tmp_path):
+    import argparse
+    import subprocess
+
+    g = goodput_module()
+    args = argparse.Namespace(steps=600, ckpt_every=50, limit_min=15, pg_timeout_s=60.0, deadline_s=10)
+    for name, cls in (("recipe", g.Recipe), ("competent", g.Competent)):
+        variant = cls.__new__(cls)  # no cluster: only the script it would submit
+        g.Variant.__init__(variant, None, "quiet", name, tmp_path, tmp_path / "data", args)
+        script = tmp_path / f"{name}.sh"
+        script.write_text(variant.script())
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0, script.read_text()
+        text = script.read_text()
+        if name == "competent":
+            assert "#SBATCH --signal=B:USR2@120" in text and "srun --kill-on-bad-exit=1" in text
+            assert "trap '" in text and "kill -USR2 $SRUN" in text
+            assert '"collective_timeout_s": 60.0' in (tmp_path / "quiet" / "competent" / "rank.sh").read_text()
+        else:
+            assert "#SBATCH --signal=USR2@120" in text and "kill-on-bad-exit" not in text and "trap" not in text
+            assert "collective_timeout_s" not in text
