@@ -126,9 +126,7 @@ def test_a_save_killed_midway_resumes_from_the_last_complete_checkpoint_and_lose
         first, _ = sm.submitted("train", timeout=180)
 
         def writing() -> bool:  # the event: rank 1's writer of KILL_AT held, and the next save waiting for it
-            return paused.exists() and any(
-                r["step"] == STEPS for r in event(metrics(metrics_file), "checkpoint_begin")
-            )
+            return paused.exists() and any(r["step"] == STEPS for r in event(metrics(metrics_file), "checkpoint_begin"))
 
         wait_for(writing, f"the save of step {STEPS} waiting for step {KILL_AT}'s background write", 600, sm.proc)
         host, pid = paused.read_text().split()

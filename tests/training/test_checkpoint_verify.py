@@ -10,10 +10,12 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import background_save
 import checkpoint
 import lm
 import pytest
@@ -107,6 +109,7 @@ def test_every_saved_checkpoint_has_a_manifest_of_all_its_files_and_verifies(sto
     for step in steps:
         path = step_dir(stopped, step)
         meta = json.loads((path / checkpoint.META).read_text())
+        assert meta["step"] == step  # the state of the save, whenever its second half wrote it
         assert sorted(meta[checkpoint.FILES]) == checkpoint.data_files(path)
         assert {SHARD, OPTIM_SHARD, RANK1, "ranks/rank00000.pt", checkpoint.SCHEDULER} <= set(meta[checkpoint.FILES])
         assert checkpoint.verify(path) is None
@@ -138,7 +141,8 @@ def test_the_cost_of_fsync_manifest_and_verification_is_in_every_checkpoint_writ
         if e["event"] == "checkpoint_end":
             assert isinstance(e["snapshot_s"], float) and e["snapshot_s"] > 0 and not set(COSTS) & set(e), e
         if e["event"] == "checkpoint_written":
-            assert all(isinstance(e[k], float) and e[k] > 0 for k in (*COSTS, "write_s")), e
+            assert all(isinstance(e[k], float) and e[k] > 0 for k in (*COSTS, "write_s", "background_s")), e
+            assert e["background_s"] >= e["write_s"] + sum(e[k] for k in COSTS) * 0.99, e  # the parts of the whole
             assert isinstance(e["waited_s"], float) and e["waited_s"] >= 0, e
 
 
@@ -172,7 +176,7 @@ def test_the_cost_benchmark_summarizes_a_runs_events(stopped: Path, straight_syn
     assert summary["final_stall_s"]["max"] == round(stall[6], 6)
     written = [e for e in recs if e.get("event") == "checkpoint_written"]
     assert summary["verify_s"]["max"] == max(e["verify_s"] for e in written)
-    assert summary["write_s"]["max"] == max(e["write_s"] for e in written)
+    assert summary["background_s"]["max"] == max(e["background_s"] for e in written)
     assert 0 < summary["fsync_share_of_save"] < 1 and summary["step_ms"] > 0
     assert "resume" not in summary  # the stopped run started fresh
     sync = bench.summarize(records(straight_sync / "metrics.jsonl"), 1000)  # saves at 2, 4, 6 and 8 (the last)
@@ -451,6 +455,34 @@ def test_pruning_counts_verified_checkpoints_only(tmp_path: Path) -> None:
     assert [s for s, _ in checkpoint.complete_checkpoints(tmp_path)] == [5, 6]
 
 
+def test_an_asynchronous_save_records_the_state_it_was_given_not_the_trainings_state_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second half writes trainer.json after the training has gone on: it must hold the step, tokens and elapsed
+    of the save, not those of the TrainState the training keeps changing (the second half is held until then)."""
+    go = threading.Event()
+    real_write = background_save.Capture.write
+
+    def held(capture: Any, writing: Any) -> None:
+        assert go.wait(HANG_S)
+        real_write(capture, writing)
+
+    monkeypatch.setattr(background_save.Capture, "write", held)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        cfg = lm.merge_config({"plugin": "torch_ddp", "keep_ckpts": 2})
+        ck = checkpoint.Checkpointer(FakeBooster(), None, None, None, tmp_path / "ckpt", cfg, 1)
+        state = checkpoint.TrainState(step=3, tokens=30, elapsed=1.5)
+        final = ck.save(state)
+        state.step, state.tokens, state.elapsed = 4, 40, 2.0  # the training's next step
+        go.set()
+        ck.wait()
+    finally:
+        dist.destroy_process_group()
+    meta = json.loads((final / checkpoint.META).read_text())
+    assert (meta["step"], meta["tokens"], meta["elapsed"]) == (3, 30, 1.5)
+
+
 class FakeBooster:
     """Writes a model shard and index, an optimizer shard, the scheduler: as the Booster's sharded save does."""
 
@@ -502,6 +534,6 @@ def test_every_file_and_folder_is_fsynced_before_the_rename_and_the_parent_after
     assert ("fsync", tmp_path / "ckpt") in calls[at + 1 :]
     if asynchronous:
         assert set(ck.save_cost) == {"snapshot_s"} and done is not None
-        assert set(done.cost) == {"write_s", "fsync_s", "manifest_s", "verify_s", "waited_s"}
+        assert set(done.cost) == {"write_s", "fsync_s", "manifest_s", "verify_s", "background_s", "waited_s"}
     else:
         assert set(ck.save_cost) == {"fsync_s", "manifest_s", "verify_s"} and done is None

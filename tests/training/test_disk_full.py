@@ -153,7 +153,9 @@ def test_a_checkpoint_that_does_not_fit_fails_naming_it_with_the_bytes_needed_an
 
 
 @MODES
-def test_a_first_checkpoint_that_does_not_fit_says_at_least_what_was_written(asynchronous: bool, tmp_path: Path) -> None:
+def test_a_first_checkpoint_that_does_not_fit_says_at_least_what_was_written(
+    asynchronous: bool, tmp_path: Path
+) -> None:
     needs_root()
     with one_rank(tmp_path), small_filesystem(tmp_path / "ckpt", 48 << 10) as root:
         ck = one_rank_checkpointer(root, asynchronous)

@@ -61,7 +61,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +291,7 @@ class Checkpointer:
         writing, fsync, the manifest, the rename and the verification then run on a thread (background_save), and
         `wait` (the next save calls it first) waits for them and raises their failure, on every rank together."""
         self.wait()
+        state = replace(state)  # as it is now: the training goes on changing its own while the second half runs
         final = self.root / f"{CKPT_PREFIX}{state.step:08d}"
         tmp = self.root / f"{TMP_PREFIX}{state.step:08d}"
 
@@ -341,13 +342,15 @@ class Checkpointer:
 
     def wait(self) -> background_save.Background | None:
         """Wait for the second half of the last asynchronous save (None: none is pending): returned with its cost
-        (write_s, fsync_s, manifest_s, verify_s) and the seconds this thread waited for it (waited_s). Its failure is
+        (write_s writing the copies, fsync_s, manifest_s, verify_s; background_s the whole of it) and the seconds
+        this thread waited for it (waited_s). Its failure is
         raised here: a WriteFailed on every rank together (the second half agreed on it) and its partial save
         removed, as a synchronous save's."""
         pending, self.background = self.background, None
         if pending is None:
             return None
         pending.cost["waited_s"] = round(pending.join(), 6)
+        pending.cost["background_s"] = round(pending.seconds, 6)
         return pending
 
     def _complete(self, state: TrainState, final: Path, tmp: Path, group: Any) -> dict[str, float]:

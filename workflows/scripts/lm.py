@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-from datetime import timedelta
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 

@@ -80,13 +80,14 @@ last line), lr, tokens, tokens_per_s, mfu (6*N*tokens/s over the GPUs' bf16 peak
 every save's stall (checkpoint_end with fsync_s, manifest_s, verify_s: the seconds fsyncing, hashing the manifest and
 verifying the new checkpoint took; with ckpt_async snapshot_s, the seconds the host-memory copy took, and those three
 come with checkpoint_written), checkpoint_written (ckpt_async: the save of "step" is on disk and verified, said when
-the next save or the exit has waited for it, inside that save's stall: write_s, fsync_s, manifest_s, verify_s, and
-waited_s, the seconds the training stood still for it), resume (with restore_s, the seconds choosing and loading took,
-of which verify_s verifying) after loading a checkpoint, signal (with "signal": "SIGUSR2" and "received", the Unix
-time rank 0 got it, null where only another rank did) when the ranks act on a SIGUSR2, before its checkpoint. Throughput is wall
-clock between synchronised points: each line's loss is an all-reduce read back to the host, which waits for
-every kernel queued before it, and the interval since the previous line (minus ckpt_s) is
-what tokens_per_s, step_ms and mfu divide by. So the logged intervals add up to the run's training time, and
+the next save or the exit has waited for it, inside that save's stall: write_s (writing the copies), fsync_s,
+manifest_s, verify_s, background_s (the whole second half, beside the training) and waited_s, the seconds the
+training stood still for it), resume (with restore_s, the seconds choosing and loading took, of which verify_s
+verifying) after loading a checkpoint, signal (with "signal": "SIGUSR2" and "received", the Unix time rank 0 got it,
+null where only another rank did) when the ranks act on a SIGUSR2, before its checkpoint. Throughput is wall clock
+between synchronised points: each line's loss is an all-reduce read back to the host, which waits for every kernel
+queued before it, and the interval since the previous line (minus ckpt_s) is what tokens_per_s, step_ms and mfu
+divide by. So the logged intervals add up to the run's training time, and
 tokens_per_s equals the tokens between two lines over their wall-clock gap less ckpt_s. Under the multinode
 executor, $MULTINODE_METRICS_FILE (beside the job's log) is made a link to that file: `multinode status` and
 Snakemake's progress lines read it there.
@@ -514,8 +515,8 @@ class Logger:
 
     def written(self) -> None:
         """Wait for the last asynchronous save's second half, if one is pending, and record it (checkpoint_written:
-        its write_s, fsync_s, manifest_s, verify_s and the waited_s this rank stood still for it). Its failure
-        raises WriteFailed here, on every rank."""
+        its write_s, fsync_s, manifest_s, verify_s, background_s, and the waited_s this rank stood still for it).
+        Its failure raises WriteFailed here, on every rank."""
         done = self.run.ckpt.wait()
         if done is not None:
             write_event(self.run, "checkpoint_written", done.step, time.time(), **done.cost)
