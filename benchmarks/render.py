@@ -1431,6 +1431,11 @@ def goodput_model_llama3() -> str:
     )
 
 
+@renders("goodput-model-limits")
+def goodput_model_limits() -> str:
+    return "\n".join(f"- {limit}" for limit in data(GOODPUT_MODEL, "limits"))
+
+
 @renders("goodput-model-goal")
 def goodput_model_goal() -> str:
     goal = data(GOODPUT_MODEL, "goal")
