@@ -1492,9 +1492,11 @@ def checkpoint_async_text(rel: str) -> str:
     second = ", ".join(f"{name} {mean(asyn, key)}" for name, key in
                        [("writing the copies", "write_s"), ("fsync", "fsync_s"), ("the manifest", "manifest_s"),
                         ("verifying", "verify_s")])  # fmt: skip
+    launches = 2 if "resume" in sync else 1  # the last save of each launch is apart (final_stall_s)
     return (
-        f"{sync['checkpoints']} checkpoints of {asyn['checkpoint_bytes'] / 1e6:.1f} MB per mode "
-        f"({data(rel, 'ranks')} rank{'s' if data(rel, 'ranks') > 1 else ''}, {data(rel, 'machine', 'filesystem')}): "
+        f"{sync['checkpoints']} checkpoints of {asyn['checkpoint_bytes'] / 1e6:.1f} MB per mode, "
+        f"{sync['checkpoints'] - launches} of them between steps ({data(rel, 'ranks')} "
+        f"rank{'s' if data(rel, 'ranks') > 1 else ''}, {data(rel, 'machine', 'filesystem')}): "
         f"the training stood still **{mean(sync, 'stall_s')}** per checkpoint with synchronous saves, "
         f"**{mean(asyn, 'stall_s')}** with asynchronous ones ({1 / data(rel, 'stall_ratio'):.1f}x less; of it the "
         f"host-memory copy {mean(asyn, 'snapshot_s')}); beside the training: {second}; a step "

@@ -41,8 +41,10 @@ def test_the_projection_takes_young_and_dalys_interval_and_llama_3s_counts():
         assert row["interval_s"] == round(math.sqrt(2 * row["checkpoint_stall_s"] * mtbf), 1)
         lost = row["lost_to"]
         # the parts it loses and the goodput it keeps are one account (first order: the product form is exact)
-        kept = (1 - lost["checkpoint_stall"]) * (1 - lost["downtime"] - lost["recomputed_work"]) * (
-            1 - lost["spare_nodes"]
+        kept = (
+            (1 - lost["checkpoint_stall"])
+            * (1 - lost["downtime"] - lost["recomputed_work"])
+            * (1 - lost["spare_nodes"])
         )
         assert abs(kept - row["goodput"]) < 0.001, row
 
