@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = ("README.md", "CONTRIBUTING.md", "benchmarks/README.md", "docs/reliability.md")
+FILES = ("README.md", "CONTRIBUTING.md", "benchmarks/README.md", "docs/evidence.md", "docs/first-job.md")
 
 CHAIN_1202 = "benchmarks/results-chain-overhead-2026-12-02.json"  # restored verbatim from commit fbf9502
 CHAIN = "benchmarks/results-chain-overhead.json"
@@ -1156,6 +1156,32 @@ I33_VARIANTS = [
 
 def _i33(variant: str) -> dict[str, Any]:
     return line(I33, call=I33_CALL, variant=variant)
+
+
+FIRST_JOB = "benchmarks/gpu/results-first-job-h100.json"  # one device call of benchmarks/gpu/slurm_on_device.sh
+FIRST_JOB_PARTS = [
+    ("plain `torchrun`", "plain_torchrun"),
+    ("`multinode torchrun` outside SLURM (profile `ethernet`)", "local_multinode_torchrun"),
+    ("`snakemake` -> sbatch -> job script -> srun -> `multinode torchrun` (one-node SLURM 22.05)", "slurm_snakemake"),
+]
+
+
+@renders("first-job-h100")
+def first_job_h100() -> str:
+    rows = []
+    for label, key in FIRST_JOB_PARTS:
+        r = data(FIRST_JOB, key)
+        rows.append(
+            [label, f2(field(r, "step_ms_median")), n0(field(r, "tokens_per_s_median")), pct(field(r, "mfu_median"))]
+        )
+    gpu = data(FIRST_JOB, "device", "gpu")
+    return table([f"minimal_train.py on one {gpu}, one call", "step ms (median)", "tokens/s", "MFU"], rows)
+
+
+@renders("first-job-h100-checks")
+def first_job_h100_checks() -> str:
+    checks = data(FIRST_JOB, "checks")
+    return "\n".join(f"- {name}: {'passed' if ok else '**failed**'}" for name, ok in checks.items())
 
 
 @renders("issue33-throughput")

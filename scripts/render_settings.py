@@ -1,6 +1,6 @@
-"""Render docs/further.md's table of plugin settings from the adapter's ExecutorSettings (what Snakemake reads).
+"""Render docs/settings.md's table of plugin settings from the adapter's ExecutorSettings (what Snakemake reads).
 
-    python scripts/render_settings.py           # rewrite the table between the markers in docs/further.md
+    python scripts/render_settings.py           # rewrite the table between the markers in docs/settings.md
     python scripts/render_settings.py --check   # exit 1 when the table differs from ExecutorSettings
 
 The table sits between `<!-- settings-table -->` and `<!-- /settings-table -->` on lines of their own;
@@ -16,7 +16,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "further.md"
+DOC = ROOT / "docs" / "settings.md"
 BEGIN, END = "<!-- settings-table -->", "<!-- /settings-table -->"
 
 

@@ -62,7 +62,7 @@ Say = Callable[[str], None]
 @dataclass(frozen=True)
 class Settings(WatchSettings, SubmitSettings, PlanningSettings):
     """The plugin's settings: each stage's own declaration, composed (fields in planning's, submitting's, then
-    watching's order: the order of `snakemake --help` and docs/further.md's table). The Snakemake adapter builds its
+    watching's order: the order of `snakemake --help` and docs/settings.md's table). The Snakemake adapter builds its
     `--multinode-*` options from these fields."""
 
 

@@ -4,7 +4,7 @@ Every Snakemake attribute here is read directly, never through `getattr(obj, nam
 release renames one, the adapter fails with AttributeError instead of silently running a conda, container or pipe
 job as a plain shell command. The names were checked against snakemake 9.27.1 (snakemake/jobs.py `Job` and
 `GroupJob`, snakemake/rules.py `Rule`, snakemake/io/__init__.py `_IOFile`, snakemake/resources.py `Resources` and
-`Resource`); tests/unit/adapter/test_job_facts.py reads them on real jobs built from small Snakefiles.
+`Resource`); tests/process/adapter/test_job_facts.py reads them on real jobs built from small Snakefiles.
 
 Importing this module stays cheap: it imports nothing from Snakemake.
 """

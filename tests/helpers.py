@@ -6,6 +6,7 @@ cancels its jobs) leaves nothing running on the shared cluster."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import importlib.util
 import json
@@ -23,14 +24,19 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 from html.parser import HTMLParser
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, TypeVar
 
 import yaml
 
+from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
 from snakemake_executor_multinode.contract.releases import DEFAULT as DEFAULT_SLURM
+from snakemake_executor_multinode.launching import launcher, straggler
+from snakemake_executor_multinode.launching.launcher import Allocation
+from snakemake_executor_multinode.planning import environment, jobscript
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
+from snakemake_executor_multinode.planning.request import build_request
 from snakemake_executor_multinode.sandbox.cluster import slurm_env
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
 from snakemake_executor_multinode.session import Session, Settings
@@ -268,13 +274,100 @@ def background(workdir: Path, *args: str, **kw) -> Iterator[Snakemake]:
         sm.stop()
 
 
+# --- The fast tier's guard ---------------------------------------------------------------------------------------
+# No test in tests/unit starts a process or opens a socket (a DNS lookup too): those are in tests/process/, in the file
+# of the same name (CONTRIBUTING.md, "Tests and checks"). tests/unit/conftest.py runs every unit test inside watch():
+# Python's audit events, raised before the system call, reach process_event, which records the start and stops it
+# (ProcessStarted); the conftest then fails the test, also where the code under test swallowed the exception.
+# _posixsubprocess.fork_exec (multiprocessing's spawn and forkserver) raises no event of its own: it is wrapped to
+# raise one. What C++ code does by itself (gloo's sockets) raises none: tests/unit/test_fast_tier.py also reads the
+# unit test files for such calls.
+PROCESS_EVENTS = frozenset(
+    {
+        "subprocess.Popen", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.forkpty",
+        "_posixsubprocess.fork_exec", "socket.bind", "socket.connect", "socket.sendto", "socket.sendmsg",
+        "socket.getaddrinfo", "socket.gethostbyname",
+    }
+)  # fmt: skip
+
+
+class ProcessStarted(RuntimeError):
+    """A test of the fast tier started a process or opened a socket."""
+
+
+_watches: list[list[str]] = []  # what each open watch() saw, innermost last; all threads' (a test's thread is its)
+
+
+def process_event(event: str, args: tuple[Any, ...]) -> None:
+    """The audit hook: under a watch, a process start or socket use is recorded there and stopped."""
+    if not _watches or event not in PROCESS_EVENTS:
+        return
+    what = f"{event} {_shown(args)}"
+    _watches[-1].append(what)
+    raise ProcessStarted(
+        f"{what}: a test in tests/unit starts no process and opens no socket; "
+        "it belongs in tests/process/, in the file of the same name (CONTRIBUTING.md, 'Tests and checks')"
+    )
+
+
+def _shown(args: tuple[Any, ...]) -> str:
+    text = " ".join(repr(a) for a in args if not isinstance(a, dict))  # not an environment
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+@contextmanager
+def watch() -> Iterator[list[str]]:
+    """Process starts and socket use in the block are stopped and listed in the list it gives."""
+    _install()
+    seen: list[str] = []
+    _watches.append(seen)
+    try:
+        yield seen
+    finally:
+        del _watches[next(i for i, w in enumerate(_watches) if w is seen)]  # by identity: [] == []
+
+
+def watched() -> list[str] | None:
+    """What the innermost open watch has seen so far; None outside every watch."""
+    return _watches[-1] if _watches else None
+
+
+@contextmanager
+def unwatched() -> Iterator[None]:
+    """The block may start processes (the session's CPU load, not a test's work)."""
+    held = _watches[:]
+    _watches.clear()
+    try:
+        yield
+    finally:
+        _watches[:] = held
+
+
+def _install() -> None:
+    """Once per interpreter: an audit hook cannot be removed, so it is idle (one list test) outside a watch."""
+    import _posixsubprocess
+
+    if getattr(_posixsubprocess.fork_exec, "audited", False):
+        return
+    sys.addaudithook(process_event)
+    fork_exec = _posixsubprocess.fork_exec
+
+    def audited(*args: Any, **kwargs: Any) -> Any:
+        sys.audit("_posixsubprocess.fork_exec", args[0] if args else None)
+        return fork_exec(*args, **kwargs)
+
+    audited.audited = True  # type: ignore[attr-defined]
+    _posixsubprocess.fork_exec = audited
+
+
 @contextmanager
 def cpu_saturated(extra: int = 1) -> Iterator[list[int]]:
     """One busy loop per core plus `extra`, for the block (a shared login node or CI runner); stopped by pid."""
-    loops = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
-        for _ in range((os.cpu_count() or 1) + extra)
-    ]
+    with unwatched():  # --cpu-load starts them in whichever test comes first, also a unit test
+        loops = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+            for _ in range((os.cpu_count() or 1) + extra)
+        ]
     try:
         yield [p.pid for p in loops]
     finally:
@@ -476,6 +569,176 @@ def log_times(log: Path) -> tuple[datetime, datetime]:
     return datetime.fromisoformat(start[1]), datetime.fromisoformat(end[1])
 
 
+# --- Shared by a test file of tests/unit and its namesake in tests/process (the tests of it that start processes) ---
+# launching/test_launcher.py, launching/test_netcheck.py
+ALLOC = Allocation(
+    "4242", ("node110", "node111"), gpus_per_node=8, cpus_per_task=64, master_addr="10.0.0.110", master_port=24242
+)
+# launching/test_launcher.py
+SRUN_FAILURE = (
+    "[multinode torchrun] launching on node1, node_rank=0\n"
+    "srun: error: node2: task 1: Exited with exit code 3\n"
+    "srun: launch/slurm: _step_signal: Terminating StepId=12.0\n"
+    "slurmstepd-node1: error: *** STEP 12.0 ON node1 CANCELLED AT 2026-12-03T10:03:33 ***\n"
+    "srun: error: node1: task 0: Exited with exit code 143\n"
+)
+
+
+# launching/test_netcheck.py
+def agent_line(monkeypatch: Any, value: str | None) -> str:
+    if value is None:
+        monkeypatch.delenv(protocol.NETWORK_CHECK_VAR, raising=False)
+    else:
+        monkeypatch.setenv(protocol.NETWORK_CHECK_VAR, value)
+    argv = launcher.srun_command(ALLOC, [], ["train.py"], python="/py")
+    return argv[argv.index("-c") + 1]
+
+
+# launching/test_netcheck.py, launching/test_nodecheck.py
+def profile_file(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "profiles.yaml"
+    path.write_text(f"profiles:\n  p:\n{body}")
+    return path
+
+
+# launching/test_nodecheck.py
+def exports(tmp_path: Path, value: str) -> list[str]:
+    profiles = environment.load_profiles(profile_file(tmp_path, f"    node_check: {value}\n"))
+    lines = environment.render_lines(environment.resolve(profiles, "p"))
+    return [line for line in lines if "MULTINODE_NODE_CHECK" in line]
+
+
+# launching/test_spares.py
+BARRIER = "barrier (torch/distributed/distributed_c10d.py:5356)"
+
+
+def write_stacks(stem: str, tops: dict[int, tuple[str, str]]) -> None:
+    """Each rank's stack as the labellers write it: rank -> (node, innermost frame)."""
+    for rank, (node, top) in tops.items():
+        with open(JobFiles(Path(stem)).node_out(node), "a") as fh:
+            fh.write(f'[{node} rank{rank}] stack| Thread 1 (idle): "MainThread"\n')
+            fh.write(f"[{node} rank{rank}] stack|     {top}\n")
+
+
+def finder(
+    down: Sequence[str], rounds: list[list[str]] | None = None, flaky: Sequence[str] = ()
+) -> Callable[[Sequence[str], int], list[str]]:
+    """A stand-in for liveness.unreachable: `down` never answer, `flaky` miss the first round only; each round's
+    question is recorded in `rounds`."""
+    asked: list[list[str]] = [] if rounds is None else rounds
+
+    def find(nodes: Sequence[str], port: int) -> list[str]:
+        asked.append(list(nodes))
+        missing = set(down) | (set(flaky) if len(asked) == 1 else set())
+        return [n for n in nodes if n in missing]
+
+    return find
+
+
+# launching/test_straggler.py
+NODES = ["node1", "node2", "node3"]
+
+
+def event(busy: dict[str, float], step: int = 10, wall: float | None = None) -> str:
+    return json.dumps({"event": "ranks", "step": step, "wall": time.time() if wall is None else wall, "busy_s": busy})
+
+
+class Job:
+    """A job's files in tmp_path, a straggler check on them with a fake clock, and what it logged."""
+
+    def __init__(self, tmp_path: Path, on: str = "warn", spare: bool = False, nodes: list[str] = NODES) -> None:
+        self.stem = str(JobFiles.of(tmp_path, "9", 1).prefix)
+        self.metrics = tmp_path / "9.metrics.jsonl"
+        self.metrics.write_text('{"step": 1, "loss": 3.0}\n')  # an earlier launch's line: not read again
+        self.env = {
+            protocol.LOG_STEM_VAR: self.stem,
+            protocol.METRICS_FILE_VAR: str(self.metrics),
+            protocol.ON_STRAGGLER_VAR: on,
+            protocol.STRAGGLER_FACTOR_VAR: "1.5",
+            protocol.STRAGGLER_WINDOW_VAR: "10",
+        }
+        self.clock, self.said = Clock(), []
+        self.check = straggler.StragglerCheck(self.env, nodes, self.said.append, replaceable=spare, clock=self.clock)
+
+    def at(self, t: float, busy: dict[str, float]) -> bool:
+        """An event read at time t (1 s at least after the last: the check reads once a second); whether the
+        launcher is to end the step."""
+        self.clock.sleep(t - self.clock())
+        with self.metrics.open("a") as fh:
+            fh.write(event(busy) + "\n")
+        return self.check.due()
+
+    def records(self) -> list[dict]:
+        path = JobFiles(Path(self.stem)).first_run.replacements
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# planning/test_jobscript.py: the seed recipe's cluster: 2 nodes x 8 A6000, 64 CPUs, 14 days, InfiniBand, conda in
+# the job.
+BLOG_PROFILES = """\
+default: a6000
+profiles:
+  a6000:
+    extends: infiniband
+    nccl: {hca: mlx5_0, gid_index: 0, tc: 106, gdr_level: 2, launch_mode: GROUP, min_nrings: 4}  # the site's
+    cuda: /path/to/cuda-11.8
+    conda: {base: /path/to/anaconda3, env: my_env}
+"""
+
+BLOG_RESOURCES = dict(
+    nodes=2,
+    gpus=8,
+    cpus_per_task=64,
+    mem_mb=400000,
+    runtime=20160,
+    slurm_partition="gpu_A6000",
+    slurm_account="your_account",
+    nodelist="node110,node111",
+)
+
+
+def blog_script(tmp_path: Path) -> str:
+    f = tmp_path / "env.yaml"
+    f.write_text(BLOG_PROFILES)
+    profiles = environment.load_profiles(f)
+    req = build_request("train", BLOG_RESOURCES, threads=1, env_profile=profiles.default)
+    ctx = jobscript.ScriptContext(
+        command="multinode torchrun train.py --data results/data/train.bin --out results/model/final.pt",
+        workdir=PurePath("/work/project"),
+        log_dir=jobscript.log_dir_for(PurePath(".snakemake/multinode/logs"), req),
+        state_dir=PurePath("/work/project/.snakemake/multinode/state"),
+        job_name="mn-0123abcd-train",
+    )
+    return jobscript.render(req, ctx, environment.render_lines(environment.resolve(profiles, profiles.default)))
+
+
+def spare_script(tmp_path: Path, **resources: object) -> str:
+    req = build_request("train", {"nodes": 2, "gpus": 1, **resources})
+    ctx = jobscript.ScriptContext("true", tmp_path, PurePath("logs"), tmp_path / "state", "n")
+    return jobscript.render(req, ctx, [])
+
+
+# test_architecture.py
+SITE_STUB = "benchmarks/gpu/site_stub"
+
+# test_version.py
+INIT = REPO / "snakemake_executor_multinode" / "__init__.py"
+
+
+def the_version() -> str:
+    """`__version__` as hatchling reads it: the one assignment of a string literal in __init__.py."""
+    tree = ast.parse(INIT.read_text())
+    found = [
+        node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and [getattr(t, "id", None) for t in node.targets] == ["__version__"]
+        and isinstance(node.value, ast.Constant)
+    ]
+    assert len(found) == 1, f'{INIT}: one `__version__ = "X.Y.Z"`, found {found}'
+    return found[0]
+
+
 def hostile_plan(tmp_path: Path, value: str) -> JobPlan:
     """A 2-node job whose wildcard and environment profile value are `value` (hostile input)."""
     profiles = tmp_path / "profiles.yaml"
@@ -650,18 +913,19 @@ def train_rule(
     script: str = "scripts/train.py",
     output: str = "model.pt",
     nodes: int = 2,
+    gpus: int = 1,
     metrics: str = "ckpt/metrics.jsonl",
     resources: str = "runtime=30",
 ) -> str:
-    """A Snakefile of one rule `train`: the example training (or a script that wraps it) on `nodes` nodes x 1 rank
-    through `multinode torchrun`, `config` its --config-json, checkpoints in ckpt/ (training_folder makes the rest).
-    An output other than model.pt is written after the training ends well."""
+    """A Snakefile of one rule `train`: the example training (or a script that wraps it) on `nodes` nodes x `gpus`
+    ranks (a fake GPU and a CPU each) through `multinode torchrun`, `config` its --config-json, checkpoints in ckpt/
+    (training_folder makes the rest). An output other than model.pt is written after the training ends well."""
     out, then = ("{output}", "") if output == "model.pt" else ("model.pt", " && echo ok > {output}")
     return f"""
 rule train:
     output: {output!r}
     params: cfg={json.dumps(config)!r}
-    resources: nodes={nodes}, gpus=1, cpus_per_task=1, mem_mb=3000, {resources}
+    resources: nodes={nodes}, gpus={gpus}, cpus_per_task={gpus}, mem_mb=3000, {resources}
     shell:
         "multinode torchrun {script} --data-dir data --out {out} --ckpt-dir ckpt "
         "--metrics {metrics} --config-json {{params.cfg:q}}{then}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -91,9 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # torchrun's own options must pass through untouched, so it is dispatched before argparse.
     if argv[:1] == ["torchrun"]:
-        from snakemake_executor_multinode.launching.launcher import main as torchrun_main
+        from snakemake_executor_multinode.launching import launcher
 
-        return torchrun_main(argv[1:])
+        if argv[1:2] not in (["-h"], ["--help"]) and launcher.outside_slurm(os.environ):
+            from snakemake_executor_multinode.cli.local_run import main as local_main  # a job's environment, here
+
+            return local_main(argv[1:])
+        return launcher.main(argv[1:])
     # Every job's start line (the job script): without the parser's imports, a tenth of a second less per job.
     if len(argv) == 3 and argv[:2] == ["provenance", "--start"]:
         from snakemake_executor_multinode.watching.provenance import write_start

@@ -30,6 +30,8 @@ LOGS_DIR = STATE_ROOT / "logs"  # job scripts and logs: the default of --multino
 SNAPSHOTS_DIR = STATE_ROOT / "snapshots"  # one folder per frozen code snapshot (planning/snapshot.py)
 OBJECTS_DIR = STATE_ROOT / "objects"  # the snapshots' content-addressed store
 PROVENANCE_DIR = STATE_ROOT / "provenance"  # a record per job and per output (watching/provenance.py)
+# `multinode torchrun` outside SLURM: each run's files under a stem of its own, local-<time>-<pid> (cli/local_run.py)
+LOCAL_RUNS_DIR = STATE_ROOT / "torchrun"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,10 @@ class StateFolders:
     @property
     def provenance(self) -> Path:
         return self.workdir / PROVENANCE_DIR
+
+    @property
+    def local_runs(self) -> Path:
+        return self.workdir / LOCAL_RUNS_DIR
 
     def marker(self, job_key: str, suffix: str) -> Path:
         return marker(self.state, job_key, suffix)
@@ -181,6 +187,17 @@ class JobFiles:
     @property
     def replacements(self) -> Path:
         return self._file(REPLACEMENTS)
+
+    @property
+    def nccl_traces(self) -> Path:
+        """The prefix NCCL's flight recorder completes with each rank's number."""
+        return self._file(NCCL_TRACES)
+
+    @property
+    def preempt_marker(self) -> Path:
+        """A run of `multinode torchrun` outside SLURM keeps its preempt marker beside its files (a job's lies in the
+        state folder, named by its key: `marker`)."""
+        return self._file(PREEMPT_MARKER)
 
     @property
     def first_run(self) -> JobFiles:

@@ -2,7 +2,7 @@
 
 The job script (templates/job.sh) receives the marker paths, the exit code and the port rule from here as
 placeholders; the launcher and the status tracker import them; the training reads the MULTINODE_* variables by name
-(`tests/unit/contract/test_protocol.py` proves that the template, the launcher and the example training agree).
+(`tests/process/contract/test_protocol.py` proves that the template, the launcher and the example training agree).
 """
 
 from __future__ import annotations
@@ -192,11 +192,14 @@ VARIABLES = (
     *NODE_CHECK_VARIABLES,
 )
 
-# Rendezvous port: derived from the job id, so two jobs sharing a head node pick different ports without talking to
-# each other. A few ports per job leave room for consecutive srun steps of one allocation (a port in TIME_WAIT).
+# Rendezvous port: derived from the job id, so jobs sharing a head node pick different ports without talking to each
+# other, as long as their ids are less than PORT_CYCLE apart: the rule repeats every PORT_CYCLE ids, and the launcher
+# on the head node moves on from a port in use (allocation.free_port). A few ports per job leave room for
+# consecutive srun steps of one allocation (a port in TIME_WAIT).
 PORT_BASE = 20000
 PORT_SPAN = 40000
 PORTS_PER_JOB = 4
+PORT_CYCLE = PORT_SPAN // PORTS_PER_JOB  # job ids this far apart share their ports
 
 
 def master_port(job_id: int, step_id: int = 0) -> int:

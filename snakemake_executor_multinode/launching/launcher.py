@@ -13,6 +13,7 @@ runs that node's torchrun directly. Outside SLURM the same command runs a one-no
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import select
@@ -28,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 
 from snakemake_executor_multinode.contract import container_spec, node_events, protocol
-from snakemake_executor_multinode.contract.jobfiles import JobFiles
+from snakemake_executor_multinode.contract.jobfiles import LOCAL_RUNS_DIR, JobFiles
 from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
 from snakemake_executor_multinode.launching import (
     container,
@@ -679,12 +680,16 @@ Inside a SLURM allocation the launcher fills in, for every node:
   --redirects/--tee   owned: each line of the job log is labelled [<node> rank<R>], and each node's output is kept
                       in <job log>.<node>.out; --log-dir keeps torchrun's per-rank files as well
 Everything else (--max-restarts, --rdzv_backend=c10d, --local-ranks-filter, -m, --no-python, ...) is torchrun's.
+Outside SLURM it runs one torchrun here with what a job gives the training where one machine has it: the profile's
+NCCL block and variables (SNAKEMAKE_MULTINODE_ENV_PROFILE, SNAKEMAKE_MULTINODE_PROFILE_FILE), a metrics file and a
+preempt file under {local_runs}/; a checkpoint on SIGUSR2 ends it with {exit_preempted} (docs/first-job.md).
+torchrun and the training run with this Python: {python}.
 """
 
 
 def print_help(python: str = sys.executable) -> int:
     print(__doc__)
-    print(FILLED_IN)
+    print(FILLED_IN.format(python=python, local_runs=LOCAL_RUNS_DIR, exit_preempted=EXIT_PREEMPTED))
     print("torchrun's options (python -m torch.distributed.run --help):\n", flush=True)
     return subprocess.call([python, "-m", "torch.distributed.run", "--help"])
 
@@ -762,7 +767,8 @@ def launch_with_spares(
         chosen = f"; nodes {','.join(step.nodes)}, {roster.spares_left()} spare(s) left" if roster.has_spares else ""
         log(
             f"job {step.job_id}: {len(step.nodes)} node(s) x {nproc} process(es), "
-            f"master {step.master_addr}:{step.master_port}; one srun step, node_rank = SLURM_NODEID{chosen}"
+            f"master {step.master_addr}:{step.master_port}; one srun step, node_rank = SLURM_NODEID{chosen}; "
+            f"Python {container.python(box, sys.executable)}"
         )
         step_env = worker_env(step, nproc, env, opts) | {protocol.RELAUNCH_VAR: str(relaunch)}
         with nodelog.Merger(nodelog.log_stem(env), step.nodes):  # the nodes' labelled lines into the job log
@@ -789,26 +795,93 @@ def launch_with_spares(
             )
 
 
-def main(argv: Sequence[str]) -> int:
-    if argv[:1] in (["-h"], ["--help"]):
-        return print_help()
-    opts, script = split_torchrun_args(argv)
-    env = dict(os.environ)
-    outside = not env.get("SLURM_JOB_ID") or not (env.get("SLURM_JOB_NODELIST") or env.get("NODELIST"))
+def refuse_container_without_step(env: Mapping[str, str]) -> None:
+    """A container (from the job script's variables) wraps the step the launcher starts: outside SLURM, or inside a
+    user's own srun step, it starts none, and the container would be ignored: an error instead."""
+    outside = outside_slurm(env)
     if (outside or env.get("SLURM_STEP_ID")) and (box := container.from_env(env)) is not None:
-        # the container wraps the step this launcher starts; here it starts none
         where = "outside SLURM" if outside else "inside your own srun step"
         raise SystemExit(
             f"multinode torchrun: {where} the profile's container ({container_spec.describe(box)}) cannot be applied: "
             "start the container yourself, or run `multinode torchrun` from the batch script so that it starts "
             "the step (the container comes from the environment profile)"
         )
+
+
+def outside_slurm(env: Mapping[str, str]) -> bool:
+    """No SLURM allocation to launch in: `multinode torchrun` runs a one-node torchrun here."""
+    return not env.get("SLURM_JOB_ID") or not (env.get("SLURM_JOB_NODELIST") or env.get("NODELIST"))
+
+
+def run_outside(opts: Sequence[str], script: Sequence[str], env: Mapping[str, str]) -> int:
+    """A one-node torchrun, its lines labelled on the terminal (and, where `env` names a log stem, in that stem's
+    node file too). A SIGUSR2 sent to this process reaches the workers, as SLURM's signal before the time limit
+    does in a job: torchrun's agent starts with it ignored, and it is passed on to the workers (the ranks)."""
+    local_nproc = option_value(opts, "--nproc_per_node", "--nproc-per-node") or str(max(count_devices(env), 1))
+    log(f"no SLURM allocation: one-node torchrun with {local_nproc} process(es), Python {sys.executable}")
+    nproc = int(local_nproc) if local_nproc.isdigit() else 0  # gpu/cpu/auto: torchrun counts
+    torchrun = torchrun_command(opts, script, nproc=local_nproc)
+    argv = labelled(torchrun, nproc, opts, echo=bool(nodelog.log_stem(env))) if nproc else torchrun
+    before = signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # inherited by the agent (the workers set their own)
+    proc = subprocess.Popen(argv, env=dict(env))
+
+    def pass_on(signum: int, _frame: object) -> None:
+        if nproc:  # the labeller passes it on to torchrun's workers
+            forward(signum, _frame)
+        else:
+            nodelog.signal_workers(proc.pid, signum)
+
+    def forward(signum: int, _frame: object) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    signal.signal(signal.SIGUSR2, pass_on)
+    term = signal.signal(signal.SIGTERM, forward)
+    try:
+        code = proc.wait()
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+        signal.signal(signal.SIGTERM, term)
+    return code if code >= 0 else 128 - code
+
+
+# The variables an activated environment sets: its folder, which is sys.prefix for that environment's Python.
+ACTIVATED_ENV_VARS = ("VIRTUAL_ENV", "CONDA_PREFIX")
+
+
+def check_python(env: Mapping[str, str], prefix: str = sys.prefix, torch_found: bool | None = None) -> None:
+    """torchrun, the network preflight and so the training run with this Python, the one that holds `multinode`
+    (sys.executable), not whichever `python` an activated environment puts first on PATH: they need the plugin and
+    torch in one interpreter, and this one is fixed by the install, not by PATH's order on a compute node. Without
+    torch here that is an error before anything starts; an activated environment that is another one is said."""
+    if torch_found is None:
+        torch_found = importlib.util.find_spec("torch") is not None  # finds, does not import (seconds)
+    if not torch_found:
+        raise SystemExit(
+            f"multinode torchrun: {sys.executable} (the Python that holds multinode, which runs torchrun and the "
+            "training) has no torch: install the plugin into the environment that has your torch, or torch into "
+            "this one"
+        )
+    for var in ACTIVATED_ENV_VARS:
+        active = env.get(var, "")
+        if active and os.path.realpath(active) != os.path.realpath(prefix):
+            log(
+                f"WARNING: {var}={active} is activated, but torchrun and the training run with {sys.executable} "
+                f"(the Python that holds multinode, prefix {prefix}), with its torch and packages: install the "
+                f"plugin into {active} to train with that environment's"
+            )
+
+
+def main(argv: Sequence[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        return print_help()
+    opts, script = split_torchrun_args(argv)
+    env = dict(os.environ)
+    outside = outside_slurm(env)
+    refuse_container_without_step(env)
     if outside:
-        local_nproc = option_value(opts, "--nproc_per_node", "--nproc-per-node") or str(max(count_devices(env), 1))
-        log(f"no SLURM allocation: one-node torchrun with {local_nproc} process(es)")
-        nproc = int(local_nproc) if local_nproc.isdigit() else 0  # gpu/cpu/auto: torchrun counts
-        torchrun = torchrun_command(opts, script, nproc=local_nproc)
-        return subprocess.call(labelled(torchrun, nproc, opts) if nproc else torchrun, env=env)
+        check_python(env)
+        return run_outside(opts, script, env)
     if env.get("SLURM_STEP_ID"):
         cmd, step_env = step_command(env, opts, script)
         if netcheck.limit_from_env(env):  # each task here sees only its own node: nothing to check against
@@ -822,6 +895,8 @@ def main(argv: Sequence[str]) -> int:
     box = container.from_env(env)  # the profile's container, from the job script's variables (container.py)
     if box is not None:
         log(f"each node's torchrun runs in {container_spec.describe(box)}")
+    else:
+        check_python(env)
     code = launch_with_spares(alloc, opts, script, env, box)
     preempt = env.get(protocol.PREEMPT_FILE_VAR)
     if code == 0 and preempt and Path(preempt).exists():

@@ -232,15 +232,26 @@ class RankFiles:
             src.fh.close()  # type: ignore[attr-defined]
 
 
-def descendants(root: int) -> list[int]:
-    """Every process below `root` (torchrun's workers run in sessions of their own: a process group misses them)."""
-    children = proctree.children()
-    found, todo = [], [root]
+def signal_workers(top: int, signum: int) -> None:
+    """`signum` to `top` (torchrun's agent, or a container runtime's client around it) and every process down the
+    tree to the workers, the first ones with RANK in their environment (they run in sessions of their own, so a
+    process group would miss them), and to nothing below a worker: a DataLoader's workers started by spawn or
+    forkserver (and torch.compile's) begin with the signal's default action, exec having reset the rank's handler,
+    and USR2's default would kill them, and with them the rank (tests/training/test_dataloader_usr2.py)."""
+    tree, targets, todo = proctree.children(), [top], [top]
     while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+        for pid in tree.get(todo.pop(), []):
+            targets.append(pid)
+            try:
+                if b"RANK" not in proctree.environ(pid):
+                    todo.append(pid)  # the agent, or a wrapper: the workers are further down
+            except OSError:
+                continue
+    for pid in targets:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
 
 
 def with_rank_logs(torchrun: Sequence[str], log_dir: str) -> list[str]:
@@ -298,8 +309,8 @@ def _first_output_file(env: Mapping[str, str], node: str) -> Path | None:
 
 def _handle_signals(proc: subprocess.Popen, stem: str) -> None:
     """SIGTERM/SIGINT go to torchrun (it stops its workers; the reading goes on until it is gone); USR2 to torchrun
-    and everything below it. USR1 is the launcher's gentle end of a stalled step (stall.stop_file exists): SIGTERM
-    to torchrun; else a user's checkpoint signal (signal="USR1@..."), passed on as USR2 is."""
+    and its workers (signal_workers). USR1 is the launcher's gentle end of a stalled step (stall.stop_file exists):
+    SIGTERM to torchrun; else a user's checkpoint signal (signal="USR1@..."), passed on as USR2 is."""
 
     def forward(signum: int, _frame: object) -> None:
         if proc.poll() is None:
@@ -307,12 +318,8 @@ def _handle_signals(proc: subprocess.Popen, stem: str) -> None:
 
     def pass_on(signum: int, _frame: object) -> None:
         # torchrun's agent ignores it (inherited) and its workers checkpoint; a container runtime's client (podman)
-        # passes it into the container, whose processes are not this process's descendants
-        for pid in (proc.pid, *descendants(proc.pid)):
-            try:
-                os.kill(pid, signum)
-            except OSError:
-                pass
+        # passes it into the container
+        signal_workers(proc.pid, signum)
 
     def usr1(signum: int, frame: object) -> None:
         if stem and stall.stop_file(stem).exists():

@@ -312,6 +312,17 @@ def own_software(profile: dict[str, Any]) -> bool:
     return any(profile.get(k) for k in SOFTWARE_KEYS) or any(k.endswith("PATH") or k == "PYTHONHOME" for k in env)
 
 
+def nccl_variables(nccl: dict[str, Any]) -> dict[str, str]:
+    """A profile's `nccl:` block as variables, in the order the job script exports them."""
+    out = {"NCCL_IB_DISABLE": "0" if nccl["ib"] else "1"} if "ib" in nccl else {}
+    return out | {var: _value(nccl[key]) for key, var in NCCL_KEYS.items() if key in nccl}
+
+
+def plain_variables(profile: dict[str, Any]) -> dict[str, str]:
+    """The profile's `env:` over the defaults every job gets."""
+    return {**DEFAULT_VARS, **{str(k): _value(v) for k, v in (profile.get("env") or {}).items()}}
+
+
 def render_lines(profile: dict[str, Any]) -> list[str]:
     """Shell lines, in order, for a flattened profile."""
     q = shell_quote
@@ -339,11 +350,7 @@ def render_lines(profile: dict[str, Any]) -> list[str]:
     nccl = profile.get("nccl") or {}
     if nccl:
         lines.append("# NCCL / InfiniBand")
-        if "ib" in nccl:
-            lines.append(f"export NCCL_IB_DISABLE={'0' if nccl['ib'] else '1'}")
-        for key, var in NCCL_KEYS.items():
-            if key in nccl:
-                lines.append(f"export {var}={q(_value(nccl[key]))}")
+        lines += [f"export {var}={q(value)}" for var, value in nccl_variables(nccl).items()]
         if nccl.get("dump_on_timeout"):
             lines.append(f"export {FLIGHT_RECORDER_FILE}={FLIGHT_RECORDER_PREFIX}  # the dumps, beside the job log")
     if "network_check" in profile:  # validated when the file was read
@@ -356,7 +363,7 @@ def render_lines(profile: dict[str, Any]) -> list[str]:
         lines.append(f"export {NETWORK_CHECK_VAR}={seconds}")
     if "node_check" in profile:  # validated when the file was read; absent: the launcher's default check
         lines += node_check_lines(node_check(profile["node_check"]))
-    variables = {**DEFAULT_VARS, **{str(k): _value(v) for k, v in (profile.get("env") or {}).items()}}
+    variables = plain_variables(profile)
     lines.append("# variables")
     lines += [f"export {k}={q(v)}" for k, v in variables.items()]
     if box := container_spec.parse(profile.get("container"), "container"):  # validated when the file was read

@@ -175,9 +175,12 @@ def checkpointed(signal: str | None) -> str:
 
 
 def gpu_sampler(seconds: int) -> str:
-    """What each node's task of the sampler step runs: nvidia-smi into the node's file, where the node has it."""
+    """What each node's task of the sampler step runs: nvidia-smi into the node's file, where the node has it. It
+    starts with USR1 and USR2 ignored: the signal before the time limit goes to every step's task (to every process
+    of a step under proctrack/linuxproc), and their default action would end the samples at the checkpoint."""
     node_file = ShellJobFiles(f'"${protocol.GPU_SAMPLES_VAR}"').gpu_samples('"$SLURMD_NODENAME"')
-    return f"command -v nvidia-smi >/dev/null || exit 0; exec {shlex.join(protocol.gpu_sampler(seconds))} >>{node_file}"
+    sampler = shlex.join(protocol.gpu_sampler(seconds))
+    return f'command -v nvidia-smi >/dev/null || exit 0; trap "" USR1 USR2; exec {sampler} >>{node_file}'
 
 
 def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:

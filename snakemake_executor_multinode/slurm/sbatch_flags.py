@@ -15,7 +15,7 @@ from snakemake_executor_multinode.contract import releases
 
 # sbatch 22.05's getopt_long table: long name -> argument ("required", "optional" or "none"). Read off the binary
 # (`sbatch --a` .. `--z` list every option through getopt's "ambiguous" message; `--NAME` / `--NAME=x` tell the
-# argument kind); tests/unit/planning/test_request.py compares it with the installed sbatch where there is one.
+# argument kind); tests/process/planning/test_request.py compares it with the installed sbatch where there is one.
 SBATCH_LONG_OPTIONS: dict[str, str] = {
     **dict.fromkeys(
         "account acctg-freq array batch bb bbf begin chdir cluster cluster-constraint clusters comment constraint "

@@ -1,5 +1,5 @@
 """The worst hostile values, submitted for real: nothing runs, the value arrives byte for byte, the job gets the
-nodes it asked for, and the value is in no SLURM view of the job (the unit side: tests/unit/planning/
+nodes it asked for, and the value is in no SLURM view of the job (without a cluster: tests/process/planning/
 test_hostile_input.py)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Reruns run again: what Snakemake asks to rerun after a finished run is submitted anew, never "reattached" to the
-old job (docs/reliability.md, the rerun table; the killed-Snakemake rows, which do adopt, are in
+old job (docs/evidence.md, the rerun table; the killed-Snakemake rows, which do adopt, are in
 test_faults_cluster.py).
 
 One finished run of a small pipeline (3 shard jobs -> a 2-node job -> a summary) is made once; each test copies its

@@ -1,7 +1,7 @@
-"""Damaged plugin state (issue 38, docs/reliability.md): every kind of file under .snakemake/multinode/ cut short,
-overwritten with garbage bytes, or given to another user (uid 65534; the suite runs as root, whom no permission
-stops: the plugin notices the owner itself), and what the next Snakemake run and `multinode status | report |
-clean | logs | provenance` do with it.
+"""Damaged plugin state (issue 38, docs/reliability.md; the table of these tests: docs/evidence.md): every kind of
+file under .snakemake/multinode/ cut short, overwritten with garbage bytes, or given to another user (uid 65534; the
+suite runs as root, whom no permission stops: the plugin notices the owner itself), and what the next Snakemake run
+and `multinode status | report | clean | logs | provenance` do with it.
 
 The state is made once, as a user leaves it after the worst moment to lose Snakemake: a job `prep` ran and was seen
 to end, then the 2-node job `work` was submitted, Snakemake was SIGKILLed while it ran, and the job finished while

@@ -101,7 +101,7 @@ source /path/to/anaconda3/etc/profile.d/conda.sh
 conda activate my_env
 # NCCL / InfiniBand
 export NCCL_IB_DISABLE=0
-export NCCL_SOCKET_IFNAME='^lo'
+export NCCL_SOCKET_IFNAME='^lo,docker'
 export NCCL_IB_HCA=mlx5_0
 export NCCL_IB_GID_INDEX=0
 export NCCL_IB_TC=106
@@ -140,7 +140,8 @@ MASTER_ADDR=$(getent ahostsv4 "$MASTER_NODE" | awk 'NR == 1 {print $1}')
 case "$MASTER_ADDR" in
     "" | 127.*) MASTER_ADDR=$(hostname -I | awk '{print $1}') ;;  # a loopback entry is unreachable from peers
 esac
-# Derived from the job id: two jobs sharing a head node never pick the same port.
+# Derived from the job id: jobs sharing a head node get different ports unless their ids are a whole cycle apart
+# (contract/protocol.py, PORT_CYCLE); the launcher on the head node moves on from a port in use.
 MASTER_PORT=$((20000 + SLURM_JOB_ID * 4 % 40000))
 export NODELIST NODE_NUM MASTER_ADDR MASTER_PORT
 export MULTINODE_NODES=2 MULTINODE_GPUS_PER_NODE=8 MULTINODE_CPUS_PER_TASK=64
@@ -173,7 +174,7 @@ MULTINODE_GPU_SAMPLER=
 if [ 30 -gt 0 ] && command -v nvidia-smi >/dev/null; then
     export MULTINODE_GPU_SAMPLES=/work/project/.snakemake/multinode/logs/rule_train/_/"$MULTINODE_JOB_KEY".attempt1
     srun --overlap --nodes="$NODE_NUM" --ntasks="$NODE_NUM" --ntasks-per-node=1 --cpus-per-task=1 --mem=0 \
-        --export=ALL --job-name=gpu-samples bash -c 'command -v nvidia-smi >/dev/null || exit 0; exec nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits -l 30 >>"$MULTINODE_GPU_SAMPLES"."$SLURMD_NODENAME".gpu.csv' >/dev/null 2>&1 &
+        --export=ALL --job-name=gpu-samples bash -c 'command -v nvidia-smi >/dev/null || exit 0; trap "" USR1 USR2; exec nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits -l 30 >>"$MULTINODE_GPU_SAMPLES"."$SLURMD_NODENAME".gpu.csv' >/dev/null 2>&1 &
     MULTINODE_GPU_SAMPLER=$!
 fi
 

@@ -86,6 +86,28 @@ def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def step_dir(out: Path, step: int) -> Path:
+    """The checkpoint of `step` in a training's folder (train_argv's --ckpt-dir)."""
+    import checkpoint
+
+    return out / "ckpt" / f"{checkpoint.CKPT_PREFIX}{step:08d}"
+
+
+def truncate(path: Path) -> None:
+    """Cut a file to half its size: a damaged checkpoint file."""
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def assert_same_final_model(a: Path, b: Path) -> None:
+    """Every tensor of the final model (--out) in folder b equal to folder a's; the message counts those that differ."""
+    import torch
+
+    sa, sb = (torch.load(p / "model.pt", map_location="cpu", weights_only=False)["state_dict"] for p in (a, b))
+    assert sa.keys() == sb.keys()
+    differ = [key for key in sa if not torch.equal(sa[key], sb[key])]
+    assert differ == [], f"{len(differ)} of {len(sa)} tensors differ from {a}'s: {differ}"
+
+
 def checkpoint_bytes(cfg: dict[str, Any]) -> int:
     """About the size of one torch_ddp fp32 checkpoint of `cfg` (AdamW): the model's parameters 4 bytes each, the
     optimizer's two moments 8 more, plus 64 KiB for the per-rank files, indexes and trainer.json. What the disk-full

@@ -19,22 +19,31 @@ import background_save
 import checkpoint
 import lm
 import pytest
-import torch
 import torch.distributed as dist
 
 from tests.helpers import REPO, complete_lines, load_script, wait_for
 
-from .helpers import ENV, HANG_S, SCRIPTS, TINY, checkpoint_bytes, events, records, torchrun_argv, train, train_argv
+from .helpers import (
+    ENV,
+    HANG_S,
+    SCRIPTS,
+    TINY,
+    assert_same_final_model,
+    checkpoint_bytes,
+    events,
+    records,
+    step_dir,
+    torchrun_argv,
+    train,
+    train_argv,
+    truncate,
+)
 
 STEPS, STOP, EVERY = 8, 6, 2
 CFG: dict[str, Any] = {**TINY, "plugin": "torch_ddp", "steps": STEPS, "lr": 3e-3, "ckpt_every": EVERY, "keep_ckpts": 3}
 SHARD = "model/pytorch_model-00001.bin"  # torch_ddp: the model's one shard (rank 0 writes it)
 OPTIM_SHARD = "optimizer/pytorch_optim-00001.bin"
 RANK1 = "ranks/rank00001.pt"  # rank 1's own file
-
-
-def step_dir(out: Path, step: int) -> Path:
-    return out / "ckpt" / f"{checkpoint.CKPT_PREFIX}{step:08d}"
 
 
 @pytest.fixture(scope="module")
@@ -64,18 +73,6 @@ def copy_of(stopped: Path, tmp_path: Path) -> Path:
     out = tmp_path / "run"
     shutil.copytree(stopped, out)
     return out
-
-
-def assert_same_final_model(a: Path, b: Path) -> None:
-    sa = torch.load(a / "model.pt", map_location="cpu", weights_only=False)["state_dict"]
-    sb = torch.load(b / "model.pt", map_location="cpu", weights_only=False)["state_dict"]
-    assert sa.keys() == sb.keys()
-    for key in sa:
-        assert torch.equal(sa[key], sb[key]), f"{key} differs from the straight run's"
-
-
-def truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
 def empty(path: Path) -> None:

@@ -1,34 +1,17 @@
 """The version lives in one place, `__version__` in snakemake_executor_multinode/__init__.py: pyproject.toml has it
 read from there (hatchling's dynamic version), `multinode --version` and the provenance records import it, and
-CHANGELOG.md has an entry for it. A second literal copy anywhere in the packages or pyproject.toml fails here."""
+CHANGELOG.md has an entry for it. A second literal copy anywhere in the packages or pyproject.toml fails here.
+The tests that start processes: tests/process/test_version.py."""
 
 from __future__ import annotations
 
-import ast
 import re
-import subprocess
-import sys
 import tomllib
 
 from snakemake_executor_multinode import __version__
-from tests.helpers import REPO
+from tests.helpers import INIT, REPO, the_version
 
-INIT = REPO / "snakemake_executor_multinode" / "__init__.py"
 PACKAGES = ("snakemake_executor_multinode", "snakemake_executor_plugin_multinode")
-
-
-def the_version() -> str:
-    """`__version__` as hatchling reads it: the one assignment of a string literal in __init__.py."""
-    tree = ast.parse(INIT.read_text())
-    found = [
-        node.value.value
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and [getattr(t, "id", None) for t in node.targets] == ["__version__"]
-        and isinstance(node.value, ast.Constant)
-    ]
-    assert len(found) == 1, f'{INIT}: one `__version__ = "X.Y.Z"`, found {found}'
-    return found[0]
 
 
 def test_the_version_is_a_release_number_and_the_one_imported():
@@ -62,11 +45,3 @@ def test_the_changelog_has_an_entry_for_the_version_and_an_unreleased_section():
     changelog = (REPO / "CHANGELOG.md").read_text()
     headings = re.findall(r"^## \[([^\]]+)\]", changelog, re.M)
     assert headings[:2] == ["Unreleased", the_version()], headings
-
-
-def test_multinode_version_prints_it():
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake_executor_multinode.cli", "--version"], capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["multinode", the_version()], proc.stdout

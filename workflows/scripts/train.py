@@ -51,9 +51,9 @@ pruning then run on a thread while the training goes on. The next save waits for
 the last save (the end, stop_after, SIGUSR2) is whole before the run leaves, so a preempt file always names a
 complete, verified checkpoint. Their failure (a full disk) fails that next save, or the exit, on every rank together
 with the message below; a run killed meanwhile leaves only the temp dir, and resumes from the checkpoint before.
-A rerun resumes from the latest one that verifies (a damaged one is skipped, named) exactly on the same world size;
-on another world size the plugin's IO reshards model and optimizer and the run logs what per-rank state could not
-follow. The data
+A rerun resumes from the latest one that verifies (a damaged one is skipped, named) exactly on the same world size
+(on any number of ranks: every run first settles DDP's gradient buckets, settle_ddp_buckets); on another world size
+the plugin's IO reshards model and optimizer and the run logs what per-rank state could not follow. The data
 position is the step (batches are a pure function of seed and step). The metrics file keeps its step lines up to the
 resumed step; later ones (a run that died after its last checkpoint) become "superseded" events, the record of lost
 work. What each plugin needs (device, precision, model kind, checkpoint IO, grad clipping, pipeline schedule) is one
@@ -262,7 +262,9 @@ def setup(args: argparse.Namespace, cfg: dict[str, Any], cuda: bool) -> Run:
     b = lm.boost(cfg, cuda, log=lambda msg: log0(rank, msg))
     ckpt = checkpoint.Checkpointer(b.booster, b.model, b.optimizer, b.scheduler, args.ckpt_dir, cfg, b.dp_size)
     tokens = lm.load_tokens(args.data_dir, "train")
-    return Run(args, cfg, plugins.spec_of(cfg), cuda, rank, world, b, ckpt, tokens, device)
+    run = Run(args, cfg, plugins.spec_of(cfg), cuda, rank, world, b, ckpt, tokens, device)
+    settle_ddp_buckets(run)  # before any checkpoint loads: a resume's first step sums as a straight run's does
+    return run
 
 
 def check_data(data_dir: str, cfg: dict[str, Any]) -> None:
@@ -336,8 +338,7 @@ def train_step(run: Run, step: int, busy: BusyClock | None = None) -> torch.Tens
             ids = batch[m * mb : (m + 1) * mb]
             skip_sync = m < ga - 1 and run.boosted.plugin.support_no_sync()
             with run.booster.no_sync(run.model, run.optimizer) if skip_sync else contextlib.nullcontext():
-                with lm.autocast(cfg, run.device.type):
-                    micro_loss = run.model(**lm.model_inputs(ids, cfg, labels=True)).loss / ga
+                micro_loss = forward_loss(run, ids) / ga
                 if busy is not None and m == ga - 1:
                     busy.stop()  # this backward syncs the gradients: fast ranks wait for the slowest here
                 run.booster.backward(micro_loss, run.optimizer)
@@ -348,6 +349,37 @@ def train_step(run: Run, step: int, busy: BusyClock | None = None) -> torch.Tens
     run.optimizer.zero_grad()
     run.scheduler.step()
     return loss
+
+
+def forward_loss(run: Run, ids: torch.Tensor) -> torch.Tensor:
+    """The boosted model's loss on one micro batch (not the pipeline path)."""
+    with lm.autocast(run.cfg, run.device.type):
+        return run.model(**lm.model_inputs(ids, run.cfg, labels=True)).loss
+
+
+def settle_ddp_buckets(run: Run) -> None:
+    """Before the first step of every run, fresh or resumed: one throwaway forward and backward (zeros in, the
+    gradients dropped, the RNG states kept) where the model is wrapped in torch's DDP (torch_ddp; hybrid with ZeRO 0
+    and no pipeline), so every step of every run all-reduces its gradients in the same bucket layout.
+
+    Why: DDP lays its gradient buckets out in parameter order, and after the first backward that syncs lays them out
+    again in the order the gradients became ready (Reducer::rebuild_buckets). Each bucket is all-reduced as one flat
+    buffer, and gloo's all-reduce sums an element in a rank order that depends on where the element lies in
+    that buffer. With 2 ranks a+b == b+a; with 3 or more the association differs and so do the last
+    bits. A resumed run's first step would all-reduce in the constructor's layout where the interrupted run used
+    the rebuilt one, and its model would drift from a straight run's. The buckets are rebuilt at the next forward,
+    in the order this backward made them ready, which is the real steps' order (same graph, same shapes): the
+    overlap of communication with the backward is what it was."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not any(isinstance(m, DistributedDataParallel) for m in run.model.modules()):
+        return
+    rng = checkpoint.rng_state()
+    ids = torch.zeros((run.cfg["micro_batch"], run.cfg["seq_len"]), dtype=torch.int64, device=run.device)
+    run.model.train()
+    run.booster.backward(forward_loss(run, ids), run.optimizer)
+    run.optimizer.zero_grad()
+    checkpoint.set_rng_state(rng)
 
 
 def mean_loss(run: Run, loss_sum: torch.Tensor, count: int) -> float:

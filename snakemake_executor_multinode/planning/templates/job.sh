@@ -100,7 +100,8 @@ MASTER_ADDR=$(getent ahostsv4 "$MASTER_NODE" | awk 'NR == 1 {print $1}')
 case "$MASTER_ADDR" in
     "" | 127.*) MASTER_ADDR=$(hostname -I | awk '{print $1}') ;;  # a loopback entry is unreachable from peers
 esac
-# Derived from the job id: two jobs sharing a head node never pick the same port.
+# Derived from the job id: jobs sharing a head node get different ports unless their ids are a whole cycle apart
+# (contract/protocol.py, PORT_CYCLE); the launcher on the head node moves on from a port in use.
 MASTER_PORT={{master_port}}
 export NODELIST NODE_NUM MASTER_ADDR MASTER_PORT
 export MULTINODE_NODES={{nodes}} MULTINODE_GPUS_PER_NODE={{gpus}} MULTINODE_CPUS_PER_TASK={{cpus_per_task}}

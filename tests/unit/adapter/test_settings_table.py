@@ -1,4 +1,4 @@
-"""docs/further.md's settings table is what scripts/render_settings.py renders from the adapter's ExecutorSettings
+"""docs/settings.md's settings table is what scripts/render_settings.py renders from the adapter's ExecutorSettings
 (what Snakemake reads and `snakemake --help` shows): a setting added, renamed, or given another default or help
 fails here until the page is rendered again."""
 
@@ -14,7 +14,7 @@ from tests.helpers import REPO, load_script
 render_settings = load_script(REPO / "scripts/render_settings.py", "render_settings")
 
 
-def test_the_settings_table_in_docs_further_is_rendered_from_executor_settings():
+def test_the_settings_table_in_docs_settings_is_rendered_from_executor_settings():
     current = render_settings.DOC.read_text()
     assert current == render_settings.render(current), "run `python scripts/render_settings.py`"
     assert render_settings.main(["--check"]) == 0
@@ -30,7 +30,7 @@ def test_every_setting_has_a_row_with_its_cli_name_and_default():
 
 
 def test_a_drifted_table_fails_the_check(tmp_path, monkeypatch):
-    doc = tmp_path / "further.md"
+    doc = tmp_path / "settings.md"
     doc.write_text(render_settings.DOC.read_text().replace("`USR2@120`", "`USR1@60`"))
     monkeypatch.setattr(render_settings, "DOC", doc)
     monkeypatch.setattr(render_settings, "ROOT", tmp_path)
@@ -45,4 +45,5 @@ def test_missing_markers_are_an_error_not_an_empty_table():
 
 
 def test_every_python_script_under_scripts_is_run_by_a_test():
-    assert sorted(p.name for p in (REPO / "scripts").glob("*.py")) == ["render_settings.py"]  # imported above
+    # render_settings.py: imported above; render_defaults.py: tests/unit/test_defaults_table.py
+    assert sorted(p.name for p in (REPO / "scripts").glob("*.py")) == ["render_defaults.py", "render_settings.py"]

@@ -2,7 +2,7 @@
 rendering (what a profile may say: tests/unit/contract/test_container_spec.py).
 
 The podman rendering runs for real in test_container_cluster.py; pyxis and apptainer are checked here as rendered.
-"""
+The tests that start processes: tests/process/launching/test_container.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.cli import main
 from snakemake_executor_multinode.contract import container_spec, protocol
 from snakemake_executor_multinode.contract.container_spec import parse
 from snakemake_executor_multinode.launching import container, launcher
@@ -177,37 +176,6 @@ def test_the_launcher_wraps_torchrun_and_keeps_the_node_rank_and_the_usr2_ignore
     torchrun = words[words.index("/opt/py/python") :]
     assert torchrun[:3] == ["/opt/py/python", "-m", "torch.distributed.run"]
     assert torchrun[-3:] == ["train.py", "--lr", "3e-4"]
-
-
-def test_preview_shows_the_wrapped_per_node_line(tmp_path, capsys):
-    path = tmp_path / "p.yaml"
-    path.write_text("profiles:\n  box: {container: {runtime: apptainer, image: /img/t.sif}}\n")
-    code = main(
-        [
-            "preview",
-            "--profile-file",
-            str(path),
-            "--workdir",
-            str(tmp_path),
-            "nodes=2",
-            "gpus=2",
-            "env_profile=box",
-            "--",
-            "multinode",
-            "torchrun",
-            "train.py",
-            "--epochs",
-            "3",
-        ]
-    )
-    out, err = capsys.readouterr()
-    assert code == 0
-    assert "export MULTINODE_CONTAINER_RUNTIME=apptainer" in out and "apptainer exec" not in out  # stdout: the script
-    assert "`multinode torchrun`'s step" in err and "in apptainer image /img/t.sif" in err
-    assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1" in err
-    assert "apptainer exec --nv --bind" in err and "train.py --epochs 3" in err and "$MASTER_PORT" in err
-    assert main(["preview", "nodes=2", "own_launcher=True", "--", "echo", "hi"]) == 0
-    assert "torchrun's step" not in capsys.readouterr().err  # no launcher, no step
 
 
 def test_the_container_directive_is_refused_for_multi_node_rules_and_the_launcher():

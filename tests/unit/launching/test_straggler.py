@@ -1,4 +1,5 @@
-"""The straggler check (launching/straggler.py): busy-time events, the output-rate fallback, the window, the actions."""
+"""The straggler check (launching/straggler.py): busy-time events, the output-rate fallback, the window, the actions.
+The tests that start processes: tests/process/launching/test_straggler.py."""
 
 from __future__ import annotations
 
@@ -8,48 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from snakemake_executor_multinode.launching import launcher, straggler
+from snakemake_executor_multinode.launching import straggler
 from snakemake_executor_multinode.watching import status_view
-from tests.helpers import Clock
-
-NODES = ["node1", "node2", "node3"]
-
-
-def event(busy: dict[str, float], step: int = 10, wall: float | None = None) -> str:
-    return json.dumps({"event": "ranks", "step": step, "wall": time.time() if wall is None else wall, "busy_s": busy})
-
-
-class Job:
-    """A job's files in tmp_path, a straggler check on them with a fake clock, and what it logged."""
-
-    def __init__(self, tmp_path: Path, on: str = "warn", spare: bool = False, nodes: list[str] = NODES) -> None:
-        self.stem = str(JobFiles.of(tmp_path, "9", 1).prefix)
-        self.metrics = tmp_path / "9.metrics.jsonl"
-        self.metrics.write_text('{"step": 1, "loss": 3.0}\n')  # an earlier launch's line: not read again
-        self.env = {
-            protocol.LOG_STEM_VAR: self.stem,
-            protocol.METRICS_FILE_VAR: str(self.metrics),
-            protocol.ON_STRAGGLER_VAR: on,
-            protocol.STRAGGLER_FACTOR_VAR: "1.5",
-            protocol.STRAGGLER_WINDOW_VAR: "10",
-        }
-        self.clock, self.said = Clock(), []
-        self.check = straggler.StragglerCheck(self.env, nodes, self.said.append, replaceable=spare, clock=self.clock)
-
-    def at(self, t: float, busy: dict[str, float]) -> bool:
-        """An event read at time t (1 s at least after the last: the check reads once a second); whether the
-        launcher is to end the step."""
-        self.clock.sleep(t - self.clock())
-        with self.metrics.open("a") as fh:
-            fh.write(event(busy) + "\n")
-        return self.check.due()
-
-    def records(self) -> list[dict]:
-        path = JobFiles(Path(self.stem)).first_run.replacements
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
+from tests.helpers import NODES, Job, event
 
 SLOW = {"node1": 0.10, "node2": 0.11, "node3": 0.40}
 NORMAL = {"node1": 0.10, "node2": 0.11, "node3": 0.12}
@@ -166,21 +129,3 @@ def test_an_output_sample_with_a_quiet_node_names_nobody_and_starts_the_window_a
 )  # fmt: skip
 def test_the_launcher_reads_its_settings_from_the_job_scripts_variables(env, expected):
     assert straggler.Settings.from_env({f"MULTINODE_{k}": v for k, v in env.items()}) == expected
-
-
-def test_a_straggler_ends_the_step_with_its_node_blamed_for_a_spare(tmp_path, capfd, monkeypatch):
-    """The launcher's supervision: the fake srun's training reports node2 five times slower; under on_straggler
-    replace with a spare left the step ends (gently, SIGUSR1) and its end blames node2 for the spare to replace."""
-    monkeypatch.setattr(straggler, "TICK_S", 0.0)
-    job = Job(tmp_path, on="replace", nodes=["node1", "node2"])
-    job.env[protocol.STRAGGLER_WINDOW_VAR] = "1"
-    line = event({"node1": 0.1, "node2": 0.5})
-    srun = tmp_path / "srun"
-    srun.write_text(f"#!/bin/bash\ntrap 'exit 1' USR1\nwhile :; do echo '{line}' >> {job.metrics}; sleep 0.2; done\n")
-    srun.chmod(0o755)
-    end = launcher.launch_step([str(srun)], job.env, ["node1", "node2"], spare_left=True)
-    assert end.failure is not None and (end.failure.node, end.failure.rank) == ("node2", 1)
-    assert end.failure.what.startswith("straggler: node node2's ranks 0.5 busy s/step against 0.1")
-    assert launcher.failure_why(end.failure) == end.failure.what
-    err = capfd.readouterr().err
-    assert "[multinode torchrun] straggler: node node2's ranks" in err and "step ended: straggler" in err, err

@@ -1,53 +1,17 @@
-"""The job script: one template, rendered per job; what `multinode preview` prints is what runs."""
+"""The job script: one template, rendered per job; what `multinode preview` prints is what runs.
+The tests that start processes: tests/process/planning/test_jobscript.py."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-from pathlib import Path, PurePath
+from pathlib import PurePath
 
 from snakemake_executor_multinode.cli import main
-from snakemake_executor_multinode.planning import environment, jobscript
+from snakemake_executor_multinode.planning import jobscript
 from snakemake_executor_multinode.planning.request import build_request
-from tests.helpers import REPO
+from tests.helpers import REPO, blog_script, spare_script
 
 GOLDEN = REPO / "tests" / "golden"
-
-# The seed recipe's cluster: 2 nodes x 8 A6000, 64 CPUs, 14 days, InfiniBand, conda in the job.
-BLOG_PROFILES = """\
-default: a6000
-profiles:
-  a6000:
-    extends: infiniband
-    nccl: {hca: mlx5_0, gid_index: 0, tc: 106, gdr_level: 2, launch_mode: GROUP, min_nrings: 4}  # the site's
-    cuda: /path/to/cuda-11.8
-    conda: {base: /path/to/anaconda3, env: my_env}
-"""
-BLOG_RESOURCES = dict(
-    nodes=2,
-    gpus=8,
-    cpus_per_task=64,
-    mem_mb=400000,
-    runtime=20160,
-    slurm_partition="gpu_A6000",
-    slurm_account="your_account",
-    nodelist="node110,node111",
-)
-
-
-def blog_script(tmp_path: Path) -> str:
-    f = tmp_path / "env.yaml"
-    f.write_text(BLOG_PROFILES)
-    profiles = environment.load_profiles(f)
-    req = build_request("train", BLOG_RESOURCES, threads=1, env_profile=profiles.default)
-    ctx = jobscript.ScriptContext(
-        command="multinode torchrun train.py --data results/data/train.bin --out results/model/final.pt",
-        workdir=PurePath("/work/project"),
-        log_dir=jobscript.log_dir_for(PurePath(".snakemake/multinode/logs"), req),
-        state_dir=PurePath("/work/project/.snakemake/multinode/state"),
-        job_name="mn-0123abcd-train",
-    )
-    return jobscript.render(req, ctx, environment.render_lines(environment.resolve(profiles, profiles.default)))
 
 
 def test_blog_configuration_renders_the_golden_script(tmp_path):
@@ -56,12 +20,6 @@ def test_blog_configuration_renders_the_golden_script(tmp_path):
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(script)
     assert script == golden.read_text()
-
-
-def test_rendered_script_is_valid_bash(tmp_path):
-    path = tmp_path / "job.sh"
-    path.write_text(blog_script(tmp_path))
-    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
 
 
 def test_sbatch_header_carries_every_resource(tmp_path):
@@ -106,64 +64,12 @@ def test_the_command_reaches_bash_as_one_quoted_word(tmp_path):
     assert "bash -c 'echo '\"'\"'it'\"'\"''\"'\"'s'\"'\"' \"$HOME\"; exit 0' &" in script
 
 
-def test_preview_prints_the_same_script_the_executor_submits(tmp_path, capsys):
-    f = tmp_path / "env.yaml"
-    f.write_text(BLOG_PROFILES)
-    items = [f"{k}={v}" for k, v in BLOG_RESOURCES.items()]
-    assert (
-        main(
-            [
-                "preview",
-                "--rule",
-                "train",
-                "--profile-file",
-                str(f),
-                "--workdir",
-                str(tmp_path),
-                *items,
-                "--",
-                "multinode",
-                "torchrun",
-                "train.py",
-            ]
-        )
-        == 0
-    )
-    out = capsys.readouterr().out
-    assert out.startswith("#!/bin/bash") and "#SBATCH --gres=gpu:8" in out
-    assert "conda activate my_env" in out and "multinode torchrun train.py" in out
-
-
 def test_preview_refuses_bad_input_with_the_same_message(capsys):
     assert main(["preview", "nodes=2", "gpus=8", "cpus_per_task=4"]) == 2
     assert "resource cpus_per_task=4 is invalid: must be at least gpus=8" in capsys.readouterr().err
-
-
-def spare_script(tmp_path: Path, **resources: object) -> str:
-    req = build_request("train", {"nodes": 2, "gpus": 1, **resources})
-    ctx = jobscript.ScriptContext("true", tmp_path, PurePath("logs"), tmp_path / "state", "n")
-    return jobscript.render(req, ctx, [])
-
-
-def test_spare_nodes_ask_for_more_nodes_with_no_kill_and_the_launcher_trains_on_the_rules_nodes(tmp_path):
-    script = spare_script(tmp_path, spare_nodes=1)
-    header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
-    assert "#SBATCH --nodes=3" in header and "#SBATCH --no-kill" in header
-    exports = next(line for line in script.splitlines() if "MULTINODE_TRAIN_NODES" in line)
-    out = subprocess.run(["bash", "-c", f'{exports}\necho "$MULTINODE_TRAIN_NODES"'], capture_output=True, text=True)
-    assert out.stdout.strip() == "2"
-    assert "MULTINODE_NODES=2 " in script  # the training's nodes, not the allocation's
 
 
 def test_without_spares_the_job_asks_for_its_nodes_and_a_node_failure_ends_it(tmp_path):
     script = spare_script(tmp_path)
     assert "#SBATCH --nodes=2" in script
     assert "--no-kill" not in script and "MULTINODE_TRAIN_NODES" not in script
-
-
-def test_preview_shows_the_spares(tmp_path, capsys):
-    argv = ["preview", "--rule", "train", "--workdir", str(tmp_path), "nodes=2", "gpus=1", "spare_nodes=1"]
-    assert main([*argv, "--", "multinode", "torchrun", "train.py"]) == 0
-    captured = capsys.readouterr()
-    assert "#SBATCH --nodes=3" in captured.out and "#SBATCH --no-kill" in captured.out
-    assert "1 spare node(s) beyond the 2 the step trains on" in captured.err

@@ -1,6 +1,7 @@
 """No silent traps: a rule that asks for nodes (or several GPUs on one node) its command would leave idle is refused
 before submission, with the fix in the message; own_launcher=True and --multinode-launchers say the command starts
-its ranks itself. A CPU multi-node rule is accepted with a warning; the stall watchdog is said at submission."""
+its ranks itself. A CPU multi-node rule is accepted with a warning; the stall watchdog is said at submission.
+The tests that start processes: tests/process/planning/test_launch_check.py."""
 
 from __future__ import annotations
 
@@ -142,21 +143,6 @@ def test_a_job_started_by_another_launcher_is_told_of_no_watchdog_it_does_not_ha
     req = build_request("train", {"nodes": 2, "gpus": 1})
     assert watchdog(req, "accelerate launch train.py") == ""
     assert watchdog(req, "cd src && multinode torchrun train.py") != ""
-
-
-def test_preview_refuses_what_the_executor_would(tmp_path, capsys):
-    from snakemake_executor_multinode.cli.main import main
-
-    assert main(["preview", "--workdir", str(tmp_path), "nodes=2", "gpus=2", "--", "python", "train.py"]) == 2
-    assert "rule rule: nodes=2, gpus=2 but its command never starts `multinode torchrun`" in capsys.readouterr().err
-
-
-def test_preview_gives_a_sites_launcher_no_watchdog_as_the_run_does(tmp_path, capsys):
-    from snakemake_executor_multinode.cli.main import main
-
-    argv = ["preview", "--workdir", str(tmp_path), "--launchers", "bash", "nodes=2", "--", "bash", "ranks.sh"]
-    assert main(argv) == 0
-    assert "MULTINODE_STALL_TIMEOUT=0 " in capsys.readouterr().out
 
 
 def test_a_stall_timeout_on_a_site_launchers_rule_is_said_to_have_no_effect_not_dropped_in_silence():

@@ -110,6 +110,14 @@ def test_steps_of_one_job_and_neighbouring_jobs_get_distinct_ports():
     assert len(ports) == 10 * protocol.PORTS_PER_JOB
 
 
+def test_ports_differ_within_a_cycle_of_job_ids_and_repeat_after_it():
+    """What the comments claim (protocol.py, the job script): distinct within PORT_CYCLE ids, the same after it."""
+    cycle = protocol.PORT_CYCLE
+    assert cycle == 10_000
+    assert len({protocol.master_port(job) for job in range(5, 5 + cycle)}) == cycle
+    assert protocol.master_port(7) == protocol.master_port(7 + cycle)
+
+
 def run_job_script(
     tmp_path: Path,
     restart: int,

@@ -4,7 +4,9 @@ tests/cluster/test_gpu_samples_cluster.py."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import time
 from pathlib import Path, PurePath
 
 import pytest
@@ -117,6 +119,32 @@ def test_the_sampler_writes_each_node_s_file_beside_the_log_every_n_seconds():
     assert "export MULTINODE_GPU_SAMPLES='/w d/logs'/\"$MULTINODE_JOB_KEY\".attempt1\n" in text
     assert jobscript.gpu_sampler(7) in text.replace("'\"'\"'", "'")  # bash -c's one argument, quoted
     assert jobscript.gpu_sampler(7).endswith('-l 7 >>"$MULTINODE_GPU_SAMPLES"."$SLURMD_NODENAME".gpu.csv')
+
+
+def test_the_sampler_outlives_the_signal_before_the_time_limit(tmp_path):
+    """SLURM's USR2 (and a rule's USR1) reaches the sampler step's task too: it keeps sampling. The stand-in
+    nvidia-smi is a process with no handler of its own, as the real one, which ran on the lent H100 through a USR2
+    to every step (benchmarks/gpu/results-first-job-h100.txt)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/bash\nwhile :; do echo sample; sleep 0.05; done\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "MULTINODE_GPU_SAMPLES": str(tmp_path / "s"), "SLURMD_NODENAME": "n1"}
+    proc = subprocess.Popen(["bash", "-c", jobscript.gpu_sampler(1)], env=env)
+    samples = tmp_path / "s.n1.gpu.csv"
+    deadline = time.monotonic() + 60
+    while not samples.exists() or not samples.read_text():
+        assert time.monotonic() < deadline, "no sample"
+        time.sleep(0.05)
+    for sig in (signal.SIGUSR2, signal.SIGUSR1):
+        proc.send_signal(sig)  # the task: bash exec'd into the sampler, as srun runs it
+    before = samples.read_text().count("sample")
+    while samples.read_text().count("sample") < before + 3:
+        assert proc.poll() is None, f"the sampler died of the signal (exit {proc.returncode})"
+        assert time.monotonic() < deadline, "no sample after the signal"
+        time.sleep(0.05)
+    proc.terminate()
+    proc.wait(timeout=60)
 
 
 @pytest.mark.parametrize(("seconds", "runs"), [(5, True), (0, False)])

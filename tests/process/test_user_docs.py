@@ -41,3 +41,39 @@ def test_the_training_contract_shows_the_script_the_test_runs():
     assert block, "docs/training-contract.md: no <!-- include:FILE --> code block"
     assert block[1] == "workflows/examples/minimal_train.py"
     assert block[2] == (REPO / block[1]).read_text()
+
+
+# Pages for contributors or for the record, not for a user on the way to a job: no size bound.
+NOT_USER_PAGES = {"evidence.md", "design.md"}
+USER_PAGES = sorted(p.name for p in (REPO / "docs").glob("*.md") if p.name not in NOT_USER_PAGES)
+
+
+@pytest.mark.parametrize("page", USER_PAGES)
+def test_each_user_page_is_under_20_kb(page):
+    """A user page says what to do; the tests and timings behind it go to docs/evidence.md."""
+    size = len((REPO / "docs" / page).read_bytes())
+    assert size < 20_000, f"docs/{page} is {size} bytes: move tests and timings to docs/evidence.md"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", [*USER_PAGES, *sorted(NOT_USER_PAGES)])
+def test_every_relative_link_of_a_page_reaches_a_file_and_its_heading(page):
+    path = REPO / "docs" / page
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            broken.append(target)
+        elif anchor and dest.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", dest.read_text(), flags=re.S), re.M)
+            if anchor not in {_anchor(h) for h in headings}:
+                broken.append(target)
+    assert broken == [], f"docs/{page}: links to nothing: {broken}"

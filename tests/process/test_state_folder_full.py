@@ -2,7 +2,7 @@
 that does not fit stops the job before sbatch (or cancels a job whose record failed after it), with a message naming
 the file, the bytes needed and the bytes free, never a Python stack; a job's end that cannot be recorded fails the
 job loudly. Small filesystems are tmpfs mounts the tests make and remove (root); the job script's own marker:
-tests/unit/contract/test_protocol.py; on the real cluster: tests/cluster/test_disk_full_cluster.py."""
+tests/process/contract/test_protocol.py; on the real cluster: tests/cluster/test_disk_full_cluster.py."""
 
 from __future__ import annotations
 
