@@ -87,4 +87,3 @@ def test_a_faults_time_is_cut_into_held_queue_startup_restore_and_lost_at_saccts
     fault = g.FaultResult("hang", "8", injected_at=100.0, step=40)
     g.cut(fault, runs, None, step_s=0.5)
     assert fault.held_s is None and fault.lost_s is None
-
