@@ -489,10 +489,12 @@ class Variant(threading.Thread):
         cluster.restart_node(self.spec, node_index(self.spec, node))
 
     def give_limit_back(self, job: str) -> None:
-        """Once the cut run has ended: a requeued (pending) job gets the rule's time limit back."""
+        """Once the cut run has ended: a requeued (pending) job gets the rule's time limit back. (A run that ends
+        passes through COMPLETING: a requeued job is pending only after it; else it kept the cut limit and met the
+        signal again in every later run.)"""
         while True:
             state = slurm(self.spec, "squeue", "-h", "-j", job, "-o", "%T", check=False).strip()
-            if state != "RUNNING":
+            if state not in ("RUNNING", "COMPLETING"):
                 break
             time.sleep(1)
         if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING"):

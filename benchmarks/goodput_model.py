@@ -2,7 +2,8 @@
 benchmark's goodput, then projected to Llama 3's scale.
 
     python benchmarks/goodput_model.py [--goodput benchmarks/results-goodput.json]
-        [--checkpoint benchmarks/results-checkpoint-async-h100.json] [--out benchmarks/results-goodput-model.json]
+        [--checkpoint benchmarks/results-checkpoint-async-h100.json]
+        [--restore benchmarks/results-checkpoint-verify-h100.json] [--out benchmarks/results-goodput-model.json]
 
 The inputs, all measured:
 - the fault-free run (goodput.py's `baseline` variant, the same training beside the others): the first run's startup
@@ -12,12 +13,14 @@ The inputs, all measured:
   relaunch inside it: the time to detect it), startup (the new run's start to its resume: the time to restart),
   restore (the resume's load), lost (the work since the last checkpoint, computed again), queue (pending between
   runs: not allocated, wall time only);
-- the checkpoint stall of a GPT-2-medium-size model on one GPU, synchronous and asynchronous
-  (benchmarks/checkpoint_cost.py's result), and its restore.
+- the checkpoint stall of a GPT-2-medium-size model on one H100, synchronous and asynchronous
+  (benchmarks/checkpoint_cost.py's result), and the restore of the same model there (an earlier run of it that
+  resumed: results-checkpoint-verify-h100.json).
 
 The benchmark's goodput (productive node-seconds over allocated node-seconds), predicted per variant:
 
-    allocated = N_alloc x (S0 + W + n x c + T + sum over its faults of (held + startup + restore + lost))
+    allocated = N_alloc x (S0 + W + n x c + T + sum over its faults of (held + startup + restore + lost)
+                           + sum over its restarts that no fault caused of (teardown + startup + restore))
     productive = N x W,  W = steps x s
 
 (N the training's nodes, N_alloc with the spares, n its checkpoints), beside what the ledger measured.
@@ -40,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -154,24 +156,50 @@ def profile(base: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def settled(v: dict[str, Any]) -> list[dict[str, Any]]:
+    """The faults whose cost was cut (goodput.py's `cut`): those the training resumed after."""
+    return [f for f in v["faults"] if f["held_s"] is not None]
+
+
+def unscheduled(v: dict[str, Any]) -> list[float]:
+    """Restarts that no injected fault caused (the time limit's signal, reached by a slow run): a run that began
+    while no fault waited for its resume costs the teardown of the run before and its own startup and restore."""
+    runs, parts = v["runs"], v["run_ledger_s"]
+
+    def recovering(t: float) -> bool:
+        return any(f["injected_at"] <= t <= (f["first_resumed_step_at"] or math.inf) for f in v["faults"])
+
+    return [
+        round(parts[i - 1]["teardown"] + parts[i]["startup"] + parts[i]["restore"], 2)
+        for i in range(1, len(runs))
+        if not recovering(runs[i]["start"])
+    ]
+
+
 def predict(v: dict[str, Any], base: dict[str, float], checkpoints: int) -> dict[str, Any]:
-    """The benchmark's goodput of variant `v` from the fault-free profile and its own faults' costs."""
-    work = v["steps"] * base["step_s"]
-    faults = {f["fault"]: round(fault_cost(f), 2) for f in v["faults"]}
+    """The benchmark's goodput of variant `v` from the fault-free profile, its own faults' costs (a fault it never
+    resumed from is named in `unsettled`, its cost unknown) and its restarts that no fault caused."""
+    work = v["steps"] * v["step_s"]  # its own steps' pace: the machine's load when it ran, no fault's doing
+    faults = {f["fault"]: round(fault_cost(f), 2) for f in settled(v)}
+    restarts = unscheduled(v)
     per_node = base["startup_s"] + work + checkpoints * base["checkpoint_stall_s"] + base["teardown_s"]
-    allocated = v["allocated_nodes"] * (per_node + sum(faults.values()))
+    allocated = v["allocated_nodes"] * (per_node + sum(faults.values()) + sum(restarts))
     return {
         "variant": v["variant"],
         "fault_cost_s": faults,
         "predicted": round(v["nodes"] * work / allocated, 4),
         "measured": v["goodput"],
+        "unsettled": [f["fault"] for f in v["faults"] if f["held_s"] is None],
+        "unscheduled_restart_s": restarts,
         "wall_s": v["wall_s"],
     }
 
 
 def downtime(v: dict[str, Any], kind: str) -> float:
     """A fault kind's downtime on a dedicated cluster: held + queue + startup (the restore is the GPU-size one)."""
-    f = next(x for x in v["faults"] if x["fault"] == kind)
+    f = next((x for x in settled(v) if x["fault"] == kind), None)
+    if f is None:
+        raise LookupError(f"{v['variant']}: no settled {kind} in the benchmark's result: nothing to project from")
     return f["held_s"] + f["queue_s"] + f["startup_s"]
 
 
@@ -204,14 +232,17 @@ def project(v: dict[str, Any], stall_s: float, restore_s: float, spares: int) ->
     }
 
 
-def model(goodput: dict[str, Any], ckpt: dict[str, Any], scenario: str = "quiet") -> dict[str, Any]:
+def model(
+    goodput: dict[str, Any], ckpt: dict[str, Any], restored: dict[str, Any], scenario: str = "quiet"
+) -> dict[str, Any]:
+    """`goodput`: goodput.py's result; `ckpt`: checkpoint_cost.py's, sync and async (the stall); `restored`: one of
+    checkpoint_cost.py's with a resume of the same model on the same GPU (the restore)."""
     found = variants(goodput, scenario)
     base = profile(found["baseline"])
     checkpoints = found["baseline"]["checkpoints"]
     predicted = [predict(v, base, checkpoints) for v in found.values()]
     stall = {mode: ckpt["modes"][mode]["stall_s"]["mean"] for mode in ("sync", "async")}
-    restore = statistics.fmean(ckpt["modes"][m]["resume"]["restore_s"] for m in ckpt["modes"] if "resume" in
-                               ckpt["modes"][m])  # fmt: skip
+    restore = restored["resume"]["restore_s"]
     projected = [
         {"label": label, **project(found[name], stall[save], restore, spares), "save": save}
         for label, name, save, spares in PROJECTED
@@ -224,6 +255,7 @@ def model(goodput: dict[str, Any], ckpt: dict[str, Any], scenario: str = "quiet"
             "checkpoint": ckpt["what"],
             "checkpoint_machine": ckpt["machine"]["gpu"] or "CPU",
             "checkpoint_bytes": ckpt["modes"]["async"]["checkpoint_bytes"],
+            "restore": restored["what"],
             "restore_s": round(restore, 3),
         },
         "profile": {k: round(x, 4) for k, x in base.items()},
@@ -243,10 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--goodput", type=Path, default=REPO / "benchmarks" / "results-goodput.json")
     ap.add_argument("--checkpoint", type=Path, default=REPO / "benchmarks" / "results-checkpoint-async-h100.json")
+    ap.add_argument("--restore", type=Path, default=REPO / "benchmarks" / "results-checkpoint-verify-h100.json",
+                    help="a checkpoint_cost.py result with a resume of the same model (the restore)")  # fmt: skip
     ap.add_argument("--scenario", default="quiet")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results-goodput-model.json")
     args = ap.parse_args(argv)
-    result = model(load(args.goodput), load(args.checkpoint), args.scenario)
+    result = model(load(args.goodput), load(args.checkpoint), load(args.restore), args.scenario)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for row in result["benchmark"]:
         print(f"{row['variant']:10} predicted {row['predicted']:.3f} measured {row['measured']}")
