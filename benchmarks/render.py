@@ -64,8 +64,8 @@ CHAIN = "benchmarks/results-chain-overhead.json"
 FANOUT = "benchmarks/results-fanout.json"
 STATE = "benchmarks/results-state-scaling.json"
 LAUNCH = "benchmarks/results-launch.json"
-GOODPUT = "benchmarks/results-goodput.json"  # one run of goodput.py: every scenario and variant side by side
-GOODPUT_SPARES = "benchmarks/results-goodput-spares.json"  # one run: the busy cluster, without and with a spare node
+GOODPUT = "benchmarks/results-goodput.json"  # one run of goodput.py: every variant side by side, the baseline too
+GOODPUT_MODEL = "benchmarks/results-goodput-model.json"  # goodput_model.py on GOODPUT and CKPT_ASYNC_H100
 RESTART = "benchmarks/results-restart.json"  # one run of restart.py: rounds of the hung- and crashed-rank tests
 H200 = "benchmarks/gpu/results-h200.jsonl"  # one device run, 2026-12-02
 I14 = "benchmarks/gpu/results-h200-issue14.jsonl"  # runs A-F: key "run", told apart by its letter
@@ -1296,91 +1296,188 @@ def issue33_llz_cuda() -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Issue 36: goodput through a schedule of faults (goodput.py), the seed's recipe against --executor multinode
+# Issues 36 and 48: goodput through a schedule of faults (goodput.py), the recipes against --executor multinode, and
+# the model that predicts it and projects it (goodput_model.py)
 
-GOODPUT_SCENARIOS = ("quiet", "busy")
-GOODPUT_VARIANTS = {"recipe": "the seed's recipe", "multinode": "`--executor multinode`"}
+GOODPUT_SCENARIO = "quiet"
+GOODPUT_VARIANTS = {
+    "baseline": "no faults (`--executor multinode`)",
+    "recipe": "the seed's recipe",
+    "competent": "the recipe + a competent team",
+    "multinode": "`--executor multinode`",
+    "spares": "`--executor multinode`, `spare_nodes=1`",
+}
 GOODPUT_FAULTS = {
     "node_death": "a node dies",
     "hang": "a rank hangs",
+    "crash": "a rank crashes",
     "admin_requeue": "an admin requeue",
     "time_limit_signal": "the pre-time-limit signal",
 }
 
 
-def _goodput_variant(scenario: str, variant: str) -> dict[str, Any]:
-    return line(GOODPUT, "scenarios", scenario, "variants", variant=variant)
+def _goodput_variant(variant: str) -> dict[str, Any]:
+    return line(GOODPUT, "scenarios", GOODPUT_SCENARIO, "variants", variant=variant)
 
 
 def _or_dash(x: float | None, fmt: Callable[[Any], str]) -> str:
     return "-" if x is None else fmt(x)
 
 
+def _fault(r: dict[str, Any], fault: str) -> dict[str, Any] | None:
+    return next((x for x in r["faults"] if x["fault"] == fault), None)
+
+
 @renders("goodput-variants")
 def goodput_variants() -> str:
     rows = []
-    for scenario in GOODPUT_SCENARIOS:
-        for variant, label in GOODPUT_VARIANTS.items():
-            r = _goodput_variant(scenario, variant)
-            led = field(r, "ledger_s")
-            done = r["goodput"] is not None
-            rows.append([
-                scenario, label, bold(pct(r["goodput"])) if done else f"not finished ({r['error']})",
-                _or_dash(r["wall_s"], f0), f0(r["productive_s"]), str(len(r["jobs"])), str(r["runs"]),
-                f0(led["lost"]), f0(led["stalled"]), f0(led["startup"] + led["restore"]),
-                _or_dash(led.get("relaunch"), f0),  # results older than the relaunch category have none
-                f0(led["checkpoint"] + led["teardown"] + led["unknown"]),
-            ])  # fmt: skip
-    header = ["cluster", "variant", "goodput", "wall s", "productive s", "SLURM jobs", "runs", "lost s", "stalled s",
-              "startup + restore s", "relaunch s", "checkpoint + teardown s"]  # fmt: skip
+    for variant, label in GOODPUT_VARIANTS.items():
+        r = _goodput_variant(variant)
+        led = field(r, "ledger_node_s")
+        done = r["goodput"] is not None
+        rows.append([
+            label, bold(pct(r["goodput"])) if done else f"not finished ({r['error']})", _or_dash(r["wall_s"], f0),
+            f0(r["productive_node_s"]), f0(r["allocated_node_s"]), str(len(r["jobs"])), str(len(r["runs"])),
+            f0(led["lost"]), f0(led["stalled"]), f0(led["startup"] + led["restore"] + led["relaunch"]),
+            f0(led["checkpoint"]), f0(led["spare"]), f0(led["teardown"] + led["unknown"]),
+        ])  # fmt: skip
+    header = ["variant", "goodput", "wall s to the model", "productive node-s", "allocated node-s", "SLURM jobs",
+              "runs", "lost", "stalled", "startup + restore + relaunch", "checkpoint", "spare", "teardown"]  # fmt: skip
     return table(header, rows)
 
 
 @renders("goodput-faults")
 def goodput_faults() -> str:
     rows = []
-    for scenario in GOODPUT_SCENARIOS:
-        for fault, label in GOODPUT_FAULTS.items():
-            cells = [scenario, label]
-            for variant in GOODPUT_VARIANTS:
-                r = _goodput_variant(scenario, variant)
-                f = next((x for x in r["faults"] if x["fault"] == fault), None)
-                if f is None:
-                    cells += ["not reached", "-"]
-                else:
-                    cells += [f"{f['step']} -> {_or_dash(f['resumed_from'], str)}: {_or_dash(f['steps_lost'], str)}",
-                              _or_dash(f["time_to_first_resumed_step_s"], f0)]  # fmt: skip
-            rows.append(cells)
-    header = ["cluster", "fault", "recipe: step -> resumed: lost", "recipe: s to the first resumed step",
-              "multinode: step -> resumed: lost", "multinode: s to the first resumed step"]  # fmt: skip
+    for fault, label in GOODPUT_FAULTS.items():
+        for variant, name in list(GOODPUT_VARIANTS.items())[1:]:
+            f = _fault(_goodput_variant(variant), fault)
+            if f is None:
+                rows.append([label, name, "not reached", "", "", "", "", "", "", ""])
+                continue
+            rows.append([
+                label, name, f"{f['step']} -> {_or_dash(f['resumed_from'], str)}: {_or_dash(f['steps_lost'], str)}",
+                _or_dash(f["time_to_first_resumed_step_s"], f0), *(_or_dash(f[k], f0) for k in
+                ("held_s", "queue_s", "startup_s")), _or_dash(f["restore_s"], f1), _or_dash(f["lost_s"], f0),
+                bold(_or_dash(None if f["held_s"] is None else f["held_s"] + f["startup_s"] + f["restore_s"] +
+                              f["lost_s"], f0)),
+            ])  # fmt: skip
+    header = ["fault", "variant", "step -> resumed: lost", "s to the first resumed step", "held s", "queue s",
+              "startup s", "restore s", "lost s", "allocated s it cost"]  # fmt: skip
     return table(header, rows)
 
 
-@renders("goodput-spares")
-def goodput_spares() -> str:
-    """Goodput (the ledger's productive time over the wall time), wall time and each fault's time to the first
-    resumed step."""
+@renders("goodput-runs")
+def goodput_runs() -> str:
+    """How every run of every SLURM job ended, per variant (sacct's state, exit code and reason)."""
     rows = []
-    for variant, label in [("multinode", "`--executor multinode`"), ("spares", "the same + `spare_nodes=1`")]:
-        r = line(GOODPUT_SPARES, "scenarios", "busy", "variants", variant=variant)
-        cells = [label, bold(pct(r["goodput"])), _or_dash(r["wall_s"], f0), str(len(r["jobs"]))]
-        for fault in GOODPUT_FAULTS:
-            f = next((x for x in r["faults"] if x["fault"] == fault), None)
-            cells.append("not reached" if f is None else _or_dash(f["time_to_first_resumed_step_s"], f0))
-        rows.append(cells)
-    header = ["busy cluster", "goodput", "wall s to the final model", "SLURM jobs",
-              *(f"{label}: s to the first resumed step" for label in GOODPUT_FAULTS.values())]  # fmt: skip
+    for variant, label in GOODPUT_VARIANTS.items():
+        ends: dict[str, int] = {}
+        for run in _goodput_variant(variant)["runs"]:
+            reason = "" if run["reason"] in ("None", "") else f" ({run['reason']})"
+            key = f"{run['state']} {run['exit_code']}{reason}"
+            ends[key] = ends.get(key, 0) + 1
+        rows.append([label, ", ".join(f"{k} x{n}" if n > 1 else k for k, n in ends.items())])
+    return table(["variant", "how its runs ended (sacct: state, exit code, reason)"], rows)
+
+
+@renders("goodput-signal")
+def goodput_signal() -> str:
+    parts = []
+    for variant, label in list(GOODPUT_VARIANTS.items())[1:]:
+        f = _fault(_goodput_variant(variant), "time_limit_signal")
+        if f is None or f["signal_due_at"] is None:
+            continue
+        got, due = f["signal_received_at"], f["signal_due_at"]
+        if got is None:
+            seen = "never reached the training"
+        else:
+            seen = f"reached it {abs(got - due):.0f} s {'before' if got < due else 'after'} that"
+        parts.append(f"{label}: due {f['signal_due_at'] - f['injected_at']:.0f} s after the cut, {seen}")
+    return "; ".join(parts)
+
+
+@renders("goodput-setup")
+def goodput_setup() -> str:
+    cfg = data(GOODPUT, "config")
+    load = f"{each(data(GOODPUT, 'load_before'), f1)} before, {each(data(GOODPUT, 'load_after'), f1)} after"
+    during = data(GOODPUT, "load_during")
+    stall = "the plugin's defaults" if not cfg["stall_timeout"] else (
+        f"`stall_timeout={cfg['stall_timeout']}`, `on_stall={cfg['on_stall']}`")  # fmt: skip
+    return (
+        f"{data(GOODPUT, 'date')}, commit {data(GOODPUT, 'commit')}, {cfg['steps']} steps, a checkpoint every "
+        f"{cfg['ckpt_every']}, time limit {cfg['limit_min']} min, the competent recipe's collective timeout "
+        f"{cfg['pg_timeout_s']:.0f} s, multinode's stall settings: {stall}; {data(GOODPUT, 'nodes')} nodes; load "
+        f"average {load}, {f1(during['mean'])} mean ({f1(during['max'])} at most) through the run"
+    )
+
+
+@renders("goodput-model-benchmark")
+def goodput_model_benchmark() -> str:
+    rows = []
+    for row in data(GOODPUT_MODEL, "benchmark"):
+        costs = ", ".join(f"{GOODPUT_FAULTS[k].split(' ', 1)[1]} {f0(v)}" for k, v in row["fault_cost_s"].items())
+        rows.append([GOODPUT_VARIANTS[row["variant"]], pct(row["predicted"]), bold(pct(row["measured"])),
+                     points(row["predicted"], row["measured"]), costs or "-"])  # fmt: skip
+    return table(["variant", "predicted", "measured", "points", "each fault's allocated seconds (model input)"], rows)
+
+
+@renders("goodput-model-profile")
+def goodput_model_profile() -> str:
+    p = data(GOODPUT_MODEL, "profile")
+    return (
+        f"startup {f1(p['startup_s'])} s, a step {p['step_s'] * 1000:.0f} ms, {f2(p['checkpoint_stall_s'])} s per "
+        f"checkpoint, teardown {f1(p['teardown_s'])} s"
+    )
+
+
+@renders("goodput-model-projection")
+def goodput_model_projection() -> str:
+    rows = []
+    for row in data(GOODPUT_MODEL, "projected"):
+        lost = row["lost_to"]
+        down = row["downtime_s"]
+        rows.append([
+            row["label"], f"{row['save']}, {f1(row['checkpoint_stall_s'])} s", f0(row["interval_s"]),
+            f"{f0(down['node_death'])} / {f0(down['hang'])} / {f0(down['crash'])}", f0(row["expected_downtime_s"]),
+            pct(lost["checkpoint_stall"]), pct(lost["downtime"]), pct(lost["recomputed_work"]),
+            pct(lost["spare_nodes"], 2), bold(pct(row["goodput"])), f0(row["downtime_for_goal_s"]),
+        ])  # fmt: skip
+    header = ["at Llama 3's scale", "save, stall", "interval s (Young/Daly)", "downtime s: node / hang / crash",
+              "mean downtime s", "lost to stalls", "to downtime", "to recomputed work", "to spares",
+              "goodput", "mean downtime s for 97%"]  # fmt: skip
     return table(header, rows)
 
 
-@renders("goodput-spares-setup")
-def goodput_spares_setup() -> str:
-    cfg = data(GOODPUT_SPARES, "config")
-    load = (
-        f"{each(data(GOODPUT_SPARES, 'load_before'), f1)} before, {each(data(GOODPUT_SPARES, 'load_after'), f1)} after"
+@renders("goodput-model-llama3")
+def goodput_model_llama3() -> str:
+    l3 = data(GOODPUT_MODEL, "llama3")
+    kinds = l3["by_kind"]
+    mtbf = data(GOODPUT_MODEL, "projected", 0, "mtbf_s")
+    return (
+        f"{l3['gpus']:,} GPUs, {l3['days']} days, {l3['interruptions']} unexpected interruptions ({l3['source']}): "
+        f"{kinds['node_death']} of a node's parts (as a node's death), {kinds['hang']} of the network (as a hang), "
+        f"{kinds['crash']} of software or corrupted data (as a crash); one every {mtbf / 3600:.1f} h"
     )
-    when = f"{data(GOODPUT_SPARES, 'date')}, commit {data(GOODPUT_SPARES, 'commit')}"
-    return f"{when}, {cfg['steps']} steps; load average {load}"
+
+
+@renders("goodput-model-limits")
+def goodput_model_limits() -> str:
+    return "\n".join(f"- {limit}" for limit in data(GOODPUT_MODEL, "limits"))
+
+
+@renders("goodput-model-goal")
+def goodput_model_goal() -> str:
+    goal = data(GOODPUT_MODEL, "goal")
+    ours = [r for r in data(GOODPUT_MODEL, "projected") if r["save"] == "async"]
+    best = max(ours, key=lambda r: r["goodput"])
+    verdict = "met" if best["goodput"] >= goal else "**not met**"
+    return (
+        f"{verdict}: {best['label']} projects {pct(best['goodput'])} against the goal of {pct(goal, 0)}; at its "
+        f"stall of {f1(best['checkpoint_stall_s'])} s per checkpoint the goal needs a mean downtime of at most "
+        f"{f0(best['downtime_for_goal_s'])} s per interruption, and the measured one is "
+        f"{f0(best['expected_downtime_s'])} s"
+    )
 
 
 # --- The matrix of features and faults: tests/cluster/test_matrix_cluster.py ----------------------------------
@@ -1464,13 +1561,30 @@ def checkpoint_cost_h100() -> str:
     return checkpoint_cost_text(CKPT_COST_H100)
 
 
-@renders("goodput-setup")
-def goodput_setup() -> str:
-    cfg = data(GOODPUT, "config")
-    load = f"{each(data(GOODPUT, 'load_before'), f1)} before, {each(data(GOODPUT, 'load_after'), f1)} after"
+CKPT_ASYNC = "benchmarks/results-checkpoint-async.json"  # checkpoint_cost.py: sync and async saves in one run, CPU
+CKPT_ASYNC_H100 = "benchmarks/results-checkpoint-async-h100.json"  # the same on the lent H100, a GPT-2-medium model
+
+
+def checkpoint_async_text(rel: str) -> str:
+    """The stall per checkpoint, synchronous against asynchronous saves, from one run of checkpoint_cost.py."""
+    sync, asyn = data(rel, "modes", "sync"), data(rel, "modes", "async")
+
+    def mean(mode: dict[str, Any], key: str) -> str:
+        return f"{field(mode, key)['mean']:.2f} s"
+
+    second = ", ".join(f"{name} {mean(asyn, key)}" for name, key in
+                       [("writing the copies", "write_s"), ("fsync", "fsync_s"), ("the manifest", "manifest_s"),
+                        ("verifying", "verify_s")])  # fmt: skip
+    launches = 2 if "resume" in sync else 1  # the last save of each launch is apart (final_stall_s)
     return (
-        f"{data(GOODPUT, 'date')}, {cfg['steps']} steps, a checkpoint every {cfg['ckpt_every']}, "
-        f"time limit {cfg['limit_min']} min, the other user's jobs {cfg['busy_job_s']} s; load average {load}"
+        f"{sync['checkpoints']} checkpoints of {asyn['checkpoint_bytes'] / 1e6:.1f} MB per mode, "
+        f"{sync['checkpoints'] - launches} of them between steps ({data(rel, 'ranks')} "
+        f"rank{'s' if data(rel, 'ranks') > 1 else ''}, {data(rel, 'machine', 'filesystem')}): "
+        f"the training stood still **{mean(sync, 'stall_s')}** per checkpoint with synchronous saves, "
+        f"**{mean(asyn, 'stall_s')}** with asynchronous ones ({1 / data(rel, 'stall_ratio'):.1f}x less; of it the "
+        f"host-memory copy {mean(asyn, 'snapshot_s')}); beside the training: {second}; a step "
+        f"{sync['step_ms']:.0f} ms against {asyn['step_ms']:.0f} ms; the last save before the exit, which waits for "
+        f"the whole write, {mean(sync, 'final_stall_s')} against {mean(asyn, 'final_stall_s')} (means)"
     )
 
 
@@ -1516,6 +1630,16 @@ def restart_setup() -> str:
         f"{data(RESTART, 'date')}, SLURM {data(RESTART, 'slurm')}, {data(RESTART, 'machine', 'cpus')} CPUs shared with "
         f"other sessions' tests; `{data(RESTART, 'command')}`"
     )
+
+
+@renders("checkpoint-async")
+def checkpoint_async() -> str:
+    return checkpoint_async_text(CKPT_ASYNC)
+
+
+@renders("checkpoint-async-h100")
+def checkpoint_async_h100() -> str:
+    return checkpoint_async_text(CKPT_ASYNC_H100)
 
 
 def render_all(files: Iterable[str] = FILES) -> dict[str, tuple[str, str]]:

@@ -12,7 +12,8 @@ time is cut at the records' times, so the parts add up to the run's allocated ti
   run's first record, to that resume (less its restore_s): the failure's notice (a stall's timeout included), the
   node check and the new step's start. Steps above the step it resumed from were computed again: lost, as across
   runs;
-- checkpoint: checkpoint_begin to checkpoint_end;
+- checkpoint: checkpoint_begin to checkpoint_end, whatever is said between them (an asynchronous save's
+  checkpoint_written, when the save waits for the one before);
 - productive / lost: the interval before a step line (or a checkpoint_begin) covers the steps since the previous
   record. Steps above the step a later run resumed from were computed again: lost. A later run is the job's own
   (a requeue) or another job's that resumed from the same checkpoints, its resume event in the same metrics file
@@ -263,9 +264,10 @@ def _run_seconds(
         seconds["startup"] += gap
     if first.step is not None:
         step = max(step, first.step) if first.kind != _RESUME else first.step
+    saving = first.kind == _BEGIN  # inside a checkpoint_begin .. checkpoint_end
     for k, (a, b) in enumerate(zip(recs, recs[1:], strict=False), start=1):
         gap = b.wall - a.wall
-        if a.kind == _BEGIN or b.kind == _END:
+        if saving or b.kind == _END:
             seconds["checkpoint"] += gap
         elif b.kind == _RESUME:  # a relaunch inside the run (a spare took a node's place, or an in-job restart)
             restore = min(b.restore_s, gap)
@@ -277,10 +279,11 @@ def _run_seconds(
             _split_work(seconds, gap, step, step, keep[k])
         if b.step is not None:
             step = b.step if b.kind == _RESUME else max(step, b.step)
+        saving = b.kind == _BEGIN or (saving and b.kind not in (_END, _RESUME))
     tail = span.end - recs[-1].wall
     if span.stalled:
         seconds["stalled"] += tail
-    elif recs[-1].kind == _BEGIN:
+    elif saving:
         seconds["checkpoint"] += tail  # ended while saving
     else:
         seconds["teardown"] += tail

@@ -132,10 +132,12 @@ def test_requeued_two_node_training_ledger_adds_up_to_sacct_and_to_the_events_th
     try:
         job, _ = sm.submitted("train", timeout=180)
 
-        def held_at_the_gate() -> bool:
+        def held_at_the_gate() -> bool:  # and the checkpoint complete: an asynchronous save is written meanwhile
             recs = metrics(metrics_file)
-            return bool(event(recs, "checkpoint_end", CKPT_EVERY)) and any(
-                r["step"] == GATE_AT for r in step_lines(recs)
+            return (
+                bool(event(recs, "checkpoint_end", CKPT_EVERY))
+                and any(r["step"] == GATE_AT for r in step_lines(recs))
+                and (wd / "ckpt" / f"step_{CKPT_EVERY:08d}").is_dir()
             )
 
         wait_for(held_at_the_gate, f"checkpoint {CKPT_EVERY} and step line {GATE_AT} of run 1", 600, sm.proc)

@@ -1,19 +1,22 @@
-"""Killed mid-save, on the real local SLURM cluster (issue 38, part 2): a rank SIGKILLed, or its whole node killed,
-while a checkpoint is being written. The retry resumes from the last complete checkpoint, the temp folder of the
-unfinished save is removed (named in the log), the steps lost are the steps since that checkpoint, and the goodput
-ledger counts exactly their time as lost; the final model equals a run without the fault, on as many ranks.
+"""Killed mid-save, on the real local SLURM cluster (issue 38, part 2; issue 48, part 3): a rank SIGKILLed, or its
+whole node killed, while a checkpoint is being written in the background (ckpt_async, the default: the training goes
+on while the save's second half writes, fsyncs and publishes it). The retry resumes from the last complete
+checkpoint, the temp folder of the unfinished save is removed (named in the log), the steps lost are the steps since
+that checkpoint, and the goodput ledger counts exactly their time as lost; the final model equals a run without the
+fault, on as many ranks.
 
 A 2-node `--executor multinode` rule (`--retries 1`) trains workflows/scripts/train.py (torch_ddp, CPU + gloo, a tiny
 model, 2 ranks per node: 4 in all, as an inexact resume cannot show on 2, docs/reproducibility.md) with a checkpoint
 every EVERY steps. "While a checkpoint is being written" is an event, not a time: the test's wrapper of
-train.py (its own file, the training unchanged) stops the last rank (on the second node, so the node killed is not the
-one running the job script) of the first launch inside Checkpointer.save of step KILL_AT, where the save asks for the
-rank's own file: the model, optimizer and lr schedule are in the temp folder, trainer.json is not, and the other ranks
-wait at the agreement before the rename. The wrapper writes that rank's host and pid to a file; the test sees it, with
-the `checkpoint_begin` event of KILL_AT and the temp folder, and kills by pid: the worker (a process of that node's
-network namespace), or the node (its slurmd and every process of its namespace, tests/helpers.py's kill_node). Steps
-are paced (STEP_S) so that the lost time is measured in the report's tenths of node-seconds whatever the machine's
-speed.
+train.py (its own file, the training unchanged) holds the last rank's (on the second node, so the node killed is not
+the one running the job script) background writer of step KILL_AT before its first file
+(background_save.Capture.write): the save's stall has ended (checkpoint_end), rank 0's files are in the temp folder,
+trainer.json is not, and the other ranks' writers wait at the save's agreement before the rename. The training goes
+on to the next save (the last, STEPS), which waits for KILL_AT's write. The wrapper writes that rank's host and pid to
+a file; the test sees it, with the `checkpoint_begin` event of STEPS and the temp folder, and kills by pid: the worker
+(a process of that node's network namespace), or the node (its slurmd and every process of its namespace,
+tests/helpers.py's kill_node). Steps are paced (STEP_S) so that the lost time is measured in the report's tenths of
+node-seconds whatever the machine's speed.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ WORLD = NODES * RANKS_PER_NODE
 STOPPED = WORLD - 1  # the rank stopped inside the save: the second node's last
 # The retry resumes from KILL_AT - EVERY: its first step is the one a resume once summed in another order (the model
 # would then differ from the fault-free run's), and the steps after it carry that into the final model.
-STEPS, EVERY, KILL_AT = 6, 2, 4
+STEPS, EVERY, KILL_AT = 6, 2, 4  # KILL_AT + EVERY == STEPS: the next save, the last, waits for KILL_AT's write
 CONFIG = {**TINY, "plugin": "torch_ddp", "steps": STEPS, "ckpt_every": EVERY, "keep_ckpts": 3}
 STEP_S = 0.25
 TMP = f".tmp_step_{KILL_AT:08d}"
@@ -62,10 +65,10 @@ TMP = f".tmp_step_{KILL_AT:08d}"
 WRAPPER = """
 import os, socket, sys, time
 sys.path.insert(0, {scripts!r})
-import checkpoint
+import background_save
 import train
 
-_step, _rank_file = train.train_step, checkpoint.rank_file
+_step, _write = train.train_step, background_save.Capture.write
 
 
 def step(run, at, *rest):
@@ -73,17 +76,17 @@ def step(run, at, *rest):
     return _step(run, at, *rest)
 
 
-def rank_file(path, rank):
-    if path.name == {tmp!r} and rank == {stopped} and not os.path.exists({paused!r}):
+def write(self, writing):
+    if self.folder.name == {tmp!r} and os.environ["RANK"] == "{stopped}" and not os.path.exists({paused!r}):
         with open({paused!r} + ".tmp", "w") as fh:
             fh.write(f"{{socket.gethostname()}} {{os.getpid()}}\\n")
         os.replace({paused!r} + ".tmp", {paused!r})
         while True:  # until the test's SIGKILL
             time.sleep(1)
-    return _rank_file(path, rank)
+    return _write(self, writing)
 
 
-train.train_step, checkpoint.rank_file = step, rank_file
+train.train_step, background_save.Capture.write = step, write
 sys.exit(train.main())
 """
 
@@ -133,15 +136,15 @@ def test_a_save_killed_midway_resumes_from_the_last_complete_checkpoint_and_lose
     try:
         first, _ = sm.submitted("train", timeout=180)
 
-        def saving() -> bool:  # the event: rank STOPPED stopped inside the save of KILL_AT, which has begun
-            return paused.exists() and any(
-                r["step"] == KILL_AT for r in event(metrics(metrics_file), "checkpoint_begin")
-            )
+        def writing() -> bool:  # the event: rank STOPPED's writer of KILL_AT held, the next save waiting for it
+            return paused.exists() and any(r["step"] == STEPS for r in event(metrics(metrics_file), "checkpoint_begin"))
 
-        wait_for(saving, f"rank {STOPPED} inside the save of step {KILL_AT}", 600, sm.proc)
+        wait_for(writing, f"the save of step {STEPS} waiting for step {KILL_AT}'s background write", 600, sm.proc)
         host, pid = paused.read_text().split()
         assert (ckpt / TMP / "model").is_dir() and not (ckpt / TMP / "trainer.json").exists(), sorted(ckpt.iterdir())
         assert not (ckpt / f"step_{KILL_AT:08d}").exists()
+        ran_on = [r["step"] for r in metrics(metrics_file) if "event" not in r]
+        assert ran_on == list(range(1, STEPS + 1))  # the training went on while step KILL_AT was written
         # that node's workers, the stopped rank's the one named, as its node's processes tell
         workers = rank_pids(slurm_cluster, host)
         assert sorted(workers) == list(range(WORLD - RANKS_PER_NODE, WORLD)) and workers[STOPPED] == int(pid), workers
@@ -179,17 +182,24 @@ def test_a_save_killed_midway_resumes_from_the_last_complete_checkpoint_and_lose
     # --- the steps lost: those since the last complete checkpoint, as the metrics file records them ------------------
     recs_m = metrics(metrics_file)
     lost_steps = [r["step"] for r in event(recs_m, "superseded")]
-    assert lost_steps == list(range(KILL_AT - EVERY + 1, KILL_AT + 1)), lost_steps
+    assert lost_steps == list(range(KILL_AT - EVERY + 1, STEPS + 1)), lost_steps  # all since the complete one
     assert [r["step"] for r in event(recs_m, "resume")] == [KILL_AT - EVERY]
     assert [r["step"] for r in recs_m if "event" not in r] == list(range(1, STEPS + 1))
-    saves = list(range(EVERY, STEPS + 1, EVERY))
-    begun = sorted([*saves, KILL_AT])  # the first save of KILL_AT never ended
-    assert [r["step"] for r in event(recs_m, "checkpoint_begin")] == begun
-    assert [r["step"] for r in event(recs_m, "checkpoint_end")] == saves
+    # the first job: its saves up to KILL_AT (whose stall ended: the write went on beside the training) and STEPS
+    # (waiting for KILL_AT's write); the retry: KILL_AT and STEPS again
+    first_job = list(range(EVERY, STEPS + 1, EVERY))
+    assert [r["step"] for r in event(recs_m, "checkpoint_begin")] == [*first_job, KILL_AT, STEPS]
+    assert [r["step"] for r in event(recs_m, "checkpoint_end")] == [*first_job[:-1], KILL_AT, STEPS]
+    # each said written inside the next save's stall (the last inside its own); KILL_AT's: the retry's
+    assert [r["step"] for r in event(recs_m, "checkpoint_written")] == list(range(EVERY, STEPS + 1, EVERY))
     resumed_end = next(r for r in event(recs_m, "checkpoint_end") if r["step"] == KILL_AT - EVERY)
-    killed_begin = next(r for r in event(recs_m, "checkpoint_begin") if r["step"] == KILL_AT)  # the killed save's
-    lost = (killed_begin["wall"] - resumed_end["wall"]) * NODES  # the steps after the checkpoint, node-seconds
-    assert lost >= EVERY * STEP_S * NODES
+    killed_begin, waiting_begin = (
+        next(r for r in event(recs_m, "checkpoint_begin") if r["step"] == s) for s in (KILL_AT, STEPS)
+    )
+    killed_end = next(r for r in event(recs_m, "checkpoint_end") if r["step"] == KILL_AT)  # the first job's
+    # the steps after the complete checkpoint, node-seconds: before the save of KILL_AT and after its stall
+    lost = ((killed_begin["wall"] - resumed_end["wall"]) + (waiting_begin["wall"] - killed_end["wall"])) * NODES
+    assert lost >= (STEPS - KILL_AT + EVERY) * STEP_S * NODES
 
     # --- the goodput ledger (`multinode report`'s CSV) counts exactly that time as lost -------------------------------
     (run_id,) = {r["run_id"] for r in recs}

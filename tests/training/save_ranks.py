@@ -2,7 +2,9 @@
 that writes small files, no model. Saves step 1, then step 2 with the fault, and writes what happened to
 <result>.rank<R>.json: the message of the WriteFailed raised (or null), whether the ranks agreed, the seconds it took.
 
-    python save_ranks.py RANK INIT_FILE CKPT_DIR FAULT RESULT
+    python save_ranks.py RANK INIT_FILE CKPT_DIR FAULT MODE RESULT
+
+MODE: sync (ckpt_async false: the save raises) or async (the save returns once copied; the wait after it raises)
 
 FAULT: rank1_full   rank 1's own file of step 2 fails with ENOSPC; rank 0's part succeeds
        rank0_alone  rank 0's model shard of step 2 fails with ENOSPC while rank 1 waits in a collective of the
@@ -56,13 +58,16 @@ class FakeBooster:
 
 
 def main() -> int:
-    rank, init, root, fault, result = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4], sys.argv[5]
+    rank, init, root, fault = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+    mode, result = sys.argv[5], sys.argv[6]
     diskspace.AGREE_WAIT_S = 3.0
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
     booster = FakeBooster(rank, fault)
-    ck = checkpoint.Checkpointer(booster, None, None, None, root, lm.merge_config({"keep_ckpts": 1}), 2)
+    cfg = lm.merge_config({"keep_ckpts": 1, "ckpt_async": {"async": True, "sync": False}[mode]})
+    ck = checkpoint.Checkpointer(booster, None, None, None, root, cfg, 2)
     booster.step = 1
     ck.save(checkpoint.TrainState(step=1))
+    ck.wait()
     booster.step = 2
     real_save = torch.save
     if fault == "rank1_full" and rank == 1:
@@ -77,6 +82,7 @@ def main() -> int:
     out: dict[str, Any] = {"message": None, "agreed": None}
     try:
         ck.save(checkpoint.TrainState(step=2))
+        ck.wait()  # async: the second half's failure raises here
     except diskspace.WriteFailed as err:
         out = {"message": str(err), "agreed": err.agreed}
     out["seconds"] = time.monotonic() - t0

@@ -69,6 +69,7 @@ INVALID = {
     "vocab_not_divisible_by_tp": {"plugin": "hybrid", "tp": 2, "vocab": 321},
     "gpu_kernels_on_cpu": {"kernels": ["liger_fused_ce"]},
     "hybrid_with_the_native_model": {"plugin": "hybrid", "model_impl": "native"},
+    "ckpt_async_not_a_bool": {"ckpt_async": "yes"},
 }
 
 

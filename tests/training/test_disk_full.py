@@ -101,32 +101,49 @@ def one_rank(tmp_path: Path) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def one_rank_checkpointer(root: Path) -> checkpoint.Checkpointer:
-    cfg = lm.merge_config({"plugin": "torch_ddp", "keep_ckpts": 1})
+def one_rank_checkpointer(root: Path, asynchronous: bool) -> checkpoint.Checkpointer:
+    cfg = lm.merge_config({"plugin": "torch_ddp", "keep_ckpts": 1, "ckpt_async": asynchronous})
     return checkpoint.Checkpointer(FakeBooster(), None, None, None, root, cfg, 1)
 
 
+def save(ck: checkpoint.Checkpointer, step: int) -> Path:
+    """A save, whole: an asynchronous one's second half waited for (its failure raises from the wait, as the next
+    save or the exit raises it in train.py)."""
+    final = ck.save(checkpoint.TrainState(step=step))
+    ck.wait()
+    return final
+
+
+# The same failure, the same message: in the save (sync), or in its second half, raised by the wait (async), where
+# the file being written is known by name (the sync save knows the folder the plugin's IO was writing).
+MODES = pytest.mark.parametrize("asynchronous", [True, False], ids=["async", "sync"])
+WRITING = {True: "optimizer/pytorch_optim-00001.bin", False: "optimizer/"}
+
+
+@MODES
 def test_a_checkpoint_that_does_not_fit_fails_naming_it_with_the_bytes_needed_and_free_and_the_previous_stays(
-    tmp_path: Path,
+    asynchronous: bool, tmp_path: Path
 ) -> None:
     """One process: the first checkpoint fits; the filesystem is then shrunk to hold it and half another (as a
     keep_ckpts 1 run needs room for two: the old one stays until the new one verifies), and the second save fails
     inside torch.save, whose error carries no errno."""
     needs_root()
     with one_rank(tmp_path), small_filesystem(tmp_path / "ckpt", 4 << 20) as root:
-        ck = one_rank_checkpointer(root)
-        first = ck.save(checkpoint.TrainState(step=1))
+        ck = one_rank_checkpointer(root, asynchronous)
+        first = save(ck, 1)
         size = checkpoint.tree_bytes(first)
         st = os.statvfs(root)
         resize(root, (st.f_blocks - st.f_bfree) * st.f_frsize + size // 2)
+        final = ck.save(checkpoint.TrainState(step=2)) if asynchronous else None  # only copied: nothing fails yet
         with pytest.raises(diskspace.WriteFailed) as failed:
-            ck.save(checkpoint.TrainState(step=2))
+            ck.wait() if asynchronous else ck.save(checkpoint.TrainState(step=2))
+        assert final is None or not final.exists()
         message = str(failed.value)
         assert failed.value.agreed
         assert message.startswith(
             f"cannot save checkpoint {root / 'step_00000002'}: no space left on device (torch.save: "
         ), message
-        assert "(rank 0, writing optimizer/)" in message  # the model's shard fitted
+        assert f"(rank 0, writing {WRITING[asynchronous]})" in message  # the model's shard fitted
         needed, how, free, where = NEEDED.search(message).groups()  # type: ignore[union-attr]
         assert (int(needed), how, where) == (size, "the size of the previous checkpoint, step_00000001", str(root))
         assert 0 < int(free) < size
@@ -135,26 +152,32 @@ def test_a_checkpoint_that_does_not_fit_fails_naming_it_with_the_bytes_needed_an
         assert checkpoint.verify(first) is None
 
 
-def test_a_first_checkpoint_that_does_not_fit_says_at_least_what_was_written(tmp_path: Path) -> None:
+@MODES
+def test_a_first_checkpoint_that_does_not_fit_says_at_least_what_was_written(
+    asynchronous: bool, tmp_path: Path
+) -> None:
     needs_root()
     with one_rank(tmp_path), small_filesystem(tmp_path / "ckpt", 48 << 10) as root:
-        ck = one_rank_checkpointer(root)
+        ck = one_rank_checkpointer(root, asynchronous)
         with pytest.raises(diskspace.WriteFailed) as failed:
-            ck.save(checkpoint.TrainState(step=1))
+            save(ck, 1)
         message = str(failed.value)
         assert "at least" in message and "(written before it failed; no earlier checkpoint to size it)" in message
         assert message.endswith("the partial save was removed; there is no earlier checkpoint"), message
         assert list(root.iterdir()) == []
 
 
-def run_ranks(tmp_path: Path, fault: str, wait_for_rank1: bool) -> tuple[list[Any], list[subprocess.Popen]]:
+def run_ranks(
+    tmp_path: Path, fault: str, wait_for_rank1: bool, mode: str = "sync"
+) -> tuple[list[Any], list[subprocess.Popen]]:
     """save_ranks.py as ranks 0 and 1: each rank's result (None: not written) once rank 0's is, and rank 1's if
     waited for."""
     script = Path(__file__).with_name("save_ranks.py")
     result = tmp_path / "result"
+    init, ckpt = str(tmp_path / "init"), str(tmp_path / "ckpt")
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), str(r), str(tmp_path / "init"), str(tmp_path / "ckpt"), fault, str(result)],
+            [sys.executable, str(script), str(r), init, ckpt, fault, mode, str(result)],
             env=ENV,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -176,10 +199,13 @@ def stop(procs: list[subprocess.Popen]) -> None:
         proc.wait()
 
 
-def test_one_ranks_full_disk_fails_the_save_on_every_rank_at_once_with_one_message(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_one_ranks_full_disk_fails_the_save_on_every_rank_at_once_with_one_message(mode: str, tmp_path: Path) -> None:
     """Rank 1's own file of step 2 does not fit; rank 0 wrote its part and waits at the phase's agreement (where a
-    barrier would have waited for a rank that never came): both raise the same message, rank 0 removed the temp dir."""
-    results, procs = run_ranks(tmp_path, "rank1_full", wait_for_rank1=True)
+    barrier would have waited for a rank that never came): both raise the same message, rank 0 removed the temp dir.
+    async: the file fails in the save's second half, beside the training; both ranks raise it from the wait (the next
+    save's, or the exit's)."""
+    results, procs = run_ranks(tmp_path, "rank1_full", wait_for_rank1=True, mode=mode)
     try:
         assert results[0] is not None and results[1] is not None, results
         # agreed on both: neither waited out the agreement (AGREE_WAIT_S) for the other

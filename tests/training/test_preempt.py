@@ -65,6 +65,7 @@ def test_sigusr2_checkpoints_writes_the_preempt_file_exits_0_and_the_rerun_compl
         wait_for_metrics(out / "metrics.jsonl", 3, proc)
         # Like SLURM's --signal: every process of the job step gets it, the agent and the workers (torchrun
         # starts each worker in its own session, so a process-group kill would miss them).
+        sent = time.time()
         signal_tree(proc.pid, signal.SIGUSR2)
         rc = proc.wait(timeout=HANG_S)
     finally:
@@ -80,6 +81,10 @@ def test_sigusr2_checkpoints_writes_the_preempt_file_exits_0_and_the_rerun_compl
     assert (out / "ckpt" / f"step_{step:08d}" / checkpoint.MODEL).is_dir()  # sharded through the Booster
     assert not (out / "model.pt").exists()
     assert max(r["step"] for r in metrics(out / "metrics.jsonl")) == step
+    # the signal's time, as rank 0 got it, recorded before its checkpoint (the goodput benchmark reads it)
+    said = [e for e in events(out / "metrics.jsonl") if e["event"] == "signal"]
+    assert [(e["step"], e["signal"]) for e in said] == [(step, "SIGUSR2")], said
+    assert sent <= said[0]["received"] <= said[0]["wall"]
 
     proc2 = train(out, data_dir, cfg)  # the requeued job
     assert f"at step {step}" in proc2.stdout

@@ -153,6 +153,7 @@ BENCHMARK_MODULES = [
     "benchmarks/checkpoint_cost.py",
     "benchmarks/fanout.py",
     "benchmarks/goodput.py",
+    "benchmarks/goodput_model.py",
     "benchmarks/launch.py",
     "benchmarks/loss_parity.py",
     "benchmarks/gpu/plain_torch.py",

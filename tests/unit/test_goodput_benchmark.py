@@ -67,3 +67,23 @@ def test_a_checkpoint_at_the_signal_loses_nothing(tmp_path):
     fault = g.FaultResult("time_limit_signal", "7", injected_at=95.0, step=5)
     g.settle(fault, progress, progress.records)
     assert (fault.resumed_from, fault.steps_lost, fault.time_to_first_resumed_step_s) == (6, 0, 36.0)
+
+
+def test_a_faults_time_is_cut_into_held_queue_startup_restore_and_lost_at_saccts_runs():
+    """A requeue: the run it hit ends 10 s after it (held), the next starts 30 s later (queue: not allocated), its
+    resume loads for 2 s after 8 s of startup; 4 steps of 0.5 s are computed again (lost)."""
+    g = goodput_module()
+    runs = [g.Run("7", 0.0, 0.0, 110.0, 2, "REQUEUED", "0:0", "None"),
+            g.Run("7", 110.0, 140.0, 300.0, 2, "COMPLETED", "0:0", "None")]  # fmt: skip
+    fault = g.FaultResult("admin_requeue", "7", injected_at=100.0, step=40, resumed_from=36, steps_lost=4)
+    g.cut(fault, runs, {"event": "resume", "step": 36, "wall": 150.0, "restore_s": 2.0}, step_s=0.5)
+    assert (fault.held_s, fault.queue_s, fault.startup_s, fault.restore_s, fault.lost_s) == (10, 30, 8, 2, 2)
+    # a spare's relaunch resumes inside the run it hit: all of it held, no queue, no new run's startup
+    runs = [g.Run("8", 0.0, 0.0, 300.0, 3, "COMPLETED", "0:0", "None")]
+    fault = g.FaultResult("node_death", "8", injected_at=100.0, step=40, resumed_from=36, steps_lost=4)
+    g.cut(fault, runs, {"event": "resume", "step": 36, "wall": 125.0, "restore_s": 1.0}, step_s=0.5)
+    assert (fault.held_s, fault.queue_s, fault.startup_s, fault.restore_s, fault.lost_s) == (24, 0, 0, 1, 2)
+    # not resumed (yet): nothing is cut
+    fault = g.FaultResult("hang", "8", injected_at=100.0, step=40)
+    g.cut(fault, runs, None, step_s=0.5)
+    assert fault.held_s is None and fault.lost_s is None

@@ -19,6 +19,14 @@ and on disk. A shared filesystem is assumed. Who writes which files is the plugi
 its temp dir behind, never a checkpoint: the next start (Checkpointer.choose, rank 0) removes every temp dir of the
 checkpoint folder with a line naming it, before any rank writes again.
 
+Asynchronous saves (cfg ckpt_async, the default): the save is cut in two. The training's thread runs the start and
+the plugin's IO with torch.save captured (background_save.captured: host-memory copies, the plugin's gathers, its
+small index files), the ranks agree on it as on any phase, and `save` returns: that is the training's stall. The rest
+(the copies written, fsync, manifest, publish, verification, pruning) runs on a thread, whose agreements use a gloo
+group of their own (the training's thread goes on using `group`). `wait` (the next save calls it first; train.py
+calls it at the exit) waits for it and raises its failure on every rank together, with the same message as a
+synchronous save's; a process killed meanwhile leaves the temp dir, removed at the next start as above.
+
 A failed save: the ranks agree after each phase (start, write, fsync, publish; diskspace.failures, an all-reduce of an
 ok flag in place of each barrier), so a write that fails on one rank fails the save on every rank at once, none left
 waiting in a barrier. Rank 0 removes the temp dir (and any left by an earlier failed or killed save) and every rank
@@ -53,10 +61,11 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import background_save
 import diskspace
 import numpy as np
 import plugins
@@ -263,6 +272,11 @@ class Checkpointer:
         # and a group of its own, never matched against a collective of the plugin's save (diskspace.failures).
         self.group = dist.new_group(backend="gloo") if self.world > 1 else None
         self.writing: str | None = None  # what this rank's save writes now: named where an error does not say
+        # ckpt_async: the save's second half runs on a thread (background_save), whose agreements need a group of
+        # their own: the training's thread goes on using self.group (metrics lines) meanwhile.
+        self.asynchronous = bool(cfg["ckpt_async"])
+        self.background_group = dist.new_group(backend="gloo") if self.world > 1 and self.asynchronous else None
+        self.background: background_save.Background | None = None  # the last save's second half, until waited for
 
     def log(self, msg: str) -> None:
         if self.rank == 0:
@@ -271,9 +285,13 @@ class Checkpointer:
     def save(self, state: TrainState) -> Path:
         """Save, publish (rename) and verify a checkpoint; on every rank at once. A write that fails on any rank
         (a full disk above all) fails the save on every rank together with one message (WriteFailed: the checkpoint,
-        the bytes needed and free); the partial save is removed and the previous checkpoints stay as they were."""
-        import torch.distributed as dist
+        the bytes needed and free); the partial save is removed and the previous checkpoints stay as they were.
 
+        ckpt_async: this returns once every rank holds its host-memory copy of what it writes (save_cost: snapshot_s);
+        writing, fsync, the manifest, the rename and the verification then run on a thread (background_save), and
+        `wait` (the next save calls it first) waits for them and raises their failure, on every rank together."""
+        self.wait()
+        state = replace(state)  # as it is now: the training goes on changing its own while the second half runs
         final = self.root / f"{CKPT_PREFIX}{state.step:08d}"
         tmp = self.root / f"{TMP_PREFIX}{state.step:08d}"
 
@@ -299,13 +317,53 @@ class Checkpointer:
             }
             torch.save(per_rank, rank_file(tmp, self.rank))
 
-        self._phase(begin if self.rank == 0 else None, final, tmp)
-        self._phase(write, final, tmp)
+        self._phase(begin if self.rank == 0 else None, final, tmp, self.group)
+        if not self.asynchronous:
+            self._phase(write, final, tmp, self.group)
+            self.save_cost = self._complete(state, final, tmp, self.group)
+            return final
+        t0 = time.perf_counter()
+        with background_save.captured(tmp) as capture:
+            self._phase(write, final, tmp, self.group)
+        self.save_cost = {"snapshot_s": round(time.perf_counter() - t0, 6)}
+
+        def second_half() -> dict[str, float]:
+            t1 = time.perf_counter()
+
+            def writing(path: Path) -> None:
+                self.writing = _relative(path, tmp)
+
+            self._phase(lambda: capture.write(writing), final, tmp, self.background_group)
+            cost = {"write_s": round(time.perf_counter() - t1, 6)}
+            return {**cost, **self._complete(state, final, tmp, self.background_group)}
+
+        self.background = background_save.Background(state.step, second_half)
+        return final
+
+    def wait(self) -> background_save.Background | None:
+        """Wait for the second half of the last asynchronous save (None: none is pending): returned with its cost
+        (write_s writing the copies, fsync_s, manifest_s, verify_s; background_s the whole of it) and the seconds
+        this thread waited for it (waited_s). Its failure is
+        raised here: a WriteFailed on every rank together (the second half agreed on it) and its partial save
+        removed, as a synchronous save's."""
+        pending, self.background = self.background, None
+        if pending is None:
+            return None
+        pending.cost["waited_s"] = round(pending.join(), 6)
+        pending.cost["background_s"] = round(pending.seconds, 6)
+        return pending
+
+    def _complete(self, state: TrainState, final: Path, tmp: Path, group: Any) -> dict[str, float]:
+        """The save once every rank's files are in the temp dir: fsync, the manifest and trainer.json, the rename,
+        the verification (rank 0) and pruning; the ranks agree on `group`. Its cost: fsync_s, manifest_s, verify_s
+        (rank 0's; the others' are zero)."""
+        import torch.distributed as dist
+
         # Every rank fsyncs every file: on a shared filesystem only the writer's own fsync flushes its data.
         t0 = time.perf_counter()
-        self._phase(lambda: fsync_tree(tmp), final, tmp)
+        self._phase(lambda: fsync_tree(tmp), final, tmp, group)
         fsync_s = time.perf_counter() - t0
-        cost: dict[str, float] = {}
+        cost: dict[str, float] = {"fsync_s": 0.0, "manifest_s": 0.0, "verify_s": 0.0}
 
         def publish() -> None:
             t1 = time.perf_counter()
@@ -328,27 +386,24 @@ class Checkpointer:
             fsync_path(self.root)
             cost["fsync_s"] = fsync_s + time.perf_counter() - t2
 
-        self._phase(publish if self.rank == 0 else None, final, tmp)
+        self._phase(publish if self.rank == 0 else None, final, tmp, group)
         if self.rank == 0:
             t3 = time.perf_counter()
             problem = verify(final)
-            verify_s = time.perf_counter() - t3
-            self.save_cost = {
-                "fsync_s": round(cost["fsync_s"], 6),
-                "manifest_s": round(cost["manifest_s"], 6),
-                "verify_s": round(verify_s, 6),
-            }
+            cost["verify_s"] = time.perf_counter() - t3
             if problem is None:
                 self.verified.add(final)
                 self._prune()
             else:  # not counted: the older verified ones stay
                 self.log(f"checkpoint: {final} failed verification right after saving: {problem}; pruning skipped")
-        dist.barrier()
-        return final
+        if self.world > 1:
+            dist.barrier(group=group)
+        return {k: round(v, 6) for k, v in cost.items()}
 
-    def _phase(self, work: Callable[[], None] | None, final: Path, tmp: Path) -> None:
-        """Run this rank's part of a save (None: nothing to do here), then agree with every rank: where any part
-        failed, every rank raises WriteFailed together (diskspace.failures; also the barrier between phases)."""
+    def _phase(self, work: Callable[[], None] | None, final: Path, tmp: Path, group: Any) -> None:
+        """Run this rank's part of a save (None: nothing to do here), then agree with every rank on `group`: where
+        any part failed, every rank raises WriteFailed together (diskspace.failures; also the barrier between
+        phases)."""
         mine, self.writing = None, None
         if work is not None:
             try:
@@ -356,7 +411,7 @@ class Checkpointer:
             except Exception as err:  # noqa: BLE001 - every rank must hear of it, whatever it is
                 mine = self._describe(err, tmp)
         try:
-            failed = diskspace.failures(self.group, self.world, mine)
+            failed = diskspace.failures(group, self.world, mine)
         except diskspace.WriteFailed:  # the others did not come (inside a collective of the plugin's save)
             raise diskspace.WriteFailed(self._failure_message([mine], final, tmp), agreed=False) from None
         if failed:
@@ -365,7 +420,7 @@ class Checkpointer:
                 import torch.distributed as dist
 
                 said = [message]
-                dist.broadcast_object_list(said, src=0, group=self.group)
+                dist.broadcast_object_list(said, src=0, group=group)
                 message = said[0]
             raise diskspace.WriteFailed(message)
 

@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,18 @@ CONFIG_SPEC: dict[str, tuple[Any, str]] = {
     "optimizer": ("adamw", "adamw (torch, fused on CUDA) | hybrid_adam (ColossalAI; gemini always uses it)"),
     "ckpt_every": (50, "checkpoint every N steps (0: only on SIGUSR2, stop_after and at the end)"),
     "keep_ckpts": (2, "complete checkpoints kept in --ckpt-dir"),
+    "ckpt_async": (
+        True,
+        "true: a save stalls the training only for a host-memory copy of the checkpoint; writing, fsync, the "
+        "manifest and the verification run beside the training, waited for by the next save and the exit. false: "
+        "the whole save stalls it",
+    ),
+    "collective_timeout_s": (
+        None,
+        "seconds a collective waits for a missing rank before it fails, in every process group of the run (null: "
+        "torch's default, 30 min under gloo, 10 min under NCCL): a hung or lost rank then ends the training with an "
+        "error instead of holding every node",
+    ),
     "seed": (1234, "seeds model init, data order and RNGs"),
     "kernels": (
         [],
@@ -98,6 +111,8 @@ RESUME_MUTABLE_KEYS = {
     "stop_after",
     "ckpt_every",
     "keep_ckpts",
+    "ckpt_async",
+    "collective_timeout_s",
     "log_every",
     "compile",
     "kernels",
@@ -196,6 +211,11 @@ def validate_config(cfg: dict[str, Any], cuda: bool, world_size: int) -> None:
         raise ConfigError(f"schedule {cfg['schedule']!r} unknown")
     if cfg["optimizer"] not in ("adamw", "hybrid_adam"):
         raise ConfigError(f"optimizer {cfg['optimizer']!r} unknown")
+    timeout = cfg["collective_timeout_s"]
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ConfigError(f"collective_timeout_s must be a number of seconds > 0 or null, not {timeout!r}")
+    if not isinstance(cfg["ckpt_async"], bool):
+        raise ConfigError(f"ckpt_async must be true or false, not {cfg['ckpt_async']!r}")
     if cfg["steps"] < 1 or cfg["micro_batch"] < 1 or cfg["grad_accum"] < 1 or cfg["log_every"] < 1:
         raise ConfigError("steps, micro_batch, grad_accum and log_every must be >= 1")
     if cfg["stop_after"] is not None and not 0 < cfg["stop_after"] <= cfg["steps"]:
@@ -483,11 +503,18 @@ class WarmupCosine:
 # ----------------------------------------------------------------------------------------------------------
 # ColossalAI glue
 # ----------------------------------------------------------------------------------------------------------
-def init_colossalai(cuda: bool, seed: int) -> None:
-    """ColossalAI's distributed start (under torchrun), with compat.py's patches (on CPU: its CPU accelerator)."""
+def init_colossalai(cuda: bool, seed: int, collective_timeout_s: float | None = None) -> None:
+    """ColossalAI's distributed start (under torchrun), with compat.py's patches (on CPU: its CPU accelerator).
+    `collective_timeout_s`: the timeout of every process group made from here on (None: torch's defaults)."""
     import colossalai
     import compat
 
+    if collective_timeout_s is not None:
+        # ColossalAI's launch takes no timeout, and every new_group (the plugin's, the checkpointer's) defaults to
+        # these module-level values, read when a group is made.
+        import torch.distributed.distributed_c10d as c10d
+
+        c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timedelta(seconds=collective_timeout_s)
     if not cuda:
         colossalai.accelerator.set_accelerator("cpu")
     compat.apply_patches(cuda)

@@ -26,6 +26,10 @@ Config keys (--config-json, a JSON object; omitted keys take the defaults printe
     lr, min_lr_ratio, warmup, schedule (cosine | constant)
     weight_decay, beta1, beta2, grad_clip (0: off), optimizer (adamw | hybrid_adam)
     ckpt_every    checkpoint every N steps (0: only on SIGUSR2 / stop_after / end); keep_ckpts: how many kept
+    ckpt_async    true (default): a save stalls the training only for a host-memory copy of the checkpoint; the rest
+                  of it runs beside the training (below); false: the whole save stalls it
+    collective_timeout_s  seconds a collective waits for a missing rank before it fails (every process group; null:
+                  torch's default, 30 min gloo / 10 min NCCL)
     seed          model init, data order, RNGs
     kernels       optional fused kernels for the native model on CUDA, from the liger-kernel package (a list of
                   liger_rms_norm, liger_swiglu, liger_rope, liger_fused_ce; default []: none, no package needed)
@@ -40,9 +44,15 @@ Checkpoints (--ckpt-dir/step_NNNNNNNN, see checkpoint.py): sharded through the B
 shard=True, the lr scheduler with save_lr_scheduler; which rank writes what is the plugin's checkpoint IO), plus
 per-rank RNG states and, where the plugin keeps them apart from the model (bf16 low_level_zero / hybrid), fp32
 master weights. Written to a temp dir, fsynced with a manifest of sizes and sha256, then renamed (a temp dir that a
-killed save left is removed at the next start, named); the last keep_ckpts verified ones kept. A rerun resumes from
-the latest one that verifies (a damaged one is skipped, named) exactly on the same world size (on any number of
-ranks: every run first settles DDP's gradient buckets, settle_ddp_buckets); on another world size
+killed save left is removed at the next start, named); the last keep_ckpts verified ones kept. With ckpt_async (the
+default) the training stands still only while each rank takes a host-memory copy of what it writes (the plugin's IO
+runs with torch.save captured, background_save.py); writing, fsync, the manifest, the rename, the verification and
+pruning then run on a thread while the training goes on. The next save waits for them first, and so does the exit:
+the last save (the end, stop_after, SIGUSR2) is whole before the run leaves, so a preempt file always names a
+complete, verified checkpoint. Their failure (a full disk) fails that next save, or the exit, on every rank together
+with the message below; a run killed meanwhile leaves only the temp dir, and resumes from the checkpoint before.
+A rerun resumes from the latest one that verifies (a damaged one is skipped, named) exactly on the same world size
+(on any number of ranks: every run first settles DDP's gradient buckets, settle_ddp_buckets); on another world size
 the plugin's IO reshards model and optimizer and the run logs what per-rank state could not follow. The data
 position is the step (batches are a pure function of seed and step). The metrics file keeps its step lines up to the
 resumed step; later ones (a run that died after its last checkpoint) become "superseded" events, the record of lost
@@ -67,12 +77,17 @@ Metrics (--metrics, rank 0, JSON lines): step, steps (the total), loss (mean ove
 last line), lr, tokens, tokens_per_s, mfu (6*N*tokens/s over the GPUs' bf16 peak; null when unknown), elapsed
 (training seconds so far), step_ms, ckpt_s (seconds spent saving checkpoints since the last line), time and wall
 (Unix seconds). Events, also rank 0, with "event", "step" and "wall": checkpoint_begin and checkpoint_end around
-every save (checkpoint_end with fsync_s, manifest_s, verify_s: the seconds fsyncing, hashing the manifest and
-verifying the new checkpoint took), resume (with restore_s, the seconds choosing and loading took, of which
-verify_s verifying) after loading a checkpoint. Throughput is wall
-clock between synchronised points: each line's loss is an all-reduce read back to the host, which waits for
-every kernel queued before it, and the interval since the previous line (minus ckpt_s) is
-what tokens_per_s, step_ms and mfu divide by. So the logged intervals add up to the run's training time, and
+every save's stall (checkpoint_end with fsync_s, manifest_s, verify_s: the seconds fsyncing, hashing the manifest and
+verifying the new checkpoint took; with ckpt_async snapshot_s, the seconds the host-memory copy took, and those three
+come with checkpoint_written), checkpoint_written (ckpt_async: the save of "step" is on disk and verified, said when
+the next save or the exit has waited for it, inside that save's stall: write_s (writing the copies), fsync_s,
+manifest_s, verify_s, background_s (the whole second half, beside the training) and waited_s, the seconds the
+training stood still for it), resume (with restore_s, the seconds choosing and loading took, of which verify_s
+verifying) after loading a checkpoint, signal (with "signal": "SIGUSR2" and "received", the Unix time rank 0 got it,
+null where only another rank did) when the ranks act on a SIGUSR2, before its checkpoint. Throughput is wall clock
+between synchronised points: each line's loss is an all-reduce read back to the host, which waits for every kernel
+queued before it, and the interval since the previous line (minus ckpt_s) is what tokens_per_s, step_ms and mfu
+divide by. So the logged intervals add up to the run's training time, and
 tokens_per_s equals the tokens between two lines over their wall-clock gap less ckpt_s. Under the multinode
 executor, $MULTINODE_METRICS_FILE (beside the job's log) is made a link to that file: `multinode status` and
 Snakemake's progress lines read it there.
@@ -166,11 +181,14 @@ class Preemption:
 
     def __init__(self) -> None:
         self.flag = False
+        self.at: float | None = None  # when this rank got the first SIGUSR2 (Unix seconds)
         self.group: Any = None
         signal.signal(signal.SIGUSR2, self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.flag = True  # only a flag: the handler may interrupt a collective
+        self.flag = True  # only a flag and its time: the handler may interrupt a collective
+        if self.at is None:
+            self.at = time.time()
 
     def setup_group(self) -> None:
         # A gloo side group keeps this per-step check off the GPU stream (no device sync under NCCL).
@@ -235,7 +253,7 @@ def setup(args: argparse.Namespace, cfg: dict[str, Any], cuda: bool) -> Run:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    lm.init_colossalai(cuda, cfg["seed"])
+    lm.init_colossalai(cuda, cfg["seed"], cfg["collective_timeout_s"])
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     if cuda and not cfg["deterministic"]:  # TF32 matmuls: faster, and their results may vary between kernels
@@ -508,18 +526,32 @@ class Logger:
         self.steps += 1
         self.tokens += tokens
 
-    def checkpoint(self, save: Any, state: checkpoint.TrainState) -> None:
-        """Save, and keep its time out of the training interval. The checkpoint's elapsed counts up to the save."""
+    def checkpoint(self, save: Any, state: checkpoint.TrainState, final: bool = False) -> None:
+        """Save, and keep its time out of the training interval (the stall: checkpoint_begin to checkpoint_end).
+        The checkpoint's elapsed counts up to the save. An asynchronous save's second half is waited for by the next
+        save, inside its stall, or by this one where it is `final` (the training exits after it): the stall of a
+        final save is the whole save."""
         synchronize(self.run)
         t0 = time.perf_counter()
         write_event(self.run, "checkpoint_begin", state.step, time.time())
         so_far = t0 - self.mark - self.ckpt_s
         state.elapsed += so_far - self.counted
         self.counted = so_far
+        self.written()
         save(state)
+        if final:
+            self.written()
         synchronize(self.run)
         write_event(self.run, "checkpoint_end", state.step, time.time(), **self.run.ckpt.save_cost)
         self.ckpt_s += time.perf_counter() - t0
+
+    def written(self) -> None:
+        """Wait for the last asynchronous save's second half, if one is pending, and record it (checkpoint_written:
+        its write_s, fsync_s, manifest_s, verify_s, background_s, and the waited_s this rank stood still for it).
+        Its failure raises WriteFailed here, on every rank."""
+        done = self.run.ckpt.wait()
+        if done is not None:
+            write_event(self.run, "checkpoint_written", done.step, time.time(), **done.cost)
 
     def emit(self, state: checkpoint.TrainState, lr: float) -> None:
         run = self.run
@@ -648,17 +680,20 @@ def loop(
         if state.step % cfg["log_every"] == 0 or state.step == end:
             logger.emit(state, lr)
         if state.step < cfg["steps"] and preempt.requested():
-            logger.checkpoint(run.ckpt.save, state)
+            # when the signal came (rank 0's clock; null where only another rank got it): the time it left
+            write_event(run, "signal", state.step, time.time(), signal="SIGUSR2", received=preempt.at)
+            logger.checkpoint(run.ckpt.save, state, final=True)  # on disk and verified before the preempt file
             if run.rank == 0:
                 write_preempt_file(state.step)
             log0(run.rank, f"SIGUSR2: checkpointed step {state.step}, exiting for requeue")
             signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # a second signal must not kill the exit
             return 0
         if cfg["ckpt_every"] and state.step % cfg["ckpt_every"] == 0:
-            logger.checkpoint(run.ckpt.save, state)
+            logger.checkpoint(run.ckpt.save, state, final=state.step == end)
             saved_at = state.step
     if saved_at != state.step:
-        logger.checkpoint(run.ckpt.save, state)
+        logger.checkpoint(run.ckpt.save, state, final=True)
+    logger.written()  # none is pending here (the last save was final): said once more, so none is ever lost
     if state.step < cfg["steps"]:
         log0(run.rank, f"stop_after: stopped at step {state.step} of {cfg['steps']} (checkpointed)")
         return 0

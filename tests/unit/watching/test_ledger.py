@@ -46,6 +46,16 @@ def test_a_checkpoint_is_its_begin_to_its_end():
     assert seconds(result) == {"startup": 100, "productive": 200, "checkpoint": 30}
 
 
+def test_a_checkpoint_is_its_begin_to_its_end_whatever_is_said_inside_it():
+    # an asynchronous save: the one before is said written inside it (checkpoint_written), and the last save waits for
+    # its own write: both inside the save's begin and end, all of it checkpoint; a run that ends inside one too
+    records = [line(10, 100), event("checkpoint_begin", 20, 200), event("checkpoint_written", 10, 205),
+               event("checkpoint_written", 20, 225), event("checkpoint_end", 20, 230), line(30, 330),
+               event("checkpoint_begin", 30, 330), event("checkpoint_written", 20, 335)]  # fmt: skip
+    result = ledger([RunSpan(0, 350, nodes=1)], [], records)
+    assert seconds(result) == {"startup": 100, "productive": 200, "checkpoint": 50}
+
+
 def test_restore_is_the_seconds_the_resume_says_loading_took_and_the_time_before_it_startup():
     records = [event("resume", 40, 60, restore_s=20), line(50, 160)]
     result = ledger([RunSpan(0, 160, nodes=1)], [], records)
