@@ -3,7 +3,8 @@ benchmark's goodput, then projected to Llama 3's scale.
 
     python benchmarks/goodput_model.py [--goodput benchmarks/results-goodput.json]
         [--checkpoint benchmarks/results-checkpoint-async-h100.json]
-        [--restore benchmarks/results-checkpoint-verify-h100.json] [--out benchmarks/results-goodput-model.json]
+        [--restore benchmarks/results-checkpoint-verify-h100.json] [--restarts benchmarks/results-restart.json]
+        [--out benchmarks/results-goodput-model.json]
 
 The inputs, all measured:
 - the fault-free run (goodput.py's `baseline` variant, the same training beside the others): the first run's startup
@@ -15,7 +16,10 @@ The inputs, all measured:
   runs: not allocated, wall time only);
 - the checkpoint stall of a GPT-2-medium-size model on one H100, synchronous and asynchronous
   (benchmarks/checkpoint_cost.py's result), and the restore of the same model there (an earlier run of it that
-  resumed: results-checkpoint-verify-h100.json).
+  resumed: results-checkpoint-verify-h100.json);
+- the in-job restarts (benchmarks/restart.py's rounds of the hung- and crashed-rank cluster tests, with the
+  defaults): the median time from the fault to the relaunched ranks ready, the same job, no queue. goodput.py's runs
+  predate the restarts, so its hang and crash are replaced by these in one projected row, its node death kept.
 
 The benchmark's goodput (productive node-seconds over allocated node-seconds), predicted per variant:
 
@@ -108,13 +112,16 @@ KIND = {
 KINDS = ("node_death", "hang", "crash")
 
 # Projected: (label, goodput.py variant whose faults are measured, save: the stall of synchronous or asynchronous
-# saves, spare nodes per job at scale).
+# saves, spare nodes per job at scale, whether restart.py's in-job restarts replace the variant's hang and crash).
 PROJECTED = [
-    ("the seed's recipe", "recipe", "sync", 0),
-    ("the recipe + a competent team", "competent", "sync", 0),
-    ("`--executor multinode`", "multinode", "async", 0),
-    ("`--executor multinode`, `spare_nodes=1`", "spares", "async", 1),
+    ("the seed's recipe", "recipe", "sync", 0, False),
+    ("the recipe + a competent team", "competent", "sync", 0, False),
+    ("`--executor multinode`", "multinode", "async", 0, False),
+    ("`--executor multinode`, `spare_nodes=1`", "spares", "async", 1, False),
+    ("`--executor multinode`, `spare_nodes=1`, in-job restarts", "spares", "async", 1, True),
 ]
+# restart.py's scenario for each fault kind an in-job restart takes
+RESTARTED = {"hang": "hung rank restarted", "crash": "crashed rank restarted"}
 GOAL = 0.97
 
 LIMITS = [
@@ -205,13 +212,18 @@ def downtime(v: dict[str, Any], kind: str) -> float:
     return f["held_s"] + f["queue_s"] + f["startup_s"]
 
 
-def project(v: dict[str, Any], stall_s: float, restore_s: float, spares: int) -> dict[str, Any]:
-    """Llama 3's scale and fault mix, with variant `v`'s measured fault costs (module docstring)."""
+def project(
+    v: dict[str, Any], stall_s: float, restore_s: float, spares: int, restarted: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """Llama 3's scale and fault mix, with variant `v`'s measured fault costs (module docstring); `restarted`: the
+    kinds an in-job restart takes, with restart.py's time from the fault to the relaunched ranks (for the variant's)."""
     counts = LLAMA3["interruptions"]
     total = sum(counts.values())
     mtbf = LLAMA3["days"] * 86400 / total
     share = {k: sum(n for cause, n in counts.items() if KIND[cause] == k) / total for k in KINDS}
-    down = {k: round(downtime(v, k) + restore_s, 2) for k in KINDS}
+    restarted = restarted or {}
+    measured = {k: restarted[k] if k in restarted else downtime(v, k) for k in KINDS}
+    down = {k: round(measured[k] + restore_s, 2) for k in KINDS}
     expected = sum(share[k] * down[k] for k in KINDS)
     tau = math.sqrt(2 * stall_s * mtbf)
     nodes = LLAMA3["gpus"] // LLAMA3["gpus_per_node"]
@@ -221,6 +233,7 @@ def project(v: dict[str, Any], stall_s: float, restore_s: float, spares: int) ->
     allowed = mtbf * (1 - GOAL / share_kept) - (tau + stall_s) / 2
     return {
         "variant": v["variant"],
+        "in_job_restarts": sorted(restarted),
         "mtbf_s": round(mtbf, 1),
         "checkpoint_stall_s": round(stall_s, 3),
         "interval_s": round(tau, 1),
@@ -239,19 +252,28 @@ def project(v: dict[str, Any], stall_s: float, restore_s: float, spares: int) ->
 
 
 def model(
-    goodput: dict[str, Any], ckpt: dict[str, Any], restored: dict[str, Any], scenario: str = "quiet"
+    goodput: dict[str, Any],
+    ckpt: dict[str, Any],
+    restored: dict[str, Any],
+    restarts: dict[str, Any],
+    scenario: str = "quiet",
 ) -> dict[str, Any]:
     """`goodput`: goodput.py's result; `ckpt`: checkpoint_cost.py's, sync and async (the stall); `restored`: one of
-    checkpoint_cost.py's with a resume of the same model on the same GPU (the restore)."""
+    checkpoint_cost.py's with a resume of the same model on the same GPU (the restore); `restarts`: restart.py's."""
     found = variants(goodput, scenario)
     base = profile(found["baseline"])
     checkpoints = found["baseline"]["checkpoints"]
     predicted = [predict(v, base, checkpoints) for v in found.values()]
     stall = {mode: ckpt["modes"][mode]["stall_s"]["mean"] for mode in ("sync", "async")}
     restore = restored["resume"]["restore_s"]
+    restart_s = {k: restarts["summary"][name]["fault_to_relaunched_ranks_s"]["median"] for k, name in RESTARTED.items()}
     projected = [
-        {"label": label, **project(found[name], stall[save], restore, spares), "save": save}
-        for label, name, save, spares in PROJECTED
+        {
+            "label": label,
+            **project(found[name], stall[save], restore, spares, restart_s if in_job else None),
+            "save": save,
+        }
+        for label, name, save, spares, in_job in PROJECTED
     ]
     counts = LLAMA3["interruptions"]
     return {
@@ -263,6 +285,7 @@ def model(
             "checkpoint_bytes": ckpt["modes"]["async"]["checkpoint_bytes"],
             "restore": restored["what"],
             "restore_s": round(restore, 3),
+            "restarts": f"{restarts['command']} ({restarts['date']}, SLURM {restarts['slurm']})",
         },
         "profile": {k: round(x, 4) for k, x in base.items()},
         "benchmark": predicted,
@@ -283,10 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", type=Path, default=REPO / "benchmarks" / "results-checkpoint-async-h100.json")
     ap.add_argument("--restore", type=Path, default=REPO / "benchmarks" / "results-checkpoint-verify-h100.json",
                     help="a checkpoint_cost.py result with a resume of the same model (the restore)")  # fmt: skip
+    ap.add_argument("--restarts", type=Path, default=REPO / "benchmarks" / "results-restart.json",
+                    help="restart.py's result: the in-job restarts' time from the fault to the relaunched ranks")  # fmt: skip
     ap.add_argument("--scenario", default="quiet")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results-goodput-model.json")
     args = ap.parse_args(argv)
-    result = model(load(args.goodput), load(args.checkpoint), load(args.restore), args.scenario)
+    result = model(load(args.goodput), load(args.checkpoint), load(args.restore), load(args.restarts), args.scenario)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for row in result["benchmark"]:
         print(f"{row['variant']:10} predicted {row['predicted']:.3f} measured {row['measured']}")
