@@ -6,6 +6,7 @@ Importing this module stays cheap: Snakemake imports every installed executor pl
 """
 
 import asyncio
+import threading
 import typing
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, fields, make_dataclass
@@ -65,6 +66,22 @@ common_settings = CommonSettings(
     auto_deploy_default_storage_provider=False,
     init_seconds_before_status_checks=0,
 )
+
+
+# Snakemake's scheduler arms a threading.Timer after every round that may start jobs (--max-jobs-per-timespan, one
+# second by default), to look again once its rate limit allows; the timer is no daemon, so Python waits for the last
+# one before the process can end, although the scheduler has returned (measured: benchmarks/chain_breakdown.py).
+RESCHEDULING = "JobScheduler._schedule_reevalutation."  # the qualified name of the timer's function, up to <locals>
+
+
+def cancel_rescheduling() -> int:
+    """Cancel the scheduler's pending timers (only at the run's end: nothing is scheduled after it); how many.
+    tests/unit/adapter/test_adapter_end.py arms one with Snakemake's own method, so a rename fails there."""
+    timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
+    mine = [t for t in timers if t.function.__qualname__.startswith(RESCHEDULING)]
+    for timer in mine:
+        timer.cancel()
+    return len(mine)
 
 
 class PlainError(WorkflowError):
@@ -304,6 +321,7 @@ class Executor(RemoteExecutor):
             why = "Snakemake is exiting on an error"
             self.session.cancel({j.external_jobid for j in left}, why)
         super().shutdown()
+        cancel_rescheduling()  # the scheduler returns right after this call
         self.session.report(queued)
         self.session.close(why)
 

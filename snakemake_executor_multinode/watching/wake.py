@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import os
 import struct
 import time
@@ -31,9 +30,9 @@ def _inotify(folder: Path) -> int | None:
     """An inotify descriptor watching `folder` for files renamed into it or closed after writing; None where the
     system has no inotify or refuses the watch."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols (libc among them): no ldconfig run
         fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-    except (OSError, AttributeError):  # no libc by that name, or no inotify in it
+    except (OSError, AttributeError):  # no inotify here
         return None
     if fd < 0:
         return None
