@@ -23,20 +23,22 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 SLEEP = 1
 
 
-def sdiag_rpcs() -> int:
+def sdiag_rpcs(by_type: bool = False) -> Any:
+    """slurmctld's RPCs so far, its own REQUEST_STATS_INFO left out: the total, or {message type: count}."""
     out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
     section = out.split("Remote Procedure Call statistics by message type", 1)[1]
     section = section.split("Remote Procedure Call statistics by user", 1)[0]
-    total = 0
+    counts = {}
     for line in section.splitlines():
         m = re.match(r"\s*(\S+)\s+\(\s*\d+\)\s+count:(\d+)", line)
         if m and m.group(1) != "REQUEST_STATS_INFO":
-            total += int(m.group(2))
-    return total
+            counts[m.group(1)] = int(m.group(2))
+    return counts if by_type else sum(counts.values())
 
 
 def handwritten(n: int, workdir: Path) -> float:
