@@ -80,7 +80,7 @@ def test_one_test_only_per_resource_shape(tmp_path):
 
 def test_the_default_partition_is_read_from_the_answer_without_asking_scontrol(tmp_path):
     """A job that names no partition: SLURM's answer to its --test-only says where it would run, so naming the default
-    partition costs no `scontrol show partition` (two controller RPCs per run)."""
+    partition costs no `scontrol show partition` (a controller RPC per run)."""
     fake = slurm(sbatch=lambda s: (0, "", OK[2].replace("partition gpu", "partition main")))
     report = check(fake, planned(tmp_path, "up"))
     assert report.default_partition == "main"  # the answer's, not scontrol's ('gpu')
