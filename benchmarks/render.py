@@ -60,8 +60,10 @@ ROOT = Path(__file__).resolve().parent.parent
 FILES = ("README.md", "CONTRIBUTING.md", "benchmarks/README.md", "docs/reliability.md")
 
 CHAIN_1202 = "benchmarks/results-chain-overhead-2026-12-02.json"  # restored verbatim from commit fbf9502
+CHAIN_1203 = "benchmarks/results-chain-overhead-2026-12-03.json"  # moved from results-chain-overhead.json (issue 51)
 CHAIN = "benchmarks/results-chain-overhead.json"
 FANOUT = "benchmarks/results-fanout.json"
+BREAKDOWN = "benchmarks/results-chain-breakdown.json"  # one run of chain_breakdown.py: floor and multinode side by side
 STATE = "benchmarks/results-state-scaling.json"
 LAUNCH = "benchmarks/results-launch.json"
 GOODPUT = "benchmarks/results-goodput.json"  # one run of goodput.py: every scenario and variant side by side
@@ -303,8 +305,8 @@ def chain_first_targets() -> str:
     )
 
 
-def _chain_runs(jobs: int, variant: str) -> list[dict[str, Any]]:
-    return sorted(lines(CHAIN, jobs=jobs, variant=variant), key=lambda r: r["repeat"])
+def _chain_runs(jobs: int, variant: str, rel: str = CHAIN_1203) -> list[dict[str, Any]]:
+    return sorted(lines(rel, jobs=jobs, variant=variant), key=lambda r: r["repeat"])
 
 
 @renders("chain-2026-12-03")
@@ -316,7 +318,7 @@ def chain_remeasured() -> str:
                                (CHAIN_INNER, "multinode `--multinode-inner-snakemake`")]:  # fmt: skip
             runs = _chain_runs(jobs, variant)
             if [r["repeat"] for r in runs] != [r["repeat"] for r in floors]:
-                raise MissingResult(f"{CHAIN}: {variant!r} ({jobs} jobs) and the floor ran different repeats")
+                raise MissingResult(f"{CHAIN_1203}: {variant!r} ({jobs} jobs) and the floor ran different repeats")
             over = [r["overhead_per_job_s"] for r in runs]
             after = [r["overhead_per_job_after_start_s"] for r in runs]
             ratios = [a / f["overhead_per_job_s"] for a, f in zip(over, floors, strict=True)]
@@ -351,6 +353,101 @@ def chain_remeasured_thirty() -> str:
     overall = [m["overhead_per_job_s"] / f["overhead_per_job_s"] for m, f in pairs]
     after = [m["overhead_per_job_after_start_s"] / f["overhead_per_job_after_start_s"] for m, f in pairs]
     return f"{' and '.join(f2(r) + 'x' for r in overall)} overall, {' and '.join(f2(r) + 'x' for r in after)} per job"
+
+
+# --- Where each job's time goes: chain_breakdown.py -------------------------------------------------------------
+
+BD_FLOOR, BD_MN = "handwritten afterok chain", "multinode"
+# (the row's words, the floor's step, multinode's step): each step as chain_breakdown.py names it in the result file
+BD_STEPS = [
+    ("the job script's tail (command end -> exit marker)", None,
+     "job: command end -> exit marker (the job script's tail)"),
+    ("the end noticed (exit marker -> status cycle done)", None, "plugin: exit marker -> status cycle done (wake)"),
+    ("the plugin ends the job (registry, provenance)", None, "plugin: the job's end (registry, provenance)"),
+    ("Snakemake: the end handled, the next job handed over", None, "Snakemake: end reported -> next job handed over"),
+    ("&nbsp;&nbsp;of which output checks, DAG update, job selection", None,
+     "  of which output checks, DAG update, job selection"),
+    ("the plugin plans the job", None, "plugin: plan"),
+    ("the plugin writes its script, provenance and record", None, "plugin: script, provenance and record written"),
+    ("sbatch", None, "sbatch"),
+    ("the rest of the submission", None, "plugin: rest of the submission"),
+    ("SLURM: the job completes", "SLURM: command end -> job complete", None),
+    ("SLURM: to the next job's allocation (its scheduling pass)",
+     "SLURM: complete -> next job allocated (its scheduling pass)",
+     "SLURM: submitted -> allocated (its scheduling pass)"),
+    ("SLURM: allocation -> command start (launch, the script's start)",
+     "SLURM: allocated -> command start (launch, script start)",
+     "SLURM: allocated -> command start (launch, script start)"),
+]  # fmt: skip
+
+
+def _bd(variant: str) -> dict[str, Any]:
+    return data(BREAKDOWN, variant)
+
+
+@renders("chain-breakdown-steps")
+def chain_breakdown_steps() -> str:
+    floor, ours = _bd(BD_FLOOR), _bd(BD_MN)
+    rows = []
+    for words, f, m in BD_STEPS:
+        rows.append([words, f3(data(BREAKDOWN, BD_FLOOR, "per_job", f)) if f else "-",
+                     f3(data(BREAKDOWN, BD_MN, "per_job", m)) if m else "-"])  # fmt: skip
+    mean = [f3(sum(r["gaps_s"]) / len(r["gaps_s"])) for r in (floor, ours)]
+    rows.append(["**a job's end to the next job's start (mean gap)**", *(bold(x) for x in mean)])
+    rows.append(["upper quartile of the gaps (the guard's figure)", f3(floor["upper_quartile_gap_s"]),
+                 f3(ours["upper_quartile_gap_s"])])  # fmt: skip
+    rows.append(["each gap", each(floor["gaps_s"], f2), each(ours["gaps_s"], f2)])
+    return table(["from one job's end to the next job's start, mean over the chain", "floor s", "multinode s"], rows)
+
+
+@renders("chain-breakdown-run")
+def chain_breakdown_run() -> str:
+    floor, ours = _bd(BD_FLOOR), _bd(BD_MN)
+    rows = [[f"start: {k}", f3(v)] for k, v in ours["start"].items()]
+    rows += [[f"end: {k}", f3(v)] for k, v in ours["end"].items()]
+    rows.append(
+        ["wall time of the chain (the floor's in the same run)", f"{f2(ours['wall_s'])} ({f2(floor['wall_s'])})"]
+    )
+    rows.append(["overhead per job, start and end included (the floor's)",
+                 f"{f3(ours['overhead_per_job_s'])} ({f3(floor['overhead_per_job_s'])})"])  # fmt: skip
+    return table(["multinode, once per run", "s"], rows)
+
+
+@renders("chain-breakdown-rpcs")
+def chain_breakdown_rpcs() -> str:
+    floor, ours = _bd(BD_FLOOR)["rpcs"], _bd(BD_MN)["rpcs"]
+    kinds = sorted(set(floor) | set(ours), key=lambda k: (-(floor.get(k, 0) + ours.get(k, 0)), k))
+    rows = [[f"`{k}`", str(floor.get(k, 0)), str(ours.get(k, 0))] for k in kinds]
+    rows.append(["per job", f2(_bd(BD_FLOOR)["rpcs_per_job"]), f2(_bd(BD_MN)["rpcs_per_job"])])
+    return table(["slurmctld RPCs of the run, by message", "floor", "multinode"], rows)
+
+
+@renders("chain-breakdown-cpu")
+def chain_breakdown_cpu() -> str:
+    rows = [
+        [f"`{r['checkout']}`", f3(r["import_cpu_s"]), f3(r["to_first_submission"]), f3(r["per_job"])]
+        for r in data(BREAKDOWN, "cpu_by_checkout")
+    ]
+    header = ["plugin at", "importing the adapter s", "Snakemake's process to the first sbatch s", "per further job s"]
+    return table(header, rows)
+
+
+@renders("chain-breakdown-profile")
+def chain_breakdown_profile() -> str:
+    top = data(BREAKDOWN, "profile_of_a_second_multinode_run", "plugin_by_time_inside")[:8]
+    rows = [[f"`{r['function']}`", str(r["calls"]), f3(r["inside_s"])] for r in top]
+    return table(["the plugin's functions, by time inside them (cProfile, every thread)", "calls", "s"], rows)
+
+
+@renders("chain-breakdown-load")
+def chain_breakdown_load() -> str:
+    before, after = data(BREAKDOWN, "loadavg_before"), data(BREAKDOWN, "loadavg_after")
+    return f"{' '.join(before)} before and {' '.join(after)} after (1, 5, 15 minutes)"
+
+
+@renders("chain-breakdown-ratio")
+def chain_breakdown_ratio() -> str:
+    return f"{f2(data(BREAKDOWN, 'per_job_ratio'))}x"
 
 
 # --- Fan-out of 500 jobs: fanout.py -----------------------------------------------------------------------------
