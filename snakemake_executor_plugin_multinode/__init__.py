@@ -78,7 +78,8 @@ def cancel_rescheduling() -> int:
     """Cancel the scheduler's pending timers (only at the run's end: nothing is scheduled after it); how many.
     tests/unit/adapter/test_adapter_end.py arms one with Snakemake's own method, so a rename fails there."""
     timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
-    mine = [t for t in timers if t.function.__qualname__.startswith(RESCHEDULING)]
+    # any callable may be a timer's function (a partial has no __qualname__): only Snakemake's own is looked at
+    mine = [t for t in timers if getattr(t.function, "__qualname__", "").startswith(RESCHEDULING)]
     for timer in mine:
         timer.cancel()
     return len(mine)

@@ -56,20 +56,30 @@ class Wake:
     """What ends the wait between two status cycles early: a marker of news in the state folder, or `poke()`."""
 
     def __init__(self, folder: Path, clock: Callable[[], float] = time.monotonic) -> None:
+        self.folder = folder
         self.clock = clock
-        self._watch = _inotify(folder)
-        self._poke_r, self._poke_w = os.pipe()
-        os.set_blocking(self._poke_r, False)
+        self._watch: int | None = None
+        self._poke_r: int | None = None
+        self._poke_w: int | None = None
         self._closed = False
         self._last: float | None = None  # when the last wait ended: the last cycle's start
 
+    def _open(self) -> None:
+        """The watch and the poke pipe, at the first wait: a session that never waits (a test, `multinode check`)
+        holds no descriptor."""
+        if self._poke_r is None and not self._closed:
+            self._watch = _inotify(self.folder)
+            self._poke_r, self._poke_w = os.pipe()
+            os.set_blocking(self._poke_r, False)
+
     @property
     def watching(self) -> bool:
+        self._open()
         return self._watch is not None
 
     def poke(self) -> None:
-        """End the current wait now (from any thread)."""
-        if not self._closed:
+        """End the current wait now (from any thread); nothing where no wait has begun."""
+        if not self._closed and self._poke_w is not None:
             os.write(self._poke_w, b"x")
 
     def _read(self) -> bool:
@@ -82,7 +92,7 @@ class Wake:
                 break
             news = news or any(name.endswith(NEWS) for name in names(data))
         try:
-            while os.read(self._poke_r, 4096):
+            while self._poke_r is not None and os.read(self._poke_r, 4096):
                 news = True
         except BlockingIOError:
             pass
@@ -91,6 +101,7 @@ class Wake:
     async def wait(self, seconds: float) -> None:
         """Wait `seconds`, or less: until a marker of news lands (or has landed since the last wait) or `poke()`
         is called, but never less than MIN_GAP_S after the last wait ended."""
+        self._open()
         loop = asyncio.get_running_loop()
         deadline = self.clock() + seconds
         woke = asyncio.Event()
@@ -120,4 +131,4 @@ class Wake:
         for fd in (self._watch, self._poke_r, self._poke_w):
             if fd is not None:
                 os.close(fd)
-        self._watch = None
+        self._watch = self._poke_r = self._poke_w = None

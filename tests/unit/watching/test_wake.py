@@ -51,6 +51,7 @@ def test_an_exit_marker_that_lands_ends_the_wait(state):
 
 def test_a_marker_that_landed_during_the_cycle_ends_the_next_wait(state):
     w = Wake(state)
+    assert w.watching  # as after the run's first wait
     land(state, "42")  # while no wait runs: the cycle about to start may not have seen it
     wait(w)
     w.close()
@@ -58,6 +59,7 @@ def test_a_marker_that_landed_during_the_cycle_ends_the_next_wait(state):
 
 def test_only_exit_and_requeue_markers_are_news(state):
     w = Wake(state)
+    assert w.watching
     (state / "42.exit.tmp").write_text("0 0 x\n")  # the marker's temporary name, before its rename
     marker(state, "42", STALL_MARKER).write_text("stalled\n")
     (state / "unrelated.txt").write_text("x")
@@ -72,6 +74,7 @@ def test_only_exit_and_requeue_markers_are_news(state):
 
 def test_poke_ends_the_wait_from_another_thread(state):
     w = Wake(state)
+    assert w.watching  # opened (a session opens it at its first wait; one that never waits holds no descriptor)
     threading.Timer(0.2, w.poke).start()
     wait(w)
     w.close()
@@ -96,6 +99,16 @@ def test_a_folder_that_cannot_be_watched_leaves_the_plain_wait(tmp_path):
     w.poke()
     wait(w)
     w.close()
+
+
+def test_a_wake_that_never_waited_holds_no_descriptor(state):
+    before = len(os.listdir("/proc/self/fd"))
+    wakes = [Wake(state) for _ in range(50)]  # as the unit tests' sessions, or `multinode check`
+    for w in wakes:
+        w.poke()  # no wait to end: nothing
+    assert len(os.listdir("/proc/self/fd")) == before
+    for w in wakes:
+        w.close()
 
 
 def test_event_names_are_read_from_inotify_records():
