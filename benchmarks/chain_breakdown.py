@@ -297,6 +297,7 @@ def multinode(
 
 
 def measured(name: str, n: int, run: Callable[[int, Path], dict[str, Any]]) -> dict[str, Any]:
+    load = Path("/proc/loadavg").read_text().split()[:3]
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         wd = Path(tmp)
         side = SlurmSide()
@@ -306,7 +307,7 @@ def measured(name: str, n: int, run: Callable[[int, Path], dict[str, Any]]) -> d
         rpc1 = sdiag_rpcs(by_type=True)
         row["slurm"] = side.jobs()
         row["times"] = job_times(wd / "times.txt")
-    row["variant"] = name
+    row["variant"], row["loadavg_before"] = name, load
     row["rpcs"] = {k: rpc1[k] - rpc0.get(k, 0) for k in rpc1 if rpc1[k] != rpc0.get(k, 0)}
     return row
 
@@ -517,13 +518,18 @@ def breakdown(n: int, inject_delay: float = 0.0, profile: bool = True) -> dict[s
 
 
 def checkouts(n: int, given: list[str]) -> list[dict[str, Any]]:
-    """CPU time of Snakemake's process with each checkout's plugin, one chain each, one after the other."""
+    """Snakemake's process with each checkout's plugin, one chain each, one after the other: its CPU time, and the
+    gaps between one job's end and the next job's start (each a scheduling pass of slurmctld, or less)."""
     rows = []
     for item in given:
         label, _, folder = item.partition("=")
-        with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
-            run = multinode(n, Path(tmp), pythonpath=folder)
-        rows.append({"checkout": label, "import_cpu_s": import_cpu(folder), **cpu(run["events"])})
+        run = measured(label, n, lambda k, wd, where=folder: multinode(k, wd, pythonpath=where))
+        found = gaps(run)
+        rows.append({
+            "checkout": label, "import_cpu_s": import_cpu(folder), **cpu(run["events"]), "gaps_s": found,
+            "mean_gap_s": _mean(found), "upper_quartile_gap_s": upper_quartile(found),
+            "loadavg_before": run["loadavg_before"],
+        })  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
