@@ -23,20 +23,22 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 SLEEP = 1
 
 
-def sdiag_rpcs() -> int:
+def sdiag_rpcs(by_type: bool = False) -> Any:
+    """slurmctld's RPCs so far, its own REQUEST_STATS_INFO left out: the total, or {message type: count}."""
     out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
     section = out.split("Remote Procedure Call statistics by message type", 1)[1]
     section = section.split("Remote Procedure Call statistics by user", 1)[0]
-    total = 0
+    counts = {}
     for line in section.splitlines():
         m = re.match(r"\s*(\S+)\s+\(\s*\d+\)\s+count:(\d+)", line)
         if m and m.group(1) != "REQUEST_STATS_INFO":
-            total += int(m.group(2))
-    return total
+            counts[m.group(1)] = int(m.group(2))
+    return counts if by_type else sum(counts.values())
 
 
 def handwritten(n: int, workdir: Path) -> float:
@@ -79,7 +81,13 @@ def snakemake_chain(n: int, workdir: Path, executor: str, extra: list[str]) -> t
     return wall, time.monotonic() - start
 
 
+def loadavg() -> list[str]:
+    """The machine's load (1, 5, 15 minutes) as /proc/loadavg says it: every result row records it."""
+    return Path("/proc/loadavg").read_text().split()[:3]
+
+
 def measure(name: str, n: int, run) -> dict:
+    load = loadavg()
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         rpc0 = sdiag_rpcs()
         result = run(n, Path(tmp))
@@ -95,6 +103,8 @@ def measure(name: str, n: int, run) -> dict:
         "run_start_s": round(fixed, 2),
         "overhead_per_job_after_start_s": round((wall - fixed - n * SLEEP) / n, 2),
         "rpcs_per_job": round(rpcs / n, 1),
+        "loadavg_before": load,
+        "loadavg_after": loadavg(),
     }
 
 
@@ -104,6 +114,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--start-cluster", action="store_true")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--append", action="store_true", help="with --json: add the rows to those the file holds")
     ap.add_argument("--no-official", action="store_true", help="skip the official plugin (~7 min a run)")
     args = ap.parse_args()
     if args.start_cluster:
@@ -127,7 +138,7 @@ def main() -> int:
                 lambda n, wd: snakemake_chain(n, wd, "slurm", ["--seconds-between-status-checks", "1"]),
             )
         )
-    rows = [measure(name, args.jobs, run) for _ in range(args.repeats) for name, run in variants]
+    rows = [{**measure(name, args.jobs, run), "repeat": i + 1} for i in range(args.repeats) for name, run in variants]
     print(f"{'variant':<42} {'wall s':>7} {'overhead/job s':>15} {'start s':>8} {'after start':>12} {'RPCs/job':>9}")
     for r in rows:
         print(
@@ -145,7 +156,8 @@ def main() -> int:
                 f"{after / base:.2f}x after Snakemake's start"
             )
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        kept = json.loads(args.json.read_text()) if args.append and args.json.exists() else []
+        args.json.write_text(json.dumps(kept + rows, indent=2) + "\n")
     return 0
 
 

@@ -13,7 +13,7 @@ its CPU time and peak memory (the child's rusage) and its resident memory over t
 first and the last quarter's means, for `--long`: is it flat?).
 
     eval "$(multinode cluster env)"
-    python benchmarks/fanout.py [--jobs 500] [--long 2000] [--out FILE]
+    python benchmarks/fanout.py [--jobs 500] [--long 2000] [--out FILE [--key NAME]]
 
 `--long N` adds a run of N `sleep 0` jobs (several at a time) through the status loop.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chain_overhead import sdiag_rpcs  # noqa: E402  (one sdiag parser for both benchmarks)
+from chain_overhead import loadavg, sdiag_rpcs  # noqa: E402  (one sdiag parser and load reader for both)
 
 
 def slots() -> int:
@@ -133,6 +133,7 @@ def _sample_rss(proc: subprocess.Popen, out: list[int]) -> None:
 
 
 def measure(name: str, n: int, run, ideal_s: float) -> dict:
+    load = loadavg()
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         rpc0 = sdiag_rpcs()
         row = run(n, Path(tmp))
@@ -142,6 +143,7 @@ def measure(name: str, n: int, run, ideal_s: float) -> dict:
     return {
         "variant": name, "jobs": n, "wall_s": round(wall, 1), "ideal_s": ideal_s,
         "overhead_per_job_s": round((wall - ideal_s) / n, 3), "rpcs_per_job": round(rpcs / (n + 1), 2), **row,
+        "loadavg_before": load, "loadavg_after": loadavg(),
     }  # fmt: skip
 
 
@@ -158,6 +160,7 @@ def main() -> int:
         "snakemake-executor-plugin-slurm (1 s status checks), beside the floor and multinode",
     )
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--key", help="with --out: add the result under this key of the file's JSON object (kept)")
     args = ap.parse_args()
     ideal = float(math.ceil(args.jobs / slots()))
     rows = [
@@ -206,7 +209,11 @@ def main() -> int:
     result = {"rows": rows, "summary": summary, "slots": slots()}
     print(json.dumps(result, indent=1))
     if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        whole = result
+        if args.key:
+            whole = json.loads(args.out.read_text()) if args.out.exists() else {}
+            whole[args.key] = result
+        args.out.write_text(json.dumps(whole, indent=1) + "\n")
     return 0
 
 

@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restore", type=Path, default=REPO / "benchmarks" / "results-checkpoint-verify-h100.json",
                     help="a checkpoint_cost.py result with a resume of the same model (the restore)")  # fmt: skip
     ap.add_argument("--restarts", type=Path, default=REPO / "benchmarks" / "results-restart.json",
-                    help="restart.py's result: the in-job restarts' time from the fault to the relaunched ranks")  # fmt: skip
+                    help="restart.py's result: in-job restarts, the fault to the relaunched ranks")  # fmt: skip
     ap.add_argument("--scenario", default="quiet")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results-goodput-model.json")
     args = ap.parse_args(argv)

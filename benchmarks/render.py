@@ -60,8 +60,10 @@ ROOT = Path(__file__).resolve().parent.parent
 FILES = ("README.md", "CONTRIBUTING.md", "benchmarks/README.md", "docs/evidence.md", "docs/first-job.md")
 
 CHAIN_1202 = "benchmarks/results-chain-overhead-2026-12-02.json"  # restored verbatim from commit fbf9502
+CHAIN_1203 = "benchmarks/results-chain-overhead-2026-12-03.json"  # moved from results-chain-overhead.json (issue 51)
 CHAIN = "benchmarks/results-chain-overhead.json"
 FANOUT = "benchmarks/results-fanout.json"
+BREAKDOWN = "benchmarks/results-chain-breakdown.json"  # one run of chain_breakdown.py: floor and multinode side by side
 STATE = "benchmarks/results-state-scaling.json"
 LAUNCH = "benchmarks/results-launch.json"
 GOODPUT = "benchmarks/results-goodput.json"  # one run of goodput.py: every variant side by side, the baseline too
@@ -200,6 +202,10 @@ def f3(x: float) -> str:
     return fixed(x, 3)
 
 
+def f4(x: float) -> str:
+    return fixed(x, 4)
+
+
 def n0(x: float) -> str:
     return f"{x:,.0f}"
 
@@ -304,20 +310,20 @@ def chain_first_targets() -> str:
     )
 
 
-def _chain_runs(jobs: int, variant: str) -> list[dict[str, Any]]:
-    return sorted(lines(CHAIN, jobs=jobs, variant=variant), key=lambda r: r["repeat"])
+def _chain_runs(jobs: int, variant: str, rel: str = CHAIN_1203) -> list[dict[str, Any]]:
+    return sorted(lines(rel, jobs=jobs, variant=variant), key=lambda r: r["repeat"])
 
 
-@renders("chain-2026-12-03")
-def chain_remeasured() -> str:
+def _chain_table(rel: str, with_load: bool) -> str:
+    """One value per run of chain_overhead.py (each run with every variant side by side), 10 and 30 jobs."""
     rows = []
     for jobs in (10, 30):
-        floors = _chain_runs(jobs, CHAIN_FLOOR)
+        floors = _chain_runs(jobs, CHAIN_FLOOR, rel)
         for variant, label in [(CHAIN_FLOOR, "hand-written (the floor)"), (CHAIN_MN, "**multinode**"),
                                (CHAIN_INNER, "multinode `--multinode-inner-snakemake`")]:  # fmt: skip
-            runs = _chain_runs(jobs, variant)
+            runs = _chain_runs(jobs, variant, rel)
             if [r["repeat"] for r in runs] != [r["repeat"] for r in floors]:
-                raise MissingResult(f"{CHAIN}: {variant!r} ({jobs} jobs) and the floor ran different repeats")
+                raise MissingResult(f"{rel}: {variant!r} ({jobs} jobs) and the floor ran different repeats")
             over = [r["overhead_per_job_s"] for r in runs]
             after = [r["overhead_per_job_after_start_s"] for r in runs]
             ratios = [a / f["overhead_per_job_s"] for a, f in zip(over, floors, strict=True)]
@@ -326,9 +332,49 @@ def chain_remeasured() -> str:
                 str(jobs), label, each(over, f2), each(ratios, f2), each((r["run_start_s"] for r in runs), f2),
                 each(after, f2), each(ratios_after, f2), span((r["rpcs_per_job"] for r in runs), f1),
             ])  # fmt: skip
+            if with_load:
+                rows[-1].append(each((r["loadavg_before"][0] for r in runs), str))
     header = ["jobs", "variant", "overhead / job s", "ratio to the floor", "start s", "after start s",
               "ratio after start", "RPCs / job"]  # fmt: skip
-    return table(header, rows)
+    return table(header + (["load before (1 min)"] if with_load else []), rows)
+
+
+@renders("chain-2026-12-03")
+def chain_remeasured() -> str:
+    return _chain_table(CHAIN_1203, with_load=False)
+
+
+@renders("chain-issue51")
+def chain_issue51() -> str:
+    return _chain_table(CHAIN, with_load=True)
+
+
+CHAIN_TARGET = 1.1  # issue 51: multinode's overhead per job against the floor's, measured in the same run
+
+
+@renders("chain-issue51-ten")
+def chain_issue51_ten() -> str:
+    mn, floors = _chain_runs(10, CHAIN_MN, CHAIN), _chain_runs(10, CHAIN_FLOOR, CHAIN)
+    over, floor = [m["overhead_per_job_s"] for m in mn], [f["overhead_per_job_s"] for f in floors]
+    ratios = [o / f for o, f in zip(over, floor, strict=True)]
+    after = [m["overhead_per_job_after_start_s"] / f["overhead_per_job_after_start_s"] for m, f in zip(mn, floors,
+             strict=True)]  # fmt: skip
+    met = sum(r <= CHAIN_TARGET for r in ratios)
+    return (
+        f"{span(over, f2)} s per job against the floor's {span(floor, f2)} s in the same runs: "
+        f"{', '.join(f2(r) + 'x' for r in ratios)}; the {CHAIN_TARGET}x target is met in {met} of {len(ratios)} runs. "
+        f"Without Snakemake's start (the same command with nothing to do: {span((m['run_start_s'] for m in mn), f2)} "
+        f"s) each job costs {', '.join(f2(r) + 'x' for r in after)} the floor's"
+    )
+
+
+@renders("chain-issue51-thirty")
+def chain_issue51_thirty() -> str:
+    mn, floors = _chain_runs(30, CHAIN_MN, CHAIN), _chain_runs(30, CHAIN_FLOOR, CHAIN)
+    pairs = list(zip(mn, floors, strict=True))
+    overall = [m["overhead_per_job_s"] / f["overhead_per_job_s"] for m, f in pairs]
+    after = [m["overhead_per_job_after_start_s"] / f["overhead_per_job_after_start_s"] for m, f in pairs]
+    return f"{' and '.join(f2(r) + 'x' for r in overall)} overall, {' and '.join(f2(r) + 'x' for r in after)} per job"
 
 
 @renders("chain-2026-12-03-ten")
@@ -352,6 +398,103 @@ def chain_remeasured_thirty() -> str:
     overall = [m["overhead_per_job_s"] / f["overhead_per_job_s"] for m, f in pairs]
     after = [m["overhead_per_job_after_start_s"] / f["overhead_per_job_after_start_s"] for m, f in pairs]
     return f"{' and '.join(f2(r) + 'x' for r in overall)} overall, {' and '.join(f2(r) + 'x' for r in after)} per job"
+
+
+# --- Where each job's time goes: chain_breakdown.py -------------------------------------------------------------
+
+BD_FLOOR, BD_MN = "handwritten afterok chain", "multinode"
+# (the row's words, the floor's step, multinode's step): each step as chain_breakdown.py names it in the result file
+BD_STEPS = [
+    ("the job script's tail (command end -> exit marker)", None,
+     "job: command end -> exit marker (the job script's tail)"),
+    ("the end noticed (exit marker -> status cycle done)", None, "plugin: exit marker -> status cycle done (wake)"),
+    ("the plugin ends the job (registry, provenance)", None, "plugin: the job's end (registry, provenance)"),
+    ("Snakemake: the end handled, the next job handed over", None, "Snakemake: end reported -> next job handed over"),
+    ("&nbsp;&nbsp;of which output checks, DAG update, job selection", None,
+     "  of which output checks, DAG update, job selection"),
+    ("the plugin plans the job", None, "plugin: plan"),
+    ("the plugin writes its script, provenance and record", None, "plugin: script, provenance and record written"),
+    ("sbatch", None, "sbatch"),
+    ("the rest of the submission", None, "plugin: rest of the submission"),
+    ("SLURM: the job completes", "SLURM: command end -> job complete", None),
+    ("SLURM: to the next job's allocation (its scheduling pass)",
+     "SLURM: complete -> next job allocated (its scheduling pass)",
+     "SLURM: submitted -> allocated (its scheduling pass)"),
+    ("SLURM: allocation -> command start (launch, the script's start)",
+     "SLURM: allocated -> command start (launch, script start)",
+     "SLURM: allocated -> command start (launch, script start)"),
+]  # fmt: skip
+
+
+def _bd(variant: str) -> dict[str, Any]:
+    return data(BREAKDOWN, variant)
+
+
+@renders("chain-breakdown-steps")
+def chain_breakdown_steps() -> str:
+    floor, ours = _bd(BD_FLOOR), _bd(BD_MN)
+    rows = []
+    for words, f, m in BD_STEPS:
+        rows.append([words, f3(data(BREAKDOWN, BD_FLOOR, "per_job", f)) if f else "-",
+                     f3(data(BREAKDOWN, BD_MN, "per_job", m)) if m else "-"])  # fmt: skip
+    mean = [f3(sum(r["gaps_s"]) / len(r["gaps_s"])) for r in (floor, ours)]
+    rows.append(["**a job's end to the next job's start (mean gap)**", *(bold(x) for x in mean)])
+    rows.append(["upper quartile of the gaps (the guard's figure)", f3(floor["upper_quartile_gap_s"]),
+                 f3(ours["upper_quartile_gap_s"])])  # fmt: skip
+    rows.append(["each gap", each(floor["gaps_s"], f2), each(ours["gaps_s"], f2)])
+    return table(["from one job's end to the next job's start, mean over the chain", "floor s", "multinode s"], rows)
+
+
+@renders("chain-breakdown-run")
+def chain_breakdown_run() -> str:
+    floor, ours = _bd(BD_FLOOR), _bd(BD_MN)
+    rows = [[f"start: {k}", f3(v)] for k, v in ours["start"].items()]
+    rows += [[f"end: {k}", f3(v)] for k, v in ours["end"].items()]
+    rows.append(
+        ["wall time of the chain (the floor's in the same run)", f"{f2(ours['wall_s'])} ({f2(floor['wall_s'])})"]
+    )
+    rows.append(["overhead per job, start and end included (the floor's)",
+                 f"{f3(ours['overhead_per_job_s'])} ({f3(floor['overhead_per_job_s'])})"])  # fmt: skip
+    return table(["multinode, once per run", "s"], rows)
+
+
+@renders("chain-breakdown-rpcs")
+def chain_breakdown_rpcs() -> str:
+    floor, ours = _bd(BD_FLOOR)["rpcs"], _bd(BD_MN)["rpcs"]
+    kinds = sorted(set(floor) | set(ours), key=lambda k: (-(floor.get(k, 0) + ours.get(k, 0)), k))
+    rows = [[f"`{k}`", str(floor.get(k, 0)), str(ours.get(k, 0))] for k in kinds]
+    rows.append(["per job", f2(_bd(BD_FLOOR)["rpcs_per_job"]), f2(_bd(BD_MN)["rpcs_per_job"])])
+    return table(["slurmctld RPCs of the run, by message", "floor", "multinode"], rows)
+
+
+@renders("chain-breakdown-cpu")
+def chain_breakdown_cpu() -> str:
+    rows = [
+        [f"`{r['checkout']}`", f3(r["import_cpu_s"]), f3(r["to_first_submission"]), f4(r["per_job"]),
+         f3(r["mean_gap_s"]), f3(r["upper_quartile_gap_s"]), r["loadavg_before"][0]]
+        for r in data(BREAKDOWN, "cpu_by_checkout")
+    ]  # fmt: skip
+    header = ["plugin at", "CPU: importing the adapter s", "CPU: Snakemake's process to the first sbatch s",
+              "CPU: per further job s", "mean gap s", "upper-quartile gap s", "load"]  # fmt: skip
+    return table(header, rows)
+
+
+@renders("chain-breakdown-profile")
+def chain_breakdown_profile() -> str:
+    top = data(BREAKDOWN, "profile_of_a_second_multinode_run", "plugin_by_time_inside")[:8]
+    rows = [[f"`{r['function']}`", str(r["calls"]), f3(r["inside_s"])] for r in top]
+    return table(["the plugin's functions, by time inside them (cProfile, every thread)", "calls", "s"], rows)
+
+
+@renders("chain-breakdown-load")
+def chain_breakdown_load() -> str:
+    before, after = data(BREAKDOWN, "loadavg_before"), data(BREAKDOWN, "loadavg_after")
+    return f"{' '.join(before)} before and {' '.join(after)} after (1, 5, 15 minutes)"
+
+
+@renders("chain-breakdown-ratio")
+def chain_breakdown_ratio() -> str:
+    return f"{f2(data(BREAKDOWN, 'per_job_ratio'))}x"
 
 
 # --- Fan-out of 500 jobs: fanout.py -----------------------------------------------------------------------------
@@ -475,6 +618,38 @@ def fanout_official() -> str:
         f"RPCs per job). In the same run multinode took {f1(m['wall_s'])} s ({f2(m['overhead_per_job_s'])} s, "
         f"{f2(m['rpcs_per_job'])} RPCs) and the floor {f1(f['wall_s'])} s ({f3(f['overhead_per_job_s'])} s, "
         f"{f2(f['rpcs_per_job'])} RPCs)"
+    )
+
+
+FAN_1000 = "issue51_1000_jobs"  # issue 51: 1,000 jobs, every variant side by side in one run
+FAN_1000_TARGET = 1.1  # multinode's wall time against the floor's
+
+
+@renders("fanout-1000")
+def fanout_1000() -> str:
+    floor = line(FANOUT, FAN_1000, "rows", variant=FAN_FLOOR)
+    rows = []
+    for variant, label in [(FAN_FLOOR, "hand-written: 1,000 x `sbatch`, then afterok (**the floor**)"),
+                           (FAN_HAND_ARRAY, "hand-written job array, then afterok"),
+                           (FAN_ARRAY, "**multinode** (one job array per round Snakemake hands over)"),
+                           (FAN_NO_ARRAYS, "multinode `--multinode-no-arrays`")]:  # fmt: skip
+        r = line(FANOUT, FAN_1000, "rows", variant=variant)
+        cpu = f1(r["snakemake_cpu_s"]) if "snakemake_cpu_s" in r else "-"
+        rows.append([label, f1(r["wall_s"]), f2(r["wall_s"] / floor["wall_s"]), f3(r["overhead_per_job_s"]),
+                     f2(r["rpcs_per_job"]), cpu, " ".join(r["loadavg_before"])])  # fmt: skip
+    header = ["variant", "wall s", "wall / the floor's", "overhead / job s", "slurmctld RPCs / job",
+              "Snakemake CPU s", "load before (1, 5, 15 min)"]  # fmt: skip
+    return table(header, rows)
+
+
+@renders("fanout-1000-target")
+def fanout_1000_target() -> str:
+    floor, ours = (line(FANOUT, FAN_1000, "rows", variant=v) for v in (FAN_FLOOR, FAN_ARRAY))
+    r = ours["wall_s"] / floor["wall_s"]
+    return (
+        f"{f2(r)}x the floor's wall time ({f1(ours['wall_s'])} s against {f1(floor['wall_s'])} s): the "
+        f"{FAN_1000_TARGET}x target is {'met' if r <= FAN_1000_TARGET else 'missed'}; "
+        f"{f2(ours['rpcs_per_job'])} slurmctld RPCs per job against the floor's {f2(floor['rpcs_per_job'])}"
     )
 
 

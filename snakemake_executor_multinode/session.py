@@ -28,7 +28,7 @@ from snakemake_executor_multinode.contract.private_files import (
     write_private,
 )
 from snakemake_executor_multinode.contract.state_files import StateError
-from snakemake_executor_multinode.planning import environment, jobscript, launch_check, preview, snapshot, submit_check
+from snakemake_executor_multinode.planning import environment, jobscript, launch_check, snapshot, submit_check
 from snakemake_executor_multinode.planning.environment import EnvProfileError
 from snakemake_executor_multinode.planning.launch_check import watchdog
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, direct_command
@@ -40,7 +40,7 @@ from snakemake_executor_multinode.slurm.client import QueryError, RetryPolicy, S
 from snakemake_executor_multinode.slurm.pacing import Pace
 from snakemake_executor_multinode.slurm.sbatch_flags import table_for
 from snakemake_executor_multinode.slurm.settings import SubmitSettings
-from snakemake_executor_multinode.watching import cancelling, provenance, reattach, report
+from snakemake_executor_multinode.watching import cancelling, provenance, reattach
 from snakemake_executor_multinode.watching.failure import failure_message
 from snakemake_executor_multinode.watching.notify import Notices, Notifier, command
 from snakemake_executor_multinode.watching.progress import ProgressLines, duration
@@ -48,6 +48,7 @@ from snakemake_executor_multinode.watching.reattach import RunReason
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 from snakemake_executor_multinode.watching.settings import WatchSettings
 from snakemake_executor_multinode.watching.tracker import Outcome, Tracker
+from snakemake_executor_multinode.watching.wake import Wake
 
 # What the adapter hands over and gets back, besides the Session itself.
 __all__ = [
@@ -126,6 +127,7 @@ class Session:
             pace=Pace(rate, burst),
         )  # fmt: skip
         self.tracker = Tracker(self.folders.state, self.client, self.settings.sweep_seconds)
+        self.wake = Wake(self.folders.state)  # a job's end starts the next status cycle (wake.py)
         self.progress = ProgressLines(self.settings.progress_seconds)  # training progress: a file read, no SLURM
         self.job_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)
         self.failed_nodes: dict[tuple[str, ...], tuple[str, ...]] = {}  # job outputs -> nodes its attempts failed on
@@ -192,6 +194,9 @@ class Session:
 
     def launch_preview(self, plan: JobPlan, shellcmd: str | None) -> str:
         """The srun step `multinode torchrun` would start for this plan ("" when its command does not run it)."""
+        # Imported here: it reads the launcher's own modules, which every Snakemake start would load for nothing
+        from snakemake_executor_multinode.planning import preview
+
         return preview.launch_preview(plan, self.planner.profiles, shellcmd)
 
     def warn_once(self, warnings: Iterable[str]) -> None:
@@ -386,6 +391,14 @@ class Session:
         return [f"--dependency=afterok:{':'.join(sorted(ids, key=job_order))}", "--kill-on-invalid-dep=yes"]
 
     # --- watching -------------------------------------------------------------------------------------------
+    async def wait_for_news(self, seconds: float) -> None:
+        """The wait between two status cycles: `seconds`, or until a job's exit marker lands or the run ends."""
+        await self.wake.wait(seconds)
+
+    def stop_waiting(self) -> None:
+        """The run is ending: the status cycle's wait ends now (Snakemake waits for that thread)."""
+        self.wake.poke()
+
     def poll(self, jobs: Sequence[tuple[Submission, str]]) -> dict[str, Outcome]:
         """One status cycle over (submission, label) pairs: news of running jobs (requeues, progress) is said;
         returns every job's outcome by job id."""
@@ -486,11 +499,14 @@ class Session:
     def report(self, queued: bool) -> None:
         """The efficiency report, when the setting asks for it: after the last job (its sacct record is final)."""
         if self.settings.efficiency_report:
+            from snakemake_executor_multinode.watching import report  # only then: sacct's parsing and the ledger
+
             for line in report.end_of_run(self.workdir, self.run_id, self.client, queued=queued):
                 self.info(line)
 
     def close(self, why: str = "") -> None:
-        """The run's end: its notice (`why`: how it ended, when not as usual)."""
+        """The run's end (after the status cycles have stopped): its notice (`why`: how it ended, when not as usual)."""
+        self.wake.close()
         self.notices.run_end(why)
 
 

@@ -5,8 +5,10 @@ Only translation lives here: a Snakemake job is read once (facts.JobFacts) and h
 Importing this module stays cheap: Snakemake imports every installed executor plugin at every start.
 """
 
+import asyncio
+import threading
 import typing
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 
@@ -66,6 +68,23 @@ common_settings = CommonSettings(
 )
 
 
+# Snakemake's scheduler arms a threading.Timer after every round that may start jobs (--max-jobs-per-timespan, one
+# second by default), to look again once its rate limit allows; the timer is no daemon, so Python waits for the last
+# one before the process can end, although the scheduler has returned (measured: benchmarks/chain_breakdown.py).
+RESCHEDULING = "JobScheduler._schedule_reevalutation."  # the qualified name of the timer's function, up to <locals>
+
+
+def cancel_rescheduling() -> int:
+    """Cancel the scheduler's pending timers (only at the run's end: nothing is scheduled after it); how many.
+    tests/unit/adapter/test_adapter_end.py arms one with Snakemake's own method, so a rename fails there."""
+    timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
+    # any callable may be a timer's function (a partial has no __qualname__): only Snakemake's own is looked at
+    mine = [t for t in timers if getattr(t.function, "__qualname__", "").startswith(RESCHEDULING)]
+    for timer in mine:
+        timer.cancel()
+    return len(mine)
+
+
 class PlainError(WorkflowError):
     """An error whose message says it all: Snakemake prints it without a Python stack (which would only show the
     adapter's frames)."""
@@ -102,6 +121,9 @@ class KnownJobs:
 
 
 class Executor(RemoteExecutor):
+    # Snakemake's status thread starts before __post_init__: until the session exists, its waits are plain sleeps.
+    _wait_for_news: Callable[[float], Awaitable[None]] | None = None
+
     def __post_init__(self) -> None:
         given = self.workflow.executor_settings or ExecutorSettings()
         self.settings = Settings(**{f.name: getattr(given, f.name) for f in fields(Settings)})
@@ -114,6 +136,7 @@ class Executor(RemoteExecutor):
             raise InputError(f"multinode: {err}") from None
         except StateWriteError as err:
             raise StateFolderError(f"multinode: {err}") from None
+        self._wait_for_news = self.session.wait_for_news
         self._validate_planned_jobs()
 
     @property  # type: ignore[override]
@@ -121,6 +144,15 @@ class Executor(RemoteExecutor):
         # Snakemake's status thread starts (and reads this) before __post_init__ runs: derive it from the settings,
         # never from state __post_init__ sets, or the first cycles wait Snakemake's 10 s default.
         return (self.workflow.executor_settings or ExecutorSettings()).status_seconds
+
+    async def sleep(self) -> None:
+        """Between two status cycles: the next starts as soon as a job's exit marker lands, or when the run ends,
+        rather than only after --multinode-status-seconds (Snakemake's own sleep knows neither)."""
+        seconds = self.next_seconds_between_status_checks
+        if self._wait_for_news is None:
+            await asyncio.sleep(seconds)
+        else:
+            await self._wait_for_news(seconds)
 
     # --- plan ----------------------------------------------------------------------------------
     def plan_for(self, job: JobExecutorInterface, facts: JobFacts, command: str | None = None) -> JobPlan:
@@ -280,6 +312,8 @@ class Executor(RemoteExecutor):
     def shutdown(self) -> None:
         with self.lock:
             left = list(self.active_jobs)
+            self.wait = False  # as Snakemake's shutdown says it: then the status thread's wait is ended, not waited out
+        self.session.stop_waiting()
         queued = self.workflow.remote_execution_settings.immediate_submit
         why = ""
         if left and not queued:
@@ -288,6 +322,7 @@ class Executor(RemoteExecutor):
             why = "Snakemake is exiting on an error"
             self.session.cancel({j.external_jobid for j in left}, why)
         super().shutdown()
+        cancel_rescheduling()  # the scheduler returns right after this call
         self.session.report(queued)
         self.session.close(why)
 

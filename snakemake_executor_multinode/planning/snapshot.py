@@ -88,6 +88,7 @@ class SnapshotStore:
         self._cache: dict[str, list] | None = None
         self._last: tuple[tuple, Snapshot] | None = None
         self._last_at = -REUSE_S
+        self._fresh: tuple[Snapshot | None] | None = None  # freeze()'s answer within REUSE_S, None among them
         self._checked: set[str] = set()  # snapshots this store has checked against what was frozen
         self.paths = self._paths_setting() if self.setting not in ("git", "off") else ()
 
@@ -133,11 +134,13 @@ class SnapshotStore:
 
     # --- freezing ---------------------------------------------------------------------------------------------
     def freeze(self) -> Snapshot | None:
+        """The code now (None: nothing frozen, as outside a git repository). An answer is reused for REUSE_S, a
+        "nothing" as much as a snapshot: a git process per planned job costs more than planning it."""
         now = time.monotonic()
-        if self._last is not None and now - self._last_at < REUSE_S:
-            return self._last[1]
+        if self._fresh is not None and now - self._last_at < REUSE_S:
+            return self._fresh[0]
         snap = self._freeze()
-        self._last_at = time.monotonic()
+        self._fresh, self._last_at = (snap,), time.monotonic()
         return snap
 
     def _freeze(self) -> Snapshot | None:

@@ -4,8 +4,9 @@
 and log path, so the jobs of one rule that differ only in wildcards ask once) with `sbatch --test-only`, which
 queues nothing and answers with the same refusal a real submission would get. When a job names an account and
 SLURM keeps accounting, one `sacctmgr` query of the user's associations says whether the user can charge it (SLURM
-itself only refuses a wrong account when it enforces associations). `scontrol show partition/node` is asked only to
-name the default partition and to turn a refusal into the field that caused it. Errors read like the request's own
+itself only refuses a wrong account when it enforces associations). The default partition is read from the answer to a
+job that names none ("... in partition P"); `scontrol show partition/node` is asked only when no answer names it,
+and to turn a refusal into the field that caused it. Errors read like the request's own
 (rule, field, value, what is allowed, SLURM's words); where no field can be named, SLURM's message is quoted.
 """
 
@@ -39,6 +40,7 @@ _UNKNOWN_OPTION = re.compile(r"(?:unrecognized|invalid|unknown) option '?(--?[\w
 _GRES_GPU = re.compile(r"gpu(?::([^:,(]+))?:(\d+)")
 _KEY_VALUE = re.compile(r"(\w+)=(\S*)")
 _RULE_PREFIX = re.compile(r"rule '([^']*)': (.*)", re.S)
+_IN_PARTITION = re.compile(r" in partition (\S+)\s*$")  # the end of sbatch --test-only's answer
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ def check(
         _check_accounts(planned, cluster, user or pwd.getpwuid(os.getuid()).pw_name, report)
         missing = list(dict.fromkeys(p.plan.request.rule for p in planned if not p.plan.request.partition))
         if missing:
-            report.default_partition = cluster.default_partition()
+            report.default_partition = report.default_partition or cluster.default_partition()
             which = f" {report.default_partition!r}" if report.default_partition else ""
             rules = ", ".join(repr(r) for r in missing)
             report.warnings.append(
@@ -103,7 +105,7 @@ def _test_each_shape(planned: Sequence[Planned], client: SlurmClient, cluster: C
                 fh.write(members[0].plan.script)
             report.tests += 1
             try:
-                client.test_only(script, cwd=members[0].plan.workdir)
+                answer = client.test_only(script, cwd=members[0].plan.workdir)
             except SubmitError as err:
                 if any(marker in str(err).lower() for marker in _UNREACHABLE):
                     report.unreachable = str(err)
@@ -111,6 +113,9 @@ def _test_each_shape(planned: Sequence[Planned], client: SlurmClient, cluster: C
                 for p in _one_per_rule(members):
                     verdict = explain(p, str(err), cluster, report.slurm_version)
                     (report.errors if verdict.fatal else report.warnings).append(verdict.message)
+                continue
+            if not members[0].plan.request.partition and (named := _IN_PARTITION.search(answer)):
+                report.default_partition = named.group(1)  # where SLURM puts a job that names none
 
 
 def _check_accounts(planned: Sequence[Planned], cluster: Cluster, user: str, report: Report) -> None:

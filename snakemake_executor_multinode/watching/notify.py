@@ -32,7 +32,6 @@ from snakemake_executor_multinode.contract.jobfiles import STALL_MARKER, JobFile
 from snakemake_executor_multinode.contract.jsonl import json_lines
 from snakemake_executor_multinode.planning.settings import SettingsError
 from snakemake_executor_multinode.watching.registry import Submission
-from snakemake_executor_multinode.watching.status_view import current_log, replaced
 from snakemake_executor_multinode.watching.tracker import Outcome
 
 EVENTS = ("started", "stalled", "requeued", "node_replaced", "failed", "finished", "run_finished")
@@ -219,6 +218,8 @@ class Notices:
 
     def _tell(self, sub: Submission, event: str, reason: str, nodes: str, log: str | None = None) -> None:
         assert self.notifier is not None
+        from snakemake_executor_multinode.watching.status_view import current_log  # only with a notify command
+
         notice = Notice(event, self.run_id, sub.jobid, sub.rule, nodes, reason, log or current_log(sub) or None)
         self.notifier.send(notice)
 
@@ -227,6 +228,9 @@ class Notices:
         stall verdict not told yet."""
         if not sub.log:
             return
+        # Here, not at the top: only a run with a notify command reads these (a plain run's start stays light)
+        from snakemake_executor_multinode.watching.status_view import replaced
+
         seen, files = self._seen_for(sub), JobFiles.from_log(sub.log)
         for line in json_lines(files.runs):
             if not isinstance(line, dict) or line.get("event") != "start":

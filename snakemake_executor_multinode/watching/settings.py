@@ -16,7 +16,11 @@ class WatchSettings:
 
     status_seconds: float = field(
         default=0.5,
-        metadata={"help": "Seconds between status cycles; a cycle reads completion markers only (no SLURM query)."},
+        metadata={
+            "help": "Seconds between status cycles; a cycle reads completion markers only (no SLURM query). A job's "
+            "exit marker that lands in the state folder starts the next cycle at once (inotify, where the folder's "
+            "writes are seen from this host)."
+        },
     )
     sweep_seconds: float = field(
         default=30.0,

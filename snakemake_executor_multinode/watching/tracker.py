@@ -45,6 +45,12 @@ _INSTEAD = {
     CRASH_MARKER: "the failure is reported without the crash loop's count",
 }
 UNKNOWN_SWEEPS = 3  # sweeps in a row in which SLURM does not know a job before it counts as lost
+# A run ended by SLURM's SIGTERM (exit 128 + 15: scancel, the time limit, preemption) whose job slurmctld still shows
+# COMPLETING is reported once SLURM names how it ended (CANCELLED, TIMEOUT, ...), which it does a moment after the
+# job script's exit marker, or after this long. Any other failure (a dead node's job stays COMPLETING until
+# SlurmdTimeout, minutes) is reported at once.
+SIGTERM_EXIT = 143
+COMPLETING_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,7 @@ class Tracker:
         self._noted: dict[str, str] = {}  # job -> requeue marker text already reported
         self._unknown: dict[str, int] = {}  # job -> sweeps in a row in which SLURM did not know it
         self._names: dict[str, str] = {}  # job -> its job name, unique to the submission (expect())
+        self._completing: dict[str, float] = {}  # job -> when its failed run was first seen COMPLETING
         self._present: set[str] | None = None  # the state folder's names during a cycle (None: read the files)
 
     def expect(self, jobid: str, job_name: str) -> None:
@@ -202,7 +209,11 @@ class Tracker:
             # dead node's cleanup, that is SlurmdTimeout (minutes).
             if live.active and not (live.state == "COMPLETING" and live.restarts is not None):
                 return Outcome(jobid, False, state=live)
-            return replace(ended, state=state or live)
+            if live.state == "COMPLETING" and ended.exit_code == SIGTERM_EXIT and (state is None or state.active):
+                first = self._completing.setdefault(jobid, self.clock())
+                if self.clock() - first < COMPLETING_WAIT_S:
+                    return Outcome(jobid, False, state=live)  # SLURM names the end in a moment
+            return replace(ended, state=state if state is not None and not state.active else live)  # sacct lags
         if not answered or (state is not None and state.active):
             return Outcome(jobid, False, state=state)  # neither source is sure yet: never a failure on a guess
         return replace(ended, state=state)
@@ -285,5 +296,6 @@ class Tracker:
         self._noted.pop(jobid, None)
         self._unknown.pop(jobid, None)
         self._names.pop(jobid, None)
+        self._completing.pop(jobid, None)
         for suffix in MARKERS:
             marker(self.state_dir, jobid, suffix).unlink(missing_ok=True)

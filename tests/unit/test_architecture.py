@@ -149,6 +149,7 @@ def test_the_adapter_enters_the_core_through_the_session():
 
 
 BENCHMARK_MODULES = [
+    "benchmarks/chain_breakdown.py",
     "benchmarks/chain_overhead.py",
     "benchmarks/checkpoint_cost.py",
     "benchmarks/fanout.py",

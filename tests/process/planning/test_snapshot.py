@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.planning import snapshot
 from snakemake_executor_multinode.planning.snapshot import (
     REUSE_S,
     SnapshotError,
@@ -101,9 +102,15 @@ def test_an_untracked_script_the_command_names_is_reported_not_frozen(repo):
     assert unfrozen("python scripts/new.py scripts/train.py", snap, repo) == [repo / "scripts" / "new.py"]
 
 
-def test_without_git_nothing_is_frozen_and_the_named_files_are_checked(tmp_path):
+def test_without_git_nothing_is_frozen_and_the_named_files_are_checked(tmp_path, monkeypatch):
     (tmp_path / "train.py").write_text("print(1)\n")
-    assert SnapshotStore(tmp_path, "git").freeze() is None
+    store = SnapshotStore(tmp_path, "git")
+    assert store.freeze() is None
+    asked = []
+    monkeypatch.setattr(snapshot, "_git", lambda *a: asked.append(a))
+    assert store.freeze() is None and asked == []  # a burst of plans (every job of a run) asks git once
+    store._last_at -= REUSE_S
+    assert store.freeze() is None and asked  # later it asks again: a repository may have been made meanwhile
     assert SnapshotStore(tmp_path, "off").freeze() is None
     files = named_files("python train.py --out out.txt", tmp_path, keep=["out.txt"])
     assert files == [tmp_path / "train.py"]

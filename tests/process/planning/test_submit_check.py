@@ -78,6 +78,21 @@ def test_one_test_only_per_resource_shape(tmp_path):
     assert fake.count("scontrol") == fake.count("sacctmgr") == 0  # nothing else to ask: partitions named, no account
 
 
+def test_the_default_partition_is_read_from_the_answer_without_asking_scontrol(tmp_path):
+    """A job that names no partition: SLURM's answer to its --test-only says where it would run, so naming the default
+    partition costs no `scontrol show partition` (a controller RPC per run)."""
+    fake = slurm(sbatch=lambda s: (0, "", OK[2].replace("partition gpu", "partition main")))
+    report = check(fake, planned(tmp_path, "up"))
+    assert report.default_partition == "main"  # the answer's, not scontrol's ('gpu')
+    assert report.warnings == [
+        "rule 'up': no partition (resource slurm_partition or --multinode-partition): SLURM uses its default "
+        "partition 'main'"
+    ]
+    assert fake.count("scontrol") == 0
+    report = check(slurm(sbatch=lambda s: (0, "", "sbatch: Job 42 to start soon\n")), planned(tmp_path, "up"))
+    assert report.default_partition == "gpu"  # an answer that names none: scontrol is asked
+
+
 def test_the_shape_leaves_out_only_job_name_comment_and_log(tmp_path):
     a = planned(tmp_path, "r", wildcards={"x": "1"}, runtime=10).plan
     b = planned(tmp_path, "r", wildcards={"x": "2"}, runtime=10).plan

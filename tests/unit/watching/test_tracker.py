@@ -6,7 +6,7 @@ import json
 import subprocess
 
 from snakemake_executor_multinode.slurm.client import JobState, SlurmClient, parse_sacct
-from snakemake_executor_multinode.watching.tracker import Tracker
+from snakemake_executor_multinode.watching.tracker import COMPLETING_WAIT_S, Tracker
 from tests.helpers import Clock, FakeClient
 
 
@@ -116,6 +116,32 @@ def test_a_failed_run_whose_marker_came_before_slurmctld_saw_the_end_is_not_yet_
     client.states["6"] = JobState("6", "FAILED", "1:0", "None", "node1")
     ended = tracker.poll(["6"])["6"]
     assert ended.finished and not ended.success and "job script exit 1" in ended.describe()
+
+
+def test_a_run_ended_by_sigterm_is_a_failure_once_slurm_names_its_end(tmp_path):
+    # scancel: the job's exit marker (143) comes a moment before slurmctld names how it ended (COMPLETING, then
+    # CANCELLED); the failure is reported with that name
+    client = FakeClient({"6": JobState("6", "RUNNING", "0:0", "None", "node1")})
+    client.live_states["6"] = JobState("6", "COMPLETING", "", "None", "node1", restarts=0)
+    clock = Clock()
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=clock)
+    (tmp_path / "6.exit").write_text("143 0\n")
+    assert not tracker.poll(["6"])["6"].finished
+    clock.now += 0.5
+    client.live_states["6"] = JobState("6", "CANCELLED", "0:15", "None", "node1", restarts=0)
+    ended = tracker.poll(["6"])["6"]
+    assert ended.finished and not ended.success and "SLURM state CANCELLED" in ended.describe()
+
+
+def test_a_run_ended_by_sigterm_and_completing_for_long_is_a_failure_after_a_short_wait(tmp_path):
+    client = FakeClient({"6": JobState("6", "RUNNING", "0:0", "None", "node1")})
+    client.live_states["6"] = JobState("6", "COMPLETING", "", "None", "node1", restarts=0)
+    clock = Clock()
+    tracker = Tracker(tmp_path, client, sweep_seconds=30, clock=clock)
+    (tmp_path / "6.exit").write_text("143 0\n")
+    assert not tracker.poll(["6"])["6"].finished
+    clock.now += COMPLETING_WAIT_S
+    assert tracker.poll(["6"])["6"].finished
 
 
 def test_a_failed_run_completing_with_its_own_restart_count_is_a_failure_at_once(tmp_path):
