@@ -219,3 +219,38 @@ def test_the_plugin_imports_only_its_own_dependencies_never_the_example_training
     assert found == {}
     train = {re.split(r"[<>=!~ \[;]", d)[0] for d in project["optional-dependencies"]["train"]}
     assert "py-spy" not in train and "py-spy" in {re.split(r"[<>=!~ \[;]", d)[0] for d in project["dependencies"]}
+
+
+def design_map() -> dict[str, str]:
+    """docs/design.md's map (its first code block), cut by folder: each stage folder's text, the adapter's, and the
+    whole map under "" (modules at the core's top, as session.py)."""
+    text = (REPO / "docs" / "design.md").read_text()
+    block = text.split("```", 2)[1]
+    sections: dict[str, str] = {"": block}
+    current = ""
+    for line in block.splitlines():
+        found = re.match(r"^\s*(?:Snakemake ─► )?([a-z_]+)/\s", line)
+        if found:
+            current = found.group(1)
+        sections[current] = sections.get(current, "") + line + "\n"
+    return sections
+
+
+def test_the_design_maps_names_every_module_in_its_folder():
+    sections = design_map()
+    missing = []
+    for package in (CORE, ADAPTER):
+        for path in sorted((REPO / package).rglob("*.py")):
+            if path.name == "__init__.py" or "templates" in path.parts:
+                continue
+            rel = path.relative_to(REPO / package)
+            folder = ADAPTER if package == ADAPTER else (rel.parts[0] if len(rel.parts) > 1 else "")
+            if not re.search(rf"(?<![\w/]){re.escape(path.name)}", sections.get(folder, "")):
+                missing.append(f"{package}/{rel}")
+    assert not missing, f"docs/design.md's map does not name: {', '.join(missing)}"
+
+
+def test_a_module_the_map_leaves_out_would_be_found():
+    sections = design_map()
+    assert "settings.py" in sections["planning"] and "tracker.py" not in sections["planning"]
+    assert "notify.py" in sections["watching"] and "notify.py" not in sections["launching"]
