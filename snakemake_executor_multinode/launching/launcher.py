@@ -594,7 +594,7 @@ class StallCheck:
         done = all(stall.done_file(self.stem, n).exists() for n in self.nodes if n not in cut)
         if not done and time.monotonic() - self.asked < stall.STACKS_WAIT_S:
             return False
-        message = stall.verdict(self.stem, self.nodes, self.watchdog.limit, f"{self.stem}.log")
+        message = stall.verdict(self.stem, self.nodes, self.watchdog.limit, str(JobFiles(Path(self.stem)).log))
         if self.split is not None:
             return self._split_verdict(message, self.split)
         if self.replaceable and (node := stall.odd_node(self.stem, self.nodes)) is not None:

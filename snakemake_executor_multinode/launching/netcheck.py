@@ -360,7 +360,7 @@ class Node:
 
         ctx = multiprocessing.get_context("fork")  # torch is imported: forking is the cheap start
         for local in range(self.check.nproc):
-            nccl_log = os.path.join(self.tmp, f"nccl.{local}.log")
+            nccl_log = os.path.join(self.tmp, f"nccl.{local}.txt")  # .log, .sh, .first: job files' suffixes
             self.nccl_logs.append(Path(nccl_log))
             parent, child = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_worker, args=(self.check, self.backend, local, child, nccl_log), daemon=True)

@@ -99,7 +99,7 @@ def _test_each_shape(planned: Sequence[Planned], client: SlurmClient, cluster: C
         shapes.setdefault(shape(p.plan), []).append(p)
     with tempfile.TemporaryDirectory(prefix="multinode-preflight-") as tmp:
         for i, members in enumerate(shapes.values()):
-            script = Path(tmp) / f"shape{i}.sh"
+            script = Path(tmp) / f"shape{i}.sbatch"  # .sh, .log, .first: job files' suffixes (JobFiles)
             fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # profiles may hold tokens
             with os.fdopen(fd, "w") as fh:
                 fh.write(members[0].plan.script)

@@ -59,6 +59,7 @@ def test_the_pending_names_and_the_arrays_script_lie_where_the_job_runs_them(tmp
 SPELT = re.compile(
     r"\.snakemake/multinode|\.attempt|\.restart|\.metrics\.jsonl|\.runs\.jsonl|\.gpu\.csv|\.code\.sha256|\.out$"
     r"|stall-request|stacks-done|stop-request|nccl-trace"
+    r"|^\.(log|sh|first)$"  # a job file's suffix put after its stem (f"{stem}.log")
 )
 OWN_FILES = ("contract", "sandbox")  # the sandbox names its cluster's files, not a job's
 
