@@ -1663,6 +1663,7 @@ MATRIX_FEATURES = {  # the result's key -> the column: each feature as the user 
     "on_straggler": "on_straggler",
     "node_check": "node_check",
     "on_stall": "on_stall",
+    "max_restarts": "max_restarts",
     "max_requeues": "max-requeues",
     "retries": "--retries",
     "trackers": "trackers",

@@ -1,6 +1,6 @@
 """The matrix of features and faults (issue 53, part 4): which cases run, and how each must end.
 
-Seven features a rule or a run sets meet seven faults a training meets. The full product is 2^7 x 7 = 896 runs;
+Eight features a rule or a run sets meet seven faults a training meets. The full product is 2^8 x 7 = 1,792 runs;
 `cases()` covers every PAIR of values instead (an all-pairs set), made by a small deterministic greedy algorithm:
 each new case is the one that covers the most pairs not yet covered, built value by value. Invalid combinations are
 constraints, never cases: a failed node check happens only under the site check that fails on one node, and that
@@ -37,6 +37,7 @@ FEATURES: dict[str, tuple[object, ...]] = {
     "on_straggler": ("warn", "replace"),  # resource
     "node_check": ("default", FAILING_CHECK),  # the environment profile's node_check
     "on_stall": ("fail", "requeue"),  # resource
+    "max_restarts": (3, 0),  # resource: in-job restarts of a crashed or stalled training
     "max_requeues": (3, 0),  # --multinode-max-requeues
     "retries": (0, 1),  # Snakemake's --retries
     "trackers": ("off", "on"),  # TensorBoard, W&B offline and MLflow (file store) through contract/tracking.py
@@ -120,6 +121,7 @@ class Case:
     on_straggler: str
     node_check: str
     on_stall: str
+    max_restarts: int
     max_requeues: int
     retries: int
     trackers: str
@@ -145,18 +147,21 @@ def cases() -> list[Case]:
 @dataclass(frozen=True)
 class Outcome:
     """How a case ends. `jobs`: SLURM jobs (a Snakemake retry is a new job); `requeued`: a job ran again as the same
-    SLURM job; `replaced`: a spare took a node's place in the job; `excluded`: the retry left the failed node out."""
+    SLURM job; `replaced`: a spare took a node's place in the job; `restarted`: the training started again on the
+    same nodes in the job; `excluded`: the retry left the failed node out."""
 
     rc: int
     jobs: int
     requeued: bool
     replaced: bool
     excluded: bool
+    restarted: bool = False
 
     def describe(self) -> str:
         how = ["rc 0" if self.rc == 0 else f"fails (rc {self.rc})"]
         how += ["requeued, same job"] if self.requeued else []
         how += ["a spare replaces the node, same job"] if self.replaced else []
+        how += ["restarted on the same nodes, same job"] if self.restarted else []
         if self.jobs > 1:
             how += ["retried as a new job" + (" without the node" if self.excluded else "")]
         return "; ".join(how)
@@ -172,17 +177,19 @@ def expected(case: Case) -> Outcome:
     - admin requeue: news, not a failure: the job's next run resumes (reliability.md, first row); admin requeues do
       not count against max-requeues (further.md, --multinode-max-requeues).
     - node death, crashed rank, failed node check: the failure names the node; with a spare left the spare takes its
-      place in the same job; without one the job fails naming it and the retry excludes it (further.md "Spare
-      nodes", "Node check"; reliability.md, node death and "a node's rank fails").
+      place in the same job (a spare first, restarts.md); a crashed rank on a node that still answers is else
+      restarted on the same nodes while max_restarts allows (restarts.md "In-job restarts"); otherwise the job fails
+      naming the node and the retry excludes it (further.md "Spare nodes", "Node check"; reliability.md, "a node's
+      rank fails, or a node dies"). A dead node or a failed check is never restarted.
     - hung rank: the stall watchdog ends the step after stall_timeout. With one rank per node the stacks have no
-      majority, so no node is named and a spare does not help: on_stall decides (reliability.md "Stalls"; further.md
-      "Spare nodes": "differ from no majority ... ends the step as before (on_stall)"): fail ends the job with exit
-      87 (--retries runs it again, no node left out); requeue requeues it like the time-limit signal, within
+      majority, so no node is named and a spare does not help: the training is restarted in the job while
+      max_restarts allows (restarts.md), else on_stall decides (reliability.md "Stalls"): fail ends the job with
+      exit 87 (--retries runs it again, no node left out); requeue requeues it like the time-limit signal, within
       max-requeues (else exit 85).
     - warned straggler: named, the training goes on; with on_straggler replace and a spare, the spare takes its place
       in the same job (further.md "Stragglers").
     """
-    requeued = replaced = failed = named = False
+    requeued = replaced = restarted = failed = named = False
     if case.event == TIME_LIMIT:
         requeued = case.max_requeues > 0
         failed = not requeued
@@ -190,10 +197,12 @@ def expected(case: Case) -> Outcome:
         requeued = True
     elif case.event in (NODE_DEATH, CRASHED_RANK, CHECK_FAILS):
         replaced = case.spare_nodes > 0
-        failed = named = not replaced
+        restarted = case.event == CRASHED_RANK and not replaced and case.max_restarts > 0
+        failed = named = not (replaced or restarted)
     elif case.event == HUNG_RANK:
-        requeued = case.on_stall == "requeue" and case.max_requeues > 0
-        failed = not requeued
+        restarted = case.max_restarts > 0
+        requeued = not restarted and case.on_stall == "requeue" and case.max_requeues > 0
+        failed = not (restarted or requeued)
     elif case.event == STRAGGLER:
         replaced = case.on_straggler == "replace" and case.spare_nodes > 0
     retried = failed and case.retries > 0
@@ -203,6 +212,7 @@ def expected(case: Case) -> Outcome:
         requeued=requeued,
         replaced=replaced,
         excluded=retried and named,
+        restarted=restarted,
     )
 
 

@@ -1,13 +1,13 @@
 """The matrix of features and faults on the real local SLURM cluster (issue 53, part 4).
 
-Every case of tests/fault_matrix.py (an all-pairs set over seven features and seven faults, 14 cases) runs a tiny
+Every case of tests/fault_matrix.py (an all-pairs set over eight features and seven faults, 14 cases) runs a tiny
 2-node gloo training (tests/helpers.CONTRACT_TRAINING: checkpoints every 10 steps, SIGUSR2 -> checkpoint + preempt
 file, resume, a metrics line per step) through `snakemake --executor multinode`, injects its fault by pid once step
 12 is logged (two steps after a checkpoint, so a fault that loses work loses some), lets the training finish once
 it has shown it got past the fault (a `release` file), and holds every case to the same invariants:
 
 1. it ends as the documentation says (fault_matrix.expected): Snakemake's exit code, the SLURM jobs, requeued or
-   not, replaced or not, the retry leaving the node out or not;
+   not, replaced or not, restarted in the job or not, the retry leaving the node out or not;
 2. the steps computed again are at most those since the last checkpoint: every launch resumes from the newest
    checkpoint written before it, and the final step lines are 1..N once each;
 3. one MULTINODE_RUN_ID across every run, launch and retry (and every W&B offline folder of a tracked case);
@@ -86,7 +86,8 @@ def workflow(case: fm.Case, wd: Path) -> list[str]:
     (wd / "train.py").write_text(CONTRACT_TRAINING)
     resources = [
         "nodes=2", "gpus=1", "cpus_per_task=1", "mem_mb=1000", "runtime=30", f"spare_nodes={case.spare_nodes}",
-        f"on_straggler={case.on_straggler!r}", f"on_stall={case.on_stall!r}", "straggler_factor=2",
+        f"on_straggler={case.on_straggler!r}", f"on_stall={case.on_stall!r}", f"max_restarts={case.max_restarts}",
+        "straggler_factor=2",
         f"straggler_window={'10s' if case.event == fm.STRAGGLER else '30m'!r}",
     ]  # fmt: skip
     if case.event in (fm.HUNG_RANK, fm.NODE_DEATH):
@@ -253,15 +254,16 @@ def check(cl: Cluster, case: fm.Case, wd: Path, rc: int, sm: Snakemake, fault: F
     excluded = any("#SBATCH --exclude=" in scripts[j] for j in jobs[1:])
     # the node the fault hit: the failing check's marker names the one it failed on
     node = fault.node if fault is not None else (wd / "bad-node.txt").read_text().strip()
+    said = {j: f.log.read_text() + "".join(p.read_text() for p in f.restart_logs()) for j, f in files.items()}
     got = fm.Outcome(
         rc=rc,
         jobs=len(jobs),
         requeued=any(len(r) > 1 for r in runs.values()),
         replaced=any(h.spare_replaced for h in histories.values()),
         excluded=excluded,
+        restarted=any(RESTARTED in text for text in said.values()),
     )
     text = sm.text
-    said = {j: f.log.read_text() + "".join(p.read_text() for p in f.restart_logs()) for j, f in files.items()}
     why = f"{case.name} {case.values()}: expected {want.describe()}, got {got.describe()}"
     assert fault is None or not fault.refused, f"{why}; SLURM refused the fault: {fault.refused}"
     assert got == want, f"{why}\n{text[-3000:]}\n" + "\n".join(said.values())[-6000:]
@@ -341,6 +343,7 @@ WHY_REPLACED = {
     fm.CHECK_FAILS: "failed its node check: its command exited with 1",
     fm.STRAGGLER: "straggler: node",
 }
+RESTARTED = "restarting the training on the same nodes"  # the launcher's line (launching/launcher.py)
 SELF_REQUEUED = {
     fm.TIME_LIMIT: "requeued by itself (checkpointed before the time limit)",
     fm.HUNG_RANK: "requeued by itself (stalled: ended by the progress watchdog, on_stall requeue)",
@@ -362,9 +365,9 @@ def named(case: fm.Case, got: fm.Outcome, node: str) -> list[str]:
         words.append(SELF_REQUEUED[case.event])
     elif case.event == fm.TIME_LIMIT:
         words.append("(checkpointed before the time limit; not requeued: its own requeues are used up")
-    elif case.event == fm.HUNG_RANK:
+    elif case.event == fm.HUNG_RANK and not got.restarted:
         words.append("(stalled: ended by the progress watchdog")
-    if case.event in WHY_REPLACED and case.event != fm.STRAGGLER and not got.replaced:
+    if case.event in WHY_REPLACED and case.event != fm.STRAGGLER and not (got.replaced or got.restarted):
         words.append(f"failing node {node})")
     return words
 

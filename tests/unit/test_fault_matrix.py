@@ -39,6 +39,13 @@ def test_the_documented_outcomes_follow_the_features_that_decide_them():
         assert fm.expected(case) == fm.Outcome(0, 1, requeued=True, replaced=False, excluded=False)
     for case in by_event[fm.HUNG_RANK]:  # one rank per node: no majority among the stacks, no node to replace
         assert not fm.expected(case).replaced
+        assert fm.expected(case).restarted == (case.max_restarts > 0)  # restarted in the job while one is left
+    for case in by_event[fm.CRASHED_RANK]:  # a spare first, then an in-job restart, then the retry
+        outcome = fm.expected(case)
+        assert outcome.restarted == (case.spare_nodes == 0 and case.max_restarts > 0)
+        assert outcome.rc == 0 or not (outcome.replaced or outcome.restarted)
+    for case in by_event[fm.NODE_DEATH] + by_event[fm.CHECK_FAILS]:  # a lost or failed node is never restarted
+        assert not fm.expected(case).restarted
     for case in by_event[fm.STRAGGLER]:  # a warning never fails nor requeues the job
         outcome = fm.expected(case)
         assert (outcome.rc, outcome.jobs, outcome.requeued) == (0, 1, False)
