@@ -10,10 +10,13 @@ and `<!-- /defaults-table -->` on lines of their own; tests/process/test_default
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import fields
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # marked_block.py beside it, also when a test imports this
+import marked_block  # noqa: E402
+from marked_block import cell  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "README.md"
@@ -160,39 +163,19 @@ def rows() -> list[tuple[str, str, str]]:
     ]
 
 
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
-
-
 def table() -> str:
     lines = ["| default | what it does to your job | to change it |", "|---|---|---|"]
-    lines += [f"| {_cell(a)} | {_cell(b)} | {_cell(c)} |" for a, b, c in rows()]
+    lines += [f"| {cell(a)} | {cell(b)} | {cell(c)} |" for a, b, c in rows()]
     return "\n".join(lines) + "\n"
 
 
 def render(text: str) -> str:
-    head, sep, rest = text.partition(BEGIN + "\n")
-    _, sep2, tail = rest.partition(END)
-    if not sep or not sep2:
-        raise ValueError(f"{DOC.relative_to(ROOT)}: markers {BEGIN} ... {END} not found on lines of their own")
-    return f"{head}{BEGIN}\n\n{table()}\n{END}{tail}"
+    """`text` with the block between the markers replaced by the table; an error when the markers are missing."""
+    return marked_block.render(text, DOC, BEGIN, END, table)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--check", action="store_true", help="change nothing; exit 1 when the table is out of date")
-    args = p.parse_args(argv)
-    current = DOC.read_text()
-    rendered = render(current)
-    if args.check:
-        if current != rendered:
-            print(f"{DOC.relative_to(ROOT)} is out of date: run python scripts/render_defaults.py", file=sys.stderr)
-            return 1
-        return 0
-    if current != rendered:
-        DOC.write_text(rendered)
-        print(f"rendered {DOC.relative_to(ROOT)}")
-    return 0
+    return marked_block.main(argv, __doc__.split("\n")[0], DOC, render, "scripts/render_defaults.py")
 
 
 if __name__ == "__main__":

@@ -9,19 +9,18 @@ tests/unit/adapter/test_settings_table.py fails while it differs from what this 
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # marked_block.py beside it, also when a test imports this
+import marked_block  # noqa: E402
+from marked_block import cell  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "settings.md"
 BEGIN, END = "<!-- settings-table -->", "<!-- /settings-table -->"
-
-
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
 
 
 def _meaning(help_text: str) -> str:
@@ -39,34 +38,17 @@ def table() -> str:
             continue  # the interface's own fields, if any
         default = "none" if f.default in (None, MISSING) else f"`{f.default}`"
         option = f"`--multinode-{f.name.replace('_', '-')}`"
-        rows.append(f"| {option} | {_cell(default)} | {_cell(_meaning(f.metadata['help']))} |")
+        rows.append(f"| {option} | {cell(default)} | {cell(_meaning(f.metadata['help']))} |")
     return "\n".join(rows) + "\n"
 
 
 def render(text: str) -> str:
     """`text` with the block between the markers replaced by the table; an error when the markers are missing."""
-    head, sep, rest = text.partition(BEGIN + "\n")
-    _, sep2, tail = rest.partition(END)
-    if not sep or not sep2:
-        raise ValueError(f"{DOC.relative_to(ROOT)}: markers {BEGIN} ... {END} not found on lines of their own")
-    return f"{head}{BEGIN}\n\n{table()}\n{END}{tail}"
+    return marked_block.render(text, DOC, BEGIN, END, table)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--check", action="store_true", help="change nothing; exit 1 when the table is out of date")
-    args = p.parse_args(argv)
-    current = DOC.read_text()
-    rendered = render(current)
-    if args.check:
-        if current != rendered:
-            print(f"{DOC.relative_to(ROOT)} is out of date: run python scripts/render_settings.py", file=sys.stderr)
-            return 1
-        return 0
-    if current != rendered:
-        DOC.write_text(rendered)
-        print(f"rendered {DOC.relative_to(ROOT)}")
-    return 0
+    return marked_block.main(argv, __doc__.split("\n")[0], DOC, render, "scripts/render_settings.py")
 
 
 if __name__ == "__main__":
