@@ -89,7 +89,7 @@ def _wrap(
 def _marker_mtime(session: Any, sub: Any, *_: Any) -> float | None:
     """When the job script wrote the exit marker that this end was read from (gone after Session.end)."""
     try:
-        return os.stat(session.tracker.marker(sub.jobid)).st_mtime
+        return os.stat(session.job_status.marker(sub.jobid)).st_mtime
     except OSError:
         return None
 

@@ -1,5 +1,5 @@
 """Per-job costs that must not grow with history or with the number of running jobs (watching/registry.py,
-watching/tracker.py), measured side by side in one run:
+watching/job_status.py), measured side by side in one run:
 
 1. Reattach's question "the newest earlier submission of these outputs" after 0, 10 and 100 earlier runs of
    `--jobs` jobs each: the index (one file read) against reading the whole history (what it replaced).
@@ -91,7 +91,7 @@ CYCLES_CHILD = r"""
 import sys, tempfile
 from pathlib import Path
 sys.path.insert(0, sys.argv[4])
-from snakemake_executor_multinode.watching.tracker import Tracker
+from snakemake_executor_multinode.watching.job_status import JobStatus
 
 class Quiet:  # SLURM is never asked: every job runs, and no sweep is due
     def query(self, ids): return {}
@@ -100,12 +100,12 @@ class Quiet:  # SLURM is never asked: every job runs, and no sweep is due
 running, cycles, listing = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "listing"
 state = Path(tempfile.mkdtemp(prefix="mn-bench-cycle-"))
 (state / "999999.exit").write_text("0 0 other\n")  # one finished job in the folder, not one of these
-tracker = Tracker(state, Quiet(), sweep_seconds=1e9)
+job_status = JobStatus(state, Quiet(), sweep_seconds=1e9)
 if not listing:
-    tracker._list = lambda: None  # the former cycle: one open() per running job
+    job_status._list = lambda: None  # the former cycle: one open() per running job
 ids = [str(1000 + i) for i in range(running)]
 for _ in range(cycles):
-    out = tracker.poll(ids)
+    out = job_status.poll(ids)
 assert cycles == 0 or not any(o.finished for o in out.values())
 """
 

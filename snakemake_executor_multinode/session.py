@@ -42,12 +42,12 @@ from snakemake_executor_multinode.slurm.sbatch_flags import table_for
 from snakemake_executor_multinode.slurm.settings import SubmitSettings
 from snakemake_executor_multinode.watching import cancelling, provenance, reattach
 from snakemake_executor_multinode.watching.failure import failure_message
+from snakemake_executor_multinode.watching.job_status import JobStatus, Outcome
 from snakemake_executor_multinode.watching.notify import Notices, Notifier, command
 from snakemake_executor_multinode.watching.progress import ProgressLines, duration
 from snakemake_executor_multinode.watching.reattach import RunReason
 from snakemake_executor_multinode.watching.registry import Registry, Submission
 from snakemake_executor_multinode.watching.settings import WatchSettings
-from snakemake_executor_multinode.watching.tracker import Outcome, Tracker
 from snakemake_executor_multinode.watching.wake import Wake
 
 # What the adapter hands over and gets back, besides the Session itself.
@@ -126,7 +126,7 @@ class Session:
             retry=RetryPolicy(total_seconds=self.settings.slurm_retry_seconds), notify=self.warning,
             pace=Pace(rate, burst),
         )  # fmt: skip
-        self.tracker = Tracker(self.folders.state, self.client, self.settings.sweep_seconds)
+        self.job_status = JobStatus(self.folders.state, self.client, self.settings.sweep_seconds)
         self.wake = Wake(self.folders.state)  # a job's end starts the next status cycle (wake.py)
         self.progress = ProgressLines(self.settings.progress_seconds)  # training progress: a file read, no SLURM
         self.job_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)
@@ -255,7 +255,7 @@ class Session:
     def _adopted(self, plan: JobPlan, outputs: tuple[str, ...], reason: RunReason) -> Submission | None:
         self.warn_once(plan.request.warnings)
         verdict = reattach.decide(
-            plan.request.rule, outputs, plan.fingerprint, reason, self.registry, self.tracker, self.workdir,
+            plan.request.rule, outputs, plan.fingerprint, reason, self.registry, self.job_status, self.workdir,
             enabled=not self.settings.no_reattach,
         )  # fmt: skip
         if verdict.message:
@@ -265,7 +265,7 @@ class Session:
     def _tracked(self, sub: Submission) -> Submission:
         assert sub.jobid is not None
         self.job_ids.update((f, sub.jobid) for f in sub.outputs)
-        self.tracker.expect(sub.jobid, sub.job_name)
+        self.job_status.expect(sub.jobid, sub.job_name)
         return sub
 
     def _prepare(self, plan: JobPlan, outputs: tuple[str, ...]) -> tuple[Path, Submission]:
@@ -402,7 +402,7 @@ class Session:
     def poll(self, jobs: Sequence[tuple[Submission, str]]) -> dict[str, Outcome]:
         """One status cycle over (submission, label) pairs: news of running jobs (requeues, progress) is said;
         returns every job's outcome by job id."""
-        outcomes = self.tracker.poll([sub.jobid for sub, _ in jobs if sub.jobid is not None])
+        outcomes = self.job_status.poll([sub.jobid for sub, _ in jobs if sub.jobid is not None])
         self.notices.cycle([(sub, outcomes[sub.jobid]) for sub, _ in jobs if sub.jobid is not None])
         for sub, label in jobs:
             assert sub.jobid is not None
@@ -430,7 +430,7 @@ class Session:
         with the failure's message; a retry of the same outputs avoids the node this attempt failed on."""
         assert sub.jobid is not None
         self.notices.end(sub, outcome)  # before forget(): it reads the job's stall marker
-        self.tracker.forget(sub.jobid)
+        self.job_status.forget(sub.jobid)
         try:
             self.registry.ended(sub, "success" if outcome.success else "failed")
         except OSError as err:  # a full state folder: said, and the job fails loudly (its end is not on record)

@@ -102,7 +102,7 @@ def fake_session(tmp_path: Path, slurm: FakeSlurm) -> tuple[Session, list[str]]:
     """A Session in `tmp_path` (run run1, no code snapshot) whose SLURM is `slurm`; its log and warnings, in order."""
     said: list[str] = []
     s = Session(Settings(snapshot="off"), tmp_path, said.append, said.append, run_id="run1")
-    s.client = s.tracker.client = SlurmClient(runner=slurm)
+    s.client = s.job_status.client = SlurmClient(runner=slurm)
     return s, said
 
 

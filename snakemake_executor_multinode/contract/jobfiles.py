@@ -89,7 +89,7 @@ EXIT_MARKER = ".exit"  # "<exit code> <restart>" of the run that wrote it, writt
 FAILED_NODE_MARKER = ".failed-node"  # the node whose launch failed first (written by the launcher)
 PREEMPT_MARKER = ".preempted"  # the training checkpointed on the signal (its step, written by rank 0)
 REQUEUE_MARKER = ".requeued"  # "<next restart> <why>": the job requeued itself after a checkpoint
-STALL_MARKER = ".stalled"  # the watchdog's verdict, one line (written by the launcher, read by the tracker)
+STALL_MARKER = ".stalled"  # the watchdog's verdict, one line (written by the launcher, read by the job status watch)
 SELF_REQUEUE_MARKER = ".self-requeues"  # how often the job requeued itself after a checkpoint (its budget)
 CRASH_MARKER = ".crashes"  # "<runs> <exit>": failed runs in a row soon after their start, the last one's exit code
 # SLURM is preempting this run (its SIGTERM came with a PreemptTime): one JSON line, the runs file's "preempted" line,

@@ -1,7 +1,7 @@
-"""The contract between the job script, `multinode torchrun`, the training and the status tracker, said once.
+"""The contract between the job script, `multinode torchrun`, the training and the job status watch, said once.
 
 The job script (templates/job.sh) receives the marker paths, the exit code and the port rule from here as
-placeholders; the launcher and the status tracker import them; the training reads the MULTINODE_* variables by name
+placeholders; the launcher and the job status watch import them; the training reads the MULTINODE_* variables by name
 (`tests/process/contract/test_protocol.py` proves that the template, the launcher and the example training agree).
 """
 

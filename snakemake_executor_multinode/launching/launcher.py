@@ -556,7 +556,7 @@ class StallCheck:
         self.asked: float | None = None  # when every node was asked for its stacks
         self.verdict: str | None = None
         # A spare can take the place of the node holding the odd ranks: then nothing is recorded (no verdict for
-        # the tracker, no requeue), the launcher relaunches instead.
+        # the job status watch, no requeue), the launcher relaunches instead.
         self.replaceable = replaceable
         self.odd_node: str | None = None
         # A network split: the nodes the head cannot reach, asked when the stall is noticed (liveness.split); the

@@ -308,13 +308,13 @@ def verdict(stem: str, nodes: Sequence[str], timeout_s: float, log: str) -> str:
 class Recorded:
     """What `record` could write."""
 
-    verdict: str  # as written for the tracker: with on_stall requeue and no requeue, why not
+    verdict: str  # as written for the job status watch: with on_stall requeue and no requeue, why not
     requeue: bool  # the job script will requeue the job: on_stall requeue, and its request was written
     errors: tuple[str, ...] = ()  # each file that could not be written: its path and why
 
 
 def record(env: Mapping[str, str], message: str, on_stall: str) -> Recorded:
-    """The verdict for the tracker; with on_stall requeue, the preempt file too (the job script then requeues).
+    """The verdict for the job status watch; with on_stall requeue, the preempt file too (the job script then requeues).
 
     A file that cannot be written is an error for the caller to log, never skipped: without the preempt file the
     job script does not requeue, and the job fails with the stall's exit code, its verdict saying why. No other way

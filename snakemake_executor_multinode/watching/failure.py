@@ -11,8 +11,8 @@ from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.contract.logline import failing_rank_lines
+from snakemake_executor_multinode.watching.job_status import Outcome
 from snakemake_executor_multinode.watching.progress import read_tail
-from snakemake_executor_multinode.watching.tracker import Outcome
 
 
 def failure_message(jobid: str, outcome: Outcome, log: Path | None) -> str:

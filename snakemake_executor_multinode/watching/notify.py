@@ -31,13 +31,13 @@ from pathlib import Path
 from snakemake_executor_multinode.contract.jobfiles import STALL_MARKER, JobFiles, marker
 from snakemake_executor_multinode.contract.jsonl import json_lines
 from snakemake_executor_multinode.planning.settings import SettingsError
+from snakemake_executor_multinode.watching.job_status import Outcome
 from snakemake_executor_multinode.watching.registry import Submission
-from snakemake_executor_multinode.watching.tracker import Outcome
 
 EVENTS = ("started", "stalled", "requeued", "node_replaced", "failed", "finished", "run_finished")
 CHECK_SECONDS = 2.0  # a running job's files (runs, replacements, stall marker) are read at most this often
 STDERR_SHOWN = 300  # characters of a failing command's stderr that its warning quotes
-NEXT_RUN = re.compile(r"restart (\d+)$")  # the tracker's requeue notes end with the restart to come
+NEXT_RUN = re.compile(r"restart (\d+)$")  # the job_status's requeue notes end with the restart to come
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ class Notices:
                 if due:
                     self._files(sub)
                 continue
-            # the tracker says each requeue once: told after what came before it, before the run it makes starts
+            # the job_status says each requeue once: told after what came before it, before the run it makes starts
             found = NEXT_RUN.search(outcome.note)
             self._files(sub, before=int(found.group(1)) if found else None)
             self._tell(sub, "requeued", outcome.note, self._seen_for(sub).nodes)

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from snakemake_executor_multinode.slurm.client import QueryError
+from snakemake_executor_multinode.watching.job_status import JobStatus
 from snakemake_executor_multinode.watching.progress import duration
 from snakemake_executor_multinode.watching.registry import Registry, Submission
-from snakemake_executor_multinode.watching.tracker import Tracker
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def decide(
     fingerprint: str,
     reason: RunReason,
     registry: Registry,
-    tracker: Tracker,
+    job_status: JobStatus,
     workdir: Path,
     enabled: bool = True,
     now: Callable[[], float] = time.time,
@@ -73,7 +73,7 @@ def decide(
         when = duration(now() - earlier.ended_at) + " ago" if earlier.ended_at else "earlier"
         return Verdict(None, f"rule {rule}: not reattaching to {job}: its end ({earlier.ended}) was reported {when}")
     why_anew = _asked_anew(reason)
-    state = _slurm_view(earlier, tracker)
+    state = _slurm_view(earlier, job_status)
     if why_anew is not None or earlier.fingerprint != fingerprint:
         why = why_anew or "its job script differs (command, resources or environment changed)"
         if state.alive:
@@ -127,12 +127,12 @@ class _Earlier:
     word: str  # its state in a word, for the log
 
 
-def _slurm_view(earlier: Submission, tracker: Tracker) -> _Earlier:
+def _slurm_view(earlier: Submission, job_status: JobStatus) -> _Earlier:
     """What SLURM and the job's own exit marker say of the earlier job. A job id that SLURM gives to another job
     (a rebuilt cluster counts from 1 again) is not that job: its name, unique to the submission, must match."""
     assert earlier.jobid is not None
-    tracker.expect(earlier.jobid, earlier.job_name)
-    outcome = tracker.poll([earlier.jobid], force_sweep=True)[earlier.jobid]
+    job_status.expect(earlier.jobid, earlier.job_name)
+    outcome = job_status.poll([earlier.jobid], force_sweep=True)[earlier.jobid]
     if outcome.finished:
         word = outcome.state.state.lower() if outcome.state else f"exit {outcome.exit_code}"
         return _Earlier(False, True, outcome.success, word)
@@ -140,7 +140,7 @@ def _slurm_view(earlier: Submission, tracker: Tracker) -> _Earlier:
         return _Earlier(False, False, False, "it knows no such job")
     slurm_name = earlier.array or earlier.job_name  # an array's element goes by the array's name
     try:
-        name, state = tracker.client.named([earlier.jobid]).get(earlier.jobid, (slurm_name, outcome.state.state))
+        name, state = job_status.client.named([earlier.jobid]).get(earlier.jobid, (slurm_name, outcome.state.state))
     except QueryError:
         name, state = slurm_name, outcome.state.state
     if name != slurm_name:

@@ -2,7 +2,7 @@
 
 The state folder is watched with Linux's inotify (libc through ctypes: no dependency); a marker that a job renames
 into place, or writes and closes, ends the wait between two cycles at once. A wake only starts a cycle early: what
-ended, and how, is still read from the markers by the tracker, so nothing depends on the wake. Where there is no
+ended, and how, is still read from the markers (job_status.py), so nothing depends on the wake. Where there is no
 inotify (another system, no watch left) or the folder's writes come from another host (NFS and its kind tell only the
 host that wrote), the cycle comes on its clock as before. `poke()` ends the wait from another thread (the run's end).
 """

@@ -117,7 +117,7 @@ def test_a_job_whose_dependency_failed_never_runs_and_status_shows_it_ended(slur
     """--immediate-submit: Snakemake hands SLURM both jobs (b after a, afterok) and leaves; a fails, so b can never
     start. SLURM 22.05 cancels such a job itself (slurmctld's _kill_dependent) instead of leaving it pending with
     DependencyNeverSatisfied, so nothing waits forever; where a site keeps it pending, the status sweep fails it
-    (tests/unit/watching/test_tracker.py). Snakemake's own run ends cleanly even when a's failure comes while it
+    (tests/unit/watching/test_job_status.py). Snakemake's own run ends cleanly even when a's failure comes while it
     is still submitting: it counted the job done at submission, so the plugin reports no outcome (once, a KeyError
     in Snakemake's scheduler)."""
     wd = tmp_path / "wf"

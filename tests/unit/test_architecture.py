@@ -252,5 +252,5 @@ def test_the_design_maps_names_every_module_in_its_folder():
 
 def test_a_module_the_map_leaves_out_would_be_found():
     sections = design_map()
-    assert "settings.py" in sections["planning"] and "tracker.py" not in sections["planning"]
+    assert "settings.py" in sections["planning"] and "job_status.py" not in sections["planning"]
     assert "notify.py" in sections["watching"] and "notify.py" not in sections["launching"]

@@ -191,7 +191,7 @@ def test_a_pending_job_is_explained_once_and_only_once_the_scheduler_has_said_wh
     """A job just submitted reads reason "None" until the scheduler looks at it (seen under load): nothing is said
     then, and the real reason is said once it comes."""
     from snakemake_executor_multinode.slurm.client import JobState
-    from snakemake_executor_multinode.watching.tracker import Outcome
+    from snakemake_executor_multinode.watching.job_status import Outcome
 
     s, said = fake_session(tmp_path, Slurm())
     s.settings = Settings(snapshot="off", pending_notice_seconds=0)

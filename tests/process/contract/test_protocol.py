@@ -1,4 +1,4 @@
-"""The job script, the launcher, the status tracker and the training speak one protocol (protocol.py)."""
+"""The job script, the launcher, the job status watch and the training speak one protocol (protocol.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tests.helpers import REPO
 PACKAGE = REPO / "snakemake_executor_multinode"
 TEMPLATE = PACKAGE / "planning" / "templates" / "job.sh"
 # Everything outside protocol.py that names a MULTINODE_* variable.
-LAUNCHER, TRACKER = PACKAGE / "launching" / "launcher.py", PACKAGE / "watching" / "tracker.py"
+LAUNCHER, TRACKER = PACKAGE / "launching" / "launcher.py", PACKAGE / "watching" / "job_status.py"
 SPEAKERS = [TEMPLATE, LAUNCHER, TRACKER, REPO / "workflows" / "scripts" / "train.py"]
 
 
@@ -316,7 +316,7 @@ def test_a_first_run_forgets_the_crashes_of_an_earlier_job_with_the_same_id(tmp_
 
 def test_an_exit_marker_that_cannot_be_written_is_said_and_the_job_ends_with_its_own_code(tmp_path):
     """The state folder full (here: the marker's temp name taken by a folder, so the write fails): the job script
-    says so in the log, leaves nothing half-written, and ends at once with the rule's exit code; the status tracker
+    says so in the log, leaves nothing half-written, and ends at once with the rule's exit code; the job status watch
     learns of the end from SLURM's sweep instead (tests/cluster/test_disk_full_cluster.py)."""
     taken = jobfiles.marker(tmp_path / "state", "42", jobfiles.EXIT_MARKER + ".tmp")
     code, _, state, out = run_job_script(tmp_path, restart=0, command=f"mkdir -p {taken}; exit 3")

@@ -47,7 +47,7 @@ def test_a_stall_with_a_spare_left_blames_the_odd_node_and_records_no_verdict(tm
     end, marker, preempt = stalled(tmp_path, spare_left=True)
     assert end.code == protocol.EXIT_STALLED and end.failure is not None
     assert (end.failure.node, end.failure.rank, end.failure.what) == ("node2", 1, launcher.STALLED_WHAT)
-    assert not marker.exists() and not preempt.exists()  # neither the tracker's verdict nor a requeue
+    assert not marker.exists() and not preempt.exists()  # neither the watchdog's verdict nor a requeue
     assert "node node2 holds the rank(s) that differ" in capfd.readouterr().err
 
 
@@ -58,7 +58,7 @@ def test_a_stall_without_a_spare_is_recorded_and_requeued_as_before(tmp_path):
 
 
 def test_a_stall_without_a_spare_but_with_a_restart_left_goes_back_unrecorded_for_the_restart(tmp_path):
-    """Neither the tracker's verdict nor the requeue request: the launcher restarts the training in the job, or
+    """Neither the watchdog's verdict nor the requeue request: the launcher restarts the training in the job, or
     else records the verdict itself (launcher.end_stall; tests/unit/launching/test_restarts.py)."""
     end, marker, preempt = stalled(tmp_path, spare_left=False, restartable=True)
     assert end.code == protocol.EXIT_STALLED and end.failure is None
@@ -146,7 +146,7 @@ def test_without_a_spare_the_unreachable_node_is_named_for_the_retry_and_the_sta
 ):
     end, marker, preempt, failed, _ = split_step(tmp_path, monkeypatch, ["node2"], False, ["node1", "node2"])
     assert end == StepEnd(protocol.EXIT_STALLED)  # no failure for a spare to take: the launcher ends with 87
-    assert failed.read_text() == "node2\n"  # the tracker reads it; Snakemake's retry runs with --exclude=node2
+    assert failed.read_text() == "node2\n"  # the job status watch reads it; Snakemake's retry runs with --exclude=node2
     assert not preempt.exists()  # a requeue would run on node2 again
     verdict = marker.read_text()
     assert verdict.startswith("stalled: no progress for 1s on any rank")

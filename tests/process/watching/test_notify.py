@@ -14,9 +14,9 @@ from snakemake_executor_multinode.contract.jobfiles import STALL_MARKER, JobFile
 from snakemake_executor_multinode.planning.settings import SettingsError
 from snakemake_executor_multinode.session import Session, Settings
 from snakemake_executor_multinode.slurm.client import JobState
+from snakemake_executor_multinode.watching.job_status import Outcome
 from snakemake_executor_multinode.watching.notify import Notice, Notices, Notifier, command
 from snakemake_executor_multinode.watching.registry import Submission
-from snakemake_executor_multinode.watching.tracker import Outcome
 from tests.helpers import alive, wait_for
 
 FIELDS = {"event", "run", "job", "rule", "nodes", "reason", "log", "time"}

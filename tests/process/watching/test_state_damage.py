@@ -20,8 +20,8 @@ from snakemake_executor_multinode.planning.snapshot import SnapshotStore
 from snakemake_executor_multinode.session import Session, Settings
 from snakemake_executor_multinode.slurm.client import JobState
 from snakemake_executor_multinode.watching import clean, provenance, registry, status_view
+from snakemake_executor_multinode.watching.job_status import JobStatus
 from snakemake_executor_multinode.watching.registry import Index, Registry, Submission
-from snakemake_executor_multinode.watching.tracker import Tracker
 from tests.helpers import Clock, FakeClient
 
 OTHER_UID = 65534  # nobody
@@ -173,12 +173,12 @@ def test_a_damaged_exit_marker_is_left_out_and_slurm_says_how_the_job_ended(tmp_
     if how == "wrong owner" and os.geteuid() != 0:
         pytest.skip("chown to another user needs root")
     client = FakeClient({"7": JobState("7", "COMPLETED", exit_code="0:0")})
-    tracker = Tracker(tmp_path, client, clock=Clock())
-    tracker.expect("7", "mn-run-work")
+    job_status = JobStatus(tmp_path, client, clock=Clock())
+    job_status.expect("7", "mn-run-work")
     marker = tmp_path / "7.exit"
     marker.write_text("0 0 mn-run-work\n")
     MARKER_DAMAGES[how](marker)
-    out = tracker.poll(["7"], force_sweep=True)["7"]
+    out = job_status.poll(["7"], force_sweep=True)["7"]
     assert out.finished and out.success and out.state is not None and out.state.state == "COMPLETED"
     assert "asked of SLURM" in only_line(said, marker)
     assert status_view._exit_marker(tmp_path.parent, "7") is None  # no marker there: nothing said
@@ -187,10 +187,10 @@ def test_a_damaged_exit_marker_is_left_out_and_slurm_says_how_the_job_ended(tmp_
 @pytest.mark.parametrize("suffix", [".failed-node", ".stalled", ".crashes", ".requeued"])
 def test_a_damaged_marker_beside_a_failure_is_left_out_of_its_message(tmp_path, suffix, said):
     client = FakeClient({"7": JobState("7", "FAILED")}, live={"7": JobState("7", "FAILED", restarts=0)})
-    tracker = Tracker(tmp_path, client, clock=Clock())
+    job_status = JobStatus(tmp_path, client, clock=Clock())
     (tmp_path / "7.exit").write_text("1 0\n")
     garbage(tmp_path / f"7{suffix}")
-    out = tracker.poll(["7"], force_sweep=True)["7"]
+    out = job_status.poll(["7"], force_sweep=True)["7"]
     assert out.finished and not out.success and "\ufffd" not in out.describe()
     assert not out.failed_node and not out.stalled and not out.crashes
     if suffix != ".requeued":  # read only while the job runs

@@ -6,7 +6,7 @@ import pytest
 
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import JobState, parse_squeue
-from snakemake_executor_multinode.watching.tracker import Tracker
+from snakemake_executor_multinode.watching.job_status import JobStatus
 from tests.helpers import FakeClient
 
 ISSUE_LIST = [
@@ -40,7 +40,7 @@ def test_squeues_decorated_reasons_are_understood_and_unknown_ones_passed_on():
     ],
 )
 def test_a_job_that_can_never_start_is_a_failure_not_a_wait(tmp_path, line, hopeless):
-    out = Tracker(tmp_path, FakeClient(parse_squeue(line))).poll(["41"], force_sweep=True)["41"]  # type: ignore[arg-type]
+    out = JobStatus(tmp_path, FakeClient(parse_squeue(line))).poll(["41"], force_sweep=True)["41"]  # type: ignore[arg-type]
     assert out.finished is hopeless
     if hopeless:
         assert not out.success and "it can never start" in out.describe()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.slurm.client import JobState
 from snakemake_executor_multinode.watching.failure import failure_message
-from snakemake_executor_multinode.watching.tracker import Outcome
+from snakemake_executor_multinode.watching.job_status import Outcome
 
 
 def test_the_failing_ranks_lines_come_from_its_nodes_file_then_the_job_logs_end(tmp_path):

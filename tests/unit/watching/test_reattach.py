@@ -9,9 +9,9 @@ import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, StateFolders
 from snakemake_executor_multinode.slurm.client import JobState
+from snakemake_executor_multinode.watching.job_status import JobStatus
 from snakemake_executor_multinode.watching.reattach import RunReason, decide
 from snakemake_executor_multinode.watching.registry import Registry, Submission
-from snakemake_executor_multinode.watching.tracker import Tracker
 from tests.helpers import FakeClient
 
 OUTPUTS = ("out.txt",)
@@ -37,8 +37,8 @@ NOTHING = RunReason()  # Snakemake runs the job for a missing output only
 
 
 def judge(folder: Path, client: FakeClient, reason: RunReason = NOTHING, fingerprint: str = "f1", **kw):
-    tracker = Tracker(StateFolders(folder).state, client)  # type: ignore[arg-type]
-    return decide("work", OUTPUTS, fingerprint, reason, Registry(folder, "new"), tracker, folder, **kw)
+    job_status = JobStatus(StateFolders(folder).state, client)  # type: ignore[arg-type]
+    return decide("work", OUTPUTS, fingerprint, reason, Registry(folder, "new"), job_status, folder, **kw)
 
 
 def finished(folder: Path, code: int = 0) -> None:
@@ -102,6 +102,6 @@ def test_a_job_that_finished_unseen_is_not_adopted_when_its_output_is_gone_or_it
 
 def test_no_reattach_and_no_earlier_submission_say_nothing(folder):
     assert judge(folder, slurm("RUNNING"), enabled=False).message is None
-    tracker = Tracker(folder, slurm())  # type: ignore[arg-type]
-    fresh = decide("work", ("other.txt",), "f1", RunReason(), Registry(folder, "new"), tracker, folder)
+    job_status = JobStatus(folder, slurm())  # type: ignore[arg-type]
+    fresh = decide("work", ("other.txt",), "f1", RunReason(), Registry(folder, "new"), job_status, folder)
     assert fresh.adopt is None and fresh.message is None

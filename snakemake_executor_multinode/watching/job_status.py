@@ -35,7 +35,7 @@ from snakemake_executor_multinode.slurm.client import JobState, QueryError, Slur
 REQUEUED_STATES = {"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PENDING"}
 # A run's state in accounting that SLURM may follow with a requeue of the job (PreemptMode=REQUEUE).
 PREEMPTED_STATES = {"PREEMPTED"}
-# What the tracker does instead of believing a damaged marker (contract/state_files.py).
+# What the job_status does instead of believing a damaged marker (contract/state_files.py).
 _INSTEAD = {
     EXIT_MARKER: "how the job ended is asked of SLURM (the next sweep)",
     FAILED_NODE_MARKER: "no node is blamed for the failure",
@@ -92,7 +92,7 @@ class Outcome:
         return ", ".join(parts) or "unknown"
 
 
-class Tracker:
+class JobStatus:
     def __init__(
         self,
         state_dir: Path,
