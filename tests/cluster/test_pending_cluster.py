@@ -127,7 +127,8 @@ def test_a_job_whose_dependency_failed_never_runs_and_status_shows_it_ended(slur
     try:
 
         def ended() -> str:
-            rows = [line.split() for line in status(wd).splitlines()]
+            lines = status(wd).splitlines()  # the table: up to the first empty line (other sections follow)
+            rows = [line.split() for line in lines[: lines.index("") if "" in lines else None]]
             states = {row[0]: row[2] for row in rows if len(row) > 2 and row[0] in ("a", "b")}
             return states if states.get("b") in ("CANCELLED", "FAILED") else ""
 
