@@ -424,6 +424,20 @@ def launch_step(
         for sig, handler in before.items():
             signal.signal(sig, handler)
     reached = stalls.read_pace()  # the lines written up to the end count too
+    return _step_end(code, reached, env, nodes, watch, stalls, stragglers)
+
+
+def _step_end(
+    code: int,
+    reached: float | None,
+    env: Mapping[str, str],
+    nodes: Sequence[str],
+    watch: StepWatch,
+    stalls: StallCheck,
+    stragglers: straggler.StragglerCheck,
+) -> StepEnd:
+    """How a supervised step ended, said in the log: a straggler blamed, a stall (its odd node for a spare, its
+    verdict for a restart, or recorded), a failed node, or srun's own exit code."""
     if code == 0:
         return StepEnd(0, reached=reached)
     if (slow := stragglers.blamed) is not None and stalls.verdict is None:
@@ -835,25 +849,7 @@ def launch_with_spares(
     while True:
         if (code := check_nodes(roster, alloc.gpus_per_node, env, relaunch, lost)) is not None:
             return code
-        step = spares.step_allocation(alloc, roster.chosen(), relaunch)
-        argv_srun = srun_command(step, opts, script, box=box, nodelist=step.nodes != alloc.nodes, overlap=overlap)
-        nproc = nproc_for(step, opts)
-        chosen = f"; nodes {','.join(step.nodes)}, {roster.spares_left()} spare(s) left" if roster.has_spares else ""
-        log(
-            f"job {step.job_id}: {len(step.nodes)} node(s) x {nproc} process(es), "
-            f"master {step.master_addr}:{step.master_port}; one srun step, node_rank = SLURM_NODEID{chosen}; "
-            f"Python {container.python(box, sys.executable)}"
-        )
-        step_env = worker_env(step, nproc, env, opts) | {protocol.RELAUNCH_VAR: str(relaunch)}
-        with nodelog.Merger(nodelog.log_stem(env), step.nodes):  # the nodes' labelled lines into the job log
-            end = launch_step(
-                argv_srun,
-                step_env,
-                step.nodes,
-                spare_left=roster.spare() is not None,
-                spares=roster.idle(),
-                restartable=budget.max_restarts > 0,
-            )
+        end = _launch(alloc, roster, opts, script, env, box, relaunch, overlap, restartable=budget.max_restarts > 0)
         failed = end.failure
         if failed is not None and checkpointed(env):
             return after_checkpoint(failed, env, lost)
@@ -862,20 +858,12 @@ def launch_with_spares(
         reached.append(end.reached)
         if failed is not None and (spare := roster.drop(failed.node)) is not None:
             relaunch += 1
-            log(f"replacing node {failed.node} ({failure_why(failed)}) with spare {spare}{stall.RELAUNCHED}{relaunch}")
-            event = node_events.NodeEvent(node_events.REPLACED, failed.node, failure_why(failed), spare, relaunch)
-            if not spares.record(env, event, log):
-                lost.append(event)
-            spares.forget_failed_node(env, failed.node, log)
+            _replace(failed, spare, relaunch, env, lost)
         else:
             what = restartable_failure(end, env)
             why_not = None if what is None else restarts.why_not(budget, restarted, reached)
             if what is None or why_not is not None:
-                if why_not is not None:
-                    log(f"not restarted in the job: {why_not}")
-                if end.stalled:  # its verdict, recorded now as on_stall says
-                    return end_stall(env, end.stalled + (f"; not restarted: {why_not}" if why_not else ""))
-                return unrecorded_exit(end.code, lost, env)
+                return _not_restarted(end, why_not, lost, env)
             relaunch += 1
             restarted += 1
             log(
@@ -884,15 +872,79 @@ def launch_with_spares(
             )
             if failed is not None:
                 spares.forget_failed_node(env, failed.node, log)
-        spares.clear_stall_exchange(nodelog.log_stem(env), alloc.nodes)
-        # SLURM keeps a step that had a dead node until it marks the node down (SlurmdTimeout), and with it the
-        # survivors' CPUs and memory: a new step would wait for them that long, so it overlaps the old one instead
-        overlap = not spares.wait_step_gone(alloc.job_id)
-        if overlap:
-            log(
-                f"the failed step is still listed {spares.STEP_GONE_WAIT_S:.0f} s after its end (a dead node holds "
-                "it): the new step overlaps it (srun --overlap)"
-            )
+        overlap = _next_step_overlaps(alloc, env)
+
+
+def _launch(
+    alloc: Allocation,
+    roster: spares.Roster,
+    opts: Sequence[str],
+    script: Sequence[str],
+    env: Mapping[str, str],
+    box: container_spec.ContainerSpec | None,
+    relaunch: int,
+    overlap: bool,
+    restartable: bool,
+) -> StepEnd:
+    """One launch: the training's step on the roster's chosen nodes, said in the log, its nodes' lines merged into
+    the job log."""
+    step = spares.step_allocation(alloc, roster.chosen(), relaunch)
+    argv_srun = srun_command(step, opts, script, box=box, nodelist=step.nodes != alloc.nodes, overlap=overlap)
+    nproc = nproc_for(step, opts)
+    chosen = f"; nodes {','.join(step.nodes)}, {roster.spares_left()} spare(s) left" if roster.has_spares else ""
+    log(
+        f"job {step.job_id}: {len(step.nodes)} node(s) x {nproc} process(es), "
+        f"master {step.master_addr}:{step.master_port}; one srun step, node_rank = SLURM_NODEID{chosen}; "
+        f"Python {container.python(box, sys.executable)}"
+    )
+    step_env = worker_env(step, nproc, env, opts) | {protocol.RELAUNCH_VAR: str(relaunch)}
+    with nodelog.Merger(nodelog.log_stem(env), step.nodes):  # the nodes' labelled lines into the job log
+        return launch_step(
+            argv_srun,
+            step_env,
+            step.nodes,
+            spare_left=roster.spare() is not None,
+            spares=roster.idle(),
+            restartable=restartable,
+        )
+
+
+def _replace(
+    failed: Failure, spare: str, relaunch: int, env: Mapping[str, str], lost: list[node_events.NodeEvent]
+) -> None:
+    """A failed node dropped for a spare: said, and recorded in the node events (a takeover they could not hold is
+    added to `lost`)."""
+    log(f"replacing node {failed.node} ({failure_why(failed)}) with spare {spare}{stall.RELAUNCHED}{relaunch}")
+    event = node_events.NodeEvent(node_events.REPLACED, failed.node, failure_why(failed), spare, relaunch)
+    if not spares.record(env, event, log):
+        lost.append(event)
+    spares.forget_failed_node(env, failed.node, log)
+
+
+def _not_restarted(
+    end: StepEnd, why_not: str | None, lost: Sequence[node_events.NodeEvent], env: Mapping[str, str]
+) -> int:
+    """The launcher's exit code for a failed step no relaunch follows; a stall's verdict is recorded now, as
+    on_stall says."""
+    if why_not is not None:
+        log(f"not restarted in the job: {why_not}")
+    if end.stalled:
+        return end_stall(env, end.stalled + (f"; not restarted: {why_not}" if why_not else ""))
+    return unrecorded_exit(end.code, lost, env)
+
+
+def _next_step_overlaps(alloc: Allocation, env: Mapping[str, str]) -> bool:
+    """Whether the next step must overlap the failed one (srun --overlap), after the stall exchange is cleared."""
+    spares.clear_stall_exchange(nodelog.log_stem(env), alloc.nodes)
+    # SLURM keeps a step that had a dead node until it marks the node down (SlurmdTimeout), and with it the
+    # survivors' CPUs and memory: a new step would wait for them that long, so it overlaps the old one instead
+    overlap = not spares.wait_step_gone(alloc.job_id)
+    if overlap:
+        log(
+            f"the failed step is still listed {spares.STEP_GONE_WAIT_S:.0f} s after its end (a dead node holds "
+            "it): the new step overlaps it (srun --overlap)"
+        )
+    return overlap
 
 
 def restartable_failure(end: StepEnd, env: Mapping[str, str]) -> str | None:
