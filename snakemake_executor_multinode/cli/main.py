@@ -117,6 +117,30 @@ def _snakemake_command() -> Callable[[list[str]], int]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    code = _before_argparse(argv)
+    if code is not None:
+        return code
+    args = _parser().parse_args(argv)
+    if args.command != "cluster":
+        from snakemake_executor_multinode.contract.state_files import StateError
+
+        try:
+            return args.func(args)
+        except StateError as err:  # damaged state under .snakemake/multinode that the command cannot go on with
+            print(f"multinode {args.command}: {err}", file=sys.stderr)
+            return 1
+    from snakemake_executor_multinode.sandbox.spec import ClusterError
+
+    try:
+        return _run_cluster(args)
+    except ClusterError as err:
+        print(f"multinode cluster {args.action}: {err}", file=sys.stderr)
+        return 1
+
+
+def _before_argparse(argv: list[str]) -> int | None:
+    """The commands run without the parser: those whose arguments are another program's (torchrun's, Snakemake's)
+    and the job script's, which start with as few imports as they can. None: the parser's command."""
     # torchrun's own options must pass through untouched, so it is dispatched before argparse.
     if argv[:1] == ["torchrun"]:
         from snakemake_executor_multinode.launching import launcher
@@ -146,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if argv[:1] == ["check"] or (argv[:1] == ["preview"] and uses_snakefile(argv[1:])):
         return _snakemake_command()(argv)
+    return None
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The commands argparse reads: every subcommand's parser."""
     parser = argparse.ArgumentParser(prog="multinode", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -163,22 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     from snakemake_executor_multinode.watching.provenance import add_parser as add_provenance
 
     add_provenance(sub)
-    args = parser.parse_args(argv)
-    if args.command != "cluster":
-        from snakemake_executor_multinode.contract.state_files import StateError
-
-        try:
-            return args.func(args)
-        except StateError as err:  # damaged state under .snakemake/multinode that the command cannot go on with
-            print(f"multinode {args.command}: {err}", file=sys.stderr)
-            return 1
-    from snakemake_executor_multinode.sandbox.spec import ClusterError
-
-    try:
-        return _run_cluster(args)
-    except ClusterError as err:
-        print(f"multinode cluster {args.action}: {err}", file=sys.stderr)
-        return 1
+    return parser
 
 
 if __name__ == "__main__":

@@ -22,21 +22,41 @@ RETRY = RetryPolicy(total_seconds=60)
 CHECKPOINT_WAIT_S = 300.0  # `cancel --checkpoint`: the longest wait for a training's save before it is cancelled
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
-    def common(p: argparse.ArgumentParser, run_help: str) -> None:
-        p.add_argument("--run", default="latest", help=run_help)
-        p.add_argument(
-            "-d", "--directory", type=Path, default=Path.cwd(), help="Snakemake's working directory (default: here)"
-        )
+RUN_HELP = "latest (default), or a run id (or a unique prefix)"
 
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """status, logs, cancel, report, clean: each command's parser, in the order `--help` lists them."""
+    _status_parser(sub)
+    _logs_parser(sub)
+    _cancel_parser(sub)
+    _report_parser(sub)
+    _clean_parser(sub)
+
+
+def _directory(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-d", "--directory", type=Path, default=Path.cwd(), help="Snakemake's working directory (default: here)"
+    )
+
+
+def _run_and_directory(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run", default="latest", help=RUN_HELP)
+    _directory(p)
+
+
+def _status_parser(sub: argparse._SubParsersAction) -> None:
     status = sub.add_parser(
         "status", help="a run's jobs: state, nodes x GPUs, elapsed/limit, restarts, progress, log; GPU use per node"
     )
-    common(status, "latest (default), or a run id (or a unique prefix)")
+    _run_and_directory(status)
     status.add_argument("--all", action="store_true", help="every run of this folder, oldest first")
     status.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
     status.add_argument("--interval", type=float, default=10.0, help="seconds between refreshes (default 10)")
     status.set_defaults(func=status_command)
+
+
+def _logs_parser(sub: argparse._SubParsersAction) -> None:
     lg = sub.add_parser(
         "logs",
         help="a job's log, labelled [<node> rank<R>] by `multinode torchrun`; -f follows it until the job ends",
@@ -51,12 +71,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     only = lg.add_mutually_exclusive_group()
     only.add_argument("--rank", type=int, metavar="R", help="only the lines of global rank R")
     only.add_argument("--node", metavar="N", help="only the lines of node N (host name): its ranks' and torchrun's")
-    lg.add_argument(
-        "-d", "--directory", type=Path, default=Path.cwd(), help="Snakemake's working directory (default: here)"
-    )
+    _directory(lg)
     lg.set_defaults(func=logs_command)
+
+
+def _cancel_parser(sub: argparse._SubParsersAction) -> None:
     cancel = sub.add_parser("cancel", help="cancel a run's jobs that are still queued or running, and only those")
-    common(cancel, "latest (default), or a run id (or a unique prefix)")
+    _run_and_directory(cancel)
     cancel.add_argument(
         "--checkpoint",
         action="store_true",
@@ -72,8 +93,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         f"{CHECKPOINT_WAIT_S:.0f})",
     )
     cancel.set_defaults(func=cancel_command)
+
+
+def _report_parser(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser("report", help=f"a run's efficiency report (written to {REPORTS_DIR}/)")
-    common(rep, "latest (default), or a run id (or a unique prefix)")
+    _run_and_directory(rep)
     rep.add_argument(
         "--for",
         dest="outputs",
@@ -87,6 +111,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--provenance", type=Path, metavar="HTML", help="with --for: also write each output's provenance, one table"
     )
     rep.set_defaults(func=report_command)
+
+
+def _clean_parser(sub: argparse._SubParsersAction) -> None:
     cl = sub.add_parser(
         "clean",
         help=f"remove what finished jobs left under {STATE_ROOT}/ (never a queued or running job's state)",
@@ -96,9 +123,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cl.add_argument("--older-than", default="0", help="only jobs that ended this long ago: 30d, 12h, 90m (default 0)")
     cl.add_argument("--keep-failed", action="store_true", help="keep jobs no run saw succeed (to read their logs)")
     cl.add_argument("--dry-run", action="store_true", help="list what would be removed, with sizes; remove nothing")
-    cl.add_argument(
-        "-d", "--directory", type=Path, default=Path.cwd(), help="Snakemake's working directory (default: here)"
-    )
+    _directory(cl)
     cl.set_defaults(func=clean_command)
 
 
