@@ -68,14 +68,7 @@ def checkpoint_then_cancel(
     done = Cancelled()
     if not asked:
         return done
-    stamp = f"{who}, {datetime.now().strftime('%H:%M:%S')}"
-    written = []
-    for job in asked:
-        try:
-            write_private(marker(state_dir, job, CANCEL_MARKER), stamp + "\n")
-            written.append(job)
-        except OSError as err:  # no marker: the job would requeue itself after the checkpoint; cancel it now
-            say(f"SLURM job {job}: {err}; cancelled without a checkpoint")
+    written = _write_markers(state_dir, asked, f"{who}, {datetime.now().strftime('%H:%M:%S')}", say)
     if lost := [j for j in asked if j not in written]:
         client.cancel(lost)
         done.cancelled += lost
@@ -86,8 +79,42 @@ def checkpoint_then_cancel(
         f"asked SLURM job(s) {' '.join(written)} to checkpoint; waiting up to {wait_s:.0f} s for them to end, then "
         f"cancelling what is left{hint}"
     )
+    left = _wait_for_end(client, written, wait_s, say, clock, sleep)
+    if left:
+        say(f"SLURM job(s) {' '.join(left)} did not end within {wait_s:.0f} s: cancelled")
+        client.cancel(left)
+        done.cancelled += left
+    ended = [j for j in written if j not in left]
+    codes = _exit_codes(client, state_dir, ended)
+    for job in ended:
+        (done.checkpointed if codes.get(job) == EXIT_PREEMPTED else done.ended).append(job)
+    return done
+
+
+def _write_markers(state_dir: Path, asked: list[str], stamp: str, say: Callable[[str], None]) -> list[str]:
+    """Each job's cancel marker, saying who asked and when; the jobs whose marker was written."""
+    written = []
+    for job in asked:
+        try:
+            write_private(marker(state_dir, job, CANCEL_MARKER), stamp + "\n")
+            written.append(job)
+        except OSError as err:  # no marker: the job would requeue itself after the checkpoint; cancel it now
+            say(f"SLURM job {job}: {err}; cancelled without a checkpoint")
+    return written
+
+
+def _wait_for_end(
+    client: SlurmClient,
+    jobs: list[str],
+    wait_s: float,
+    say: Callable[[str], None],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> list[str]:
+    """Waits at most `wait_s` seconds for the jobs to end; those still running. A KeyboardInterrupt cancels them at
+    once and is raised again."""
     deadline = clock() + wait_s
-    left = list(written)
+    left = list(jobs)
     try:
         while left and clock() < deadline:
             sleep(POLL_S)
@@ -96,11 +123,11 @@ def checkpoint_then_cancel(
         say(f"cancelling SLURM job(s) {' '.join(left)} at once (a second interrupt)")
         client.cancel(left)
         raise
-    if left:
-        say(f"SLURM job(s) {' '.join(left)} did not end within {wait_s:.0f} s: cancelled")
-        client.cancel(left)
-        done.cancelled += left
-    ended = [j for j in written if j not in left]
+    return left
+
+
+def _exit_codes(client: SlurmClient, state_dir: Path, ended: list[str]) -> dict[str, int]:
+    """The ended jobs' exit codes: from their exit markers, else from SLURM; a job neither knows is left out."""
     codes = {j: code for j in ended if (code := _exit_code(state_dir, j)) is not None}
     if missing := [j for j in ended if j not in codes]:  # a running Snakemake has seen the end and removed the marker
         try:
@@ -108,9 +135,7 @@ def checkpoint_then_cancel(
             codes |= {j: int(s.exit_code.split(":")[0]) for j, s in found.items() if s.exit_code[:1].isdigit()}
         except QueryError:
             pass  # said as ended, without its exit code
-    for job in ended:
-        (done.checkpointed if codes.get(job) == EXIT_PREEMPTED else done.ended).append(job)
-    return done
+    return codes
 
 
 def _still_running(client: SlurmClient, jobs: list[str]) -> list[str]:

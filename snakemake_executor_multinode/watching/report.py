@@ -523,7 +523,17 @@ def to_markdown(report: Report) -> str:
         "## Per rule",
         "",
     ]
-    lines += _md_table(
+    lines += _rules_markdown(report.rules)
+    lines += ["", "## Per job", ""]
+    lines += _jobs_markdown(report.jobs)
+    lines += _gpu_use_markdown(report.jobs)
+    lines += _goodput_markdown(report)
+    notes = _notes(report)
+    return "\n".join(lines + ([""] + [f"- {n}" for n in notes] if notes else []) + [""])
+
+
+def _rules_markdown(rules: Sequence[RuleUsage]) -> list[str]:
+    return _md_table(
         ("rule", "jobs", "nodes x GPUs", "time used", "CPU efficiency", "memory used", "GPU-hours", "request instead"),
         (
             (
@@ -536,11 +546,13 @@ def to_markdown(report: Report) -> str:
                 _hours(r.gpu_hours),
                 r.suggestion_text() or "-",
             )
-            for r in report.rules
+            for r in rules
         ),
     )
-    lines += ["", "## Per job", ""]
-    lines += _md_table(
+
+
+def _jobs_markdown(jobs: Sequence[JobUsage]) -> list[str]:
+    return _md_table(
         ("rule", "wildcards", "job", "state", "runs", "elapsed / limit", "CPU eff.", "peak / memory", "GPU-hours"),
         (
             (
@@ -554,22 +566,31 @@ def to_markdown(report: Report) -> str:
                 f"{_mb(j.peak_rss_mb)} / {_mb(j.mem_req_mb)}",
                 _hours(j.gpu_hours),
             )
-            for j in report.jobs
+            for j in jobs
         ),
     )
-    if sampled := [j for j in report.jobs if j.gpu_use]:
-        lines += [
-            "",
-            "## GPU use per job",
-            "",
-            "Sampled with nvidia-smi: per node, the mean utilisation and the peak memory of one GPU.",
-            "",
-        ]
-        lines += _md_table(
+
+
+def _gpu_use_markdown(jobs: Sequence[JobUsage]) -> list[str]:
+    """The jobs whose GPU use was sampled; nothing where none was."""
+    sampled = [j for j in jobs if j.gpu_use]
+    if not sampled:
+        return []
+    return [
+        "",
+        "## GPU use per job",
+        "",
+        "Sampled with nvidia-smi: per node, the mean utilisation and the peak memory of one GPU.",
+        "",
+        *_md_table(
             ("rule", "wildcards", "job", "per node"),
             ((j.rule, j.wildcards or "-", j.jobid, j.gpu_use) for j in sampled),
-        )
-    lines += _goodput_markdown(report)
+        ),
+    ]
+
+
+def _notes(report: Report) -> list[str]:
+    """What the figures above leave out: jobs not ended, jobs accounting does not know, memory not sampled."""
     notes = []
     if report.active:
         notes.append(f"{len(report.active)} job(s) had not ended: their figures are partial (report again later).")
@@ -577,7 +598,7 @@ def to_markdown(report: Report) -> str:
         notes.append(f"Not in SLURM's accounting (yet): {', '.join(report.unknown)}.")
     if any(j.peak_rss_mb is None for j in report.jobs):
         notes.append("Memory '-': the job ended before SLURM sampled it (JobAcctGatherFrequency).")
-    return "\n".join(lines + ([""] + [f"- {n}" for n in notes] if notes else []) + [""])
+    return notes
 
 
 def _allocated(node_s: float, gpu_h: float) -> str:

@@ -439,15 +439,19 @@ def _label(r: JobRow) -> str:
 def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | None = None) -> str:
     when = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" if started else ""
     head = f"run {run_id}{when}: {len(rows)} job(s), {summary(rows)}"
+    return "\n".join([head, *_table(rows, workdir), *_sections(rows, workdir)])
+
+
+def _table(rows: Sequence[JobRow], workdir: Path) -> list[str]:
+    """One line a job under a header, in columns (the log last, unpadded)."""
     header = ("RULE", "JOBID", "STATE", "NODESxGPUS", "ELAPSED/LIMIT", "RESTARTS", "PROGRESS", "LOG")
     table = [header]
     for r in rows:
-        label = _label(r)
         shape = f"{r.nodes}x{r.gpus_per_node}" if r.nodes is not None and r.gpus_per_node is not None else "-"
         limit = clock(r.limit_s) if r.limit_s is not None else ("-" if r.elapsed_s is None else "none")
         table.append(
             (
-                label,
+                _label(r),
                 r.jobid or "-",
                 r.state + (f" ({r.reason})" if r.reason else ""),
                 shape,
@@ -458,58 +462,46 @@ def render(run_id: str, rows: Sequence[JobRow], workdir: Path, started: float | 
             )
         )
     widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
-    lines = [
+    return [
         "  ".join(cell.ljust(w) for cell, w in zip(line[:-1], widths, strict=True)) + "  " + line[-1] for line in table
     ]
+
+
+def _sections(rows: Sequence[JobRow], workdir: Path) -> list[str]:
+    """The sections under the table, each with a title and a line per job it speaks of; none where no job has
+    anything to say."""
+
+    def per_job(say: Callable[[JobRow], str]) -> list[str]:
+        return [f"  {_label(r)} (job {r.jobid}): {say(r)}" for r in rows if say(r)]
+
+    def tracked(r: JobRow) -> str:
+        if not r.run_id:
+            return ""
+        return f"run {r.run_id}, TensorBoard " + (
+            _short(r.tensorboard, workdir) if r.tensorboard else "none written yet"
+        )
+
     waits = [
         f"  job {r.jobid}: {reasons.say(r.reason, r.jobid)}"
         for r in rows
         if r.state == "PENDING" and r.reason and r.jobid and reasons.explain(r.reason)
     ]
-    gpus = [f"  {_label(r)} (job {r.jobid}): {r.gpu_use}" for r in rows if r.gpu_use]
-    goodput = [f"  {_label(r)} (job {r.jobid}): {r.goodput}" for r in rows if r.goodput]
-    replaced = [f"  {_label(r)} (job {r.jobid}): {r.replaced}" for r in rows if r.replaced]
-    preempted = [f"  {_label(r)} (job {r.jobid}): {r.preempted}" for r in rows if r.preempted]
-    ended = [f"  {_label(r)} (job {r.jobid}): {r.ended}" for r in rows if r.ended]
-    tracked = [
-        f"  {_label(r)} (job {r.jobid}): run {r.run_id}, TensorBoard "
-        + (_short(r.tensorboard, workdir) if r.tensorboard else "none written yet")
-        for r in rows
-        if r.run_id
-    ]
-    return "\n".join(
-        [
-            head,
-            *lines,
-            *(["", "why they wait:", *waits] if waits else []),
-            *(["", "GPU use so far (per node: mean utilisation, peak memory of one GPU):", *gpus] if gpus else []),
-            *(["", "goodput so far (productive share of the allocation; the rest):", *goodput] if goodput else []),
-            *(
-                ["", "preempted by SLURM (for a job of a higher priority tier or QOS):", *preempted]
-                if preempted
-                else []
-            ),
-            *(
-                [
-                    "",
-                    "training curves (run id: W&B run id unless WANDB_RUN_ID was set; MLflow tag multinode.run_id):",
-                    *tracked,
-                ]
-                if tracked
-                else []
-            ),
-            *(
-                [
-                    "",
-                    "nodes replaced by spares (dropped -> spare) or failing their node check, stragglers named:",
-                    *replaced,
-                ]
-                if replaced
-                else []
-            ),
-            *(["", "how the runs ended (requeued, stalled, the failing node):", *ended] if ended else []),
-        ]
+    sections = (
+        ("why they wait:", waits),
+        ("GPU use so far (per node: mean utilisation, peak memory of one GPU):", per_job(lambda r: r.gpu_use)),
+        ("goodput so far (productive share of the allocation; the rest):", per_job(lambda r: r.goodput)),
+        ("preempted by SLURM (for a job of a higher priority tier or QOS):", per_job(lambda r: r.preempted)),
+        (
+            "training curves (run id: W&B run id unless WANDB_RUN_ID was set; MLflow tag multinode.run_id):",
+            per_job(tracked),
+        ),
+        (
+            "nodes replaced by spares (dropped -> spare) or failing their node check, stragglers named:",
+            per_job(lambda r: r.replaced),
+        ),
+        ("how the runs ended (requeued, stalled, the failing node):", per_job(lambda r: r.ended)),
     )
+    return [line for title, lines in sections if lines for line in ("", title, *lines)]
 
 
 def watch(
