@@ -1,5 +1,6 @@
-"""The shape of the code, kept: no import circles in the core, the core never imports the adapter, and every
-script under benchmarks/ at least imports (or runs at a tiny size), so a rename cannot break one unseen.
+"""The shape of the code, kept: no import circles in the core, the core never imports the adapter, no function of
+the two packages over 60 lines, and every script under benchmarks/ at least imports (or runs at a tiny size), so a
+rename cannot break one unseen.
 The tests that start processes: tests/process/test_architecture.py."""
 
 from __future__ import annotations
@@ -146,6 +147,41 @@ def test_the_adapter_enters_the_core_through_the_session():
     used = core_modules_imported_by_the_adapter()
     assert f"{CORE}.session" in used and len(used) <= 3, sorted(used)
     assert [m for m in used if m != f"{CORE}.session" and not m.startswith(f"{CORE}.contract.")] == []
+
+
+# A function longer than this does more than one thing: split it into pieces named for what each does.
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(path: Path, source: str) -> list[str]:
+    """Every function and method of `source` over MAX_FUNCTION_LINES lines, as `path:line name (N lines)`. A
+    function's lines run from its `def` to its last line, docstring and comments included, decorators not."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append(f"{path}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_every_function_of_the_two_packages_is_60_lines_at_most():
+    offenders = [
+        found
+        for package in (CORE, ADAPTER)
+        for path in sorted((REPO / package).rglob("*.py"))
+        for found in long_functions(path.relative_to(REPO), path.read_text())
+    ]
+    assert offenders == [], f"over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(offenders)
+
+
+def test_a_long_function_or_method_would_be_found():
+    def function(name: str, lines: int, indent: str = "") -> str:
+        return f"{indent}def {name}():\n" + "".join(f"{indent}    x{i} = {i}\n" for i in range(lines - 1))
+
+    source = function("fits", MAX_FUNCTION_LINES) + "class C:\n    @property\n" + function("long", 61, "    ")
+    line = MAX_FUNCTION_LINES + 3  # after `fits`, the class line and the decorator, which is not counted
+    assert long_functions(Path("m.py"), source) == [f"m.py:{line} long (61 lines)"]
 
 
 BENCHMARK_MODULES = [
