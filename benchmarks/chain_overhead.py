@@ -30,15 +30,20 @@ SLEEP = 1
 
 def sdiag_rpcs(by_type: bool = False) -> Any:
     """slurmctld's RPCs so far, its own REQUEST_STATS_INFO left out: the total, or {message type: count}."""
-    out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
-    section = out.split("Remote Procedure Call statistics by message type", 1)[1]
+    counts = rpc_counts(subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout)
+    return counts if by_type else sum(counts.values())
+
+
+def rpc_counts(sdiag_out: str) -> dict[str, int]:
+    """sdiag's RPC counts by message type, its own REQUEST_STATS_INFO left out (one parser for every benchmark)."""
+    section = sdiag_out.split("Remote Procedure Call statistics by message type", 1)[1]
     section = section.split("Remote Procedure Call statistics by user", 1)[0]
     counts = {}
     for line in section.splitlines():
         m = re.match(r"\s*(\S+)\s+\(\s*\d+\)\s+count:(\d+)", line)
         if m and m.group(1) != "REQUEST_STATS_INFO":
             counts[m.group(1)] = int(m.group(2))
-    return counts if by_type else sum(counts.values())
+    return counts
 
 
 def handwritten(n: int, workdir: Path) -> float:

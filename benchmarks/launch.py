@@ -55,6 +55,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from chain_overhead import rpc_counts  # noqa: E402  (one sdiag parser for the benchmarks)
 
 from snakemake_executor_multinode.contract import protocol  # noqa: E402
 from snakemake_executor_multinode.launching.launcher import (  # noqa: E402
@@ -181,13 +184,7 @@ echo "$(date +%s.%N) end $rc" >>{stamps}
 def sdiag() -> tuple[dict[str, int], int]:
     """slurmctld's RPC counts by message type (sdiag's own excluded), and its completed-jobs counter."""
     out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
-    section = out.split("Remote Procedure Call statistics by message type", 1)[1]
-    section = section.split("Remote Procedure Call statistics by user", 1)[0]
-    counts = {}
-    for line in section.splitlines():
-        m = re.match(r"\s*(\S+)\s+\(\s*\d+\)\s+count:(\d+)", line)
-        if m and m.group(1) != "REQUEST_STATS_INFO":
-            counts[m.group(1)] = int(m.group(2))
+    counts = rpc_counts(out)
     done = re.search(r"Jobs completed:\s+(\d+)", out)
     failed = re.search(r"Jobs failed:\s+(\d+)", out)
     return counts, int(done[1] if done else 0) + int(failed[1] if failed else 0)
