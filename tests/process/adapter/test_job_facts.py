@@ -433,33 +433,29 @@ def test_validation_skips_jobs_it_cannot_evaluate_yet(kinds: Planned) -> None:
         job_facts(kinds.job("bad_placeholder"))
 
 
-def test_bad_resources_stop_the_run_before_submission(tmp_path: Path) -> None:
-    snakefile = """
+@pytest.mark.parametrize(
+    ("resources", "shell", "error"),
+    [
+        ("nodes=0", "touch {output}", r"rule 'bad': resource nodes=0 is invalid"),
+        (
+            'nodes=2, on_straggler="evict"',
+            "multinode torchrun train.py",
+            r"rule 'bad': resource on_straggler='evict' is invalid: 'warn' .* 'replace'",
+        ),
+    ],
+    ids=["nodes", "on_straggler"],
+)
+def test_bad_resources_stop_the_run_before_submission(tmp_path: Path, resources: str, shell: str, error: str) -> None:
+    snakefile = f"""
         rule all:
             input: "a.txt"
 
         rule bad:
             output: "a.txt"
-            resources: nodes=0
-            shell: "touch {output}"
+            resources: {resources}
+            shell: "{shell}"
         """
-    with pytest.raises(WorkflowError, match=r"rule 'bad': resource nodes=0 is invalid"):
-        plan(tmp_path, snakefile)
-
-
-def test_an_unknown_on_straggler_stops_the_run_before_submission(tmp_path: Path) -> None:
-    snakefile = """
-        rule all:
-            input: "a.txt"
-
-        rule bad:
-            output: "a.txt"
-            resources: nodes=2, on_straggler="evict"
-            shell: "multinode torchrun train.py"
-        """
-    with pytest.raises(
-        WorkflowError, match=r"rule 'bad': resource on_straggler='evict' is invalid: 'warn' .* 'replace'"
-    ):
+    with pytest.raises(WorkflowError, match=error):
         plan(tmp_path, snakefile)
 
 

@@ -72,12 +72,19 @@ def test_sacct_parsing_takes_the_first_word_and_the_last_row():
     assert states["12"].state == "CANCELLED" and states["13"].succeeded
 
 
+def ended_run(
+    tmp_path, job: str, live: JobState, exit_line: str, clock: Clock | None = None
+) -> tuple[FakeClient, JobStatus]:
+    """Job `job` ran on node1, its run wrote the exit marker `exit_line` ("<code> <restart>"); squeue shows `live`."""
+    client = FakeClient({job: JobState(job, "RUNNING", "0:0", "None", "node1")})
+    client.live_states[job] = live
+    (tmp_path / f"{job}.exit").write_text(exit_line + "\n")
+    return client, JobStatus(tmp_path, client, sweep_seconds=30, clock=clock or Clock())
+
+
 def test_a_requeued_job_is_not_a_failure_and_its_last_run_reports_once(tmp_path):
     # `scontrol requeue` or preemption: the run ends with 143 (SIGTERM), SLURM holds the job and runs it again.
-    client, clock = FakeClient({"9": JobState("9", "RUNNING", "0:0", "None", "node1")}), Clock()
-    client.live_states["9"] = JobState("9", "PENDING", "", "BeginTime", "", restarts=1)
-    job_status = JobStatus(tmp_path, client, sweep_seconds=30, clock=clock)
-    (tmp_path / "9.exit").write_text("143 0\n")
+    client, job_status = ended_run(tmp_path, "9", JobState("9", "PENDING", "", "BeginTime", "", restarts=1), "143 0")
     first = job_status.poll(["9"])["9"]
     assert not first.finished and first.note == (
         "requeued (the run ended with exit 143; SLURM state PENDING), restart 1"
@@ -91,13 +98,10 @@ def test_a_requeued_job_is_not_a_failure_and_its_last_run_reports_once(tmp_path)
 
 
 def test_a_requeue_after_a_preemption_says_so_and_whether_the_run_checkpointed(tmp_path):
-    client = FakeClient({"9": JobState("9", "RUNNING", "0:0", "None", "node1")})
-    client.live_states["9"] = JobState("9", "PENDING", "", "BeginTime", "", restarts=1)
-    job_status = JobStatus(tmp_path, client, sweep_seconds=30, clock=Clock())
+    _, job_status = ended_run(tmp_path, "9", JobState("9", "PENDING", "", "BeginTime", "", restarts=1), "85 0")
     notice = {"event": "preempted", "time": "2026-12-06T05:51:59+00:00", "ends": "2026-12-06T05:52:19+00:00",
               "grace_s": 20}  # fmt: skip
     (tmp_path / "9.preempt-notice").write_text(json.dumps(notice) + "\n")
-    (tmp_path / "9.exit").write_text("85 0\n")
     note = job_status.poll(["9"])["9"].note
     assert note is not None and note.startswith("requeued (preempted: SLURM's preemption SIGTERM at ")
     assert ", grace time 20 s, to " in note and note.endswith("; checkpointed), restart 1"), note
@@ -106,10 +110,7 @@ def test_a_requeue_after_a_preemption_says_so_and_whether_the_run_checkpointed(t
 def test_a_failed_run_whose_marker_came_before_slurmctld_saw_the_end_is_not_yet_a_failure(tmp_path):
     # The EXIT trap wrote "1 0" while slurmctld still says RUNNING for this run (restart 0): not a requeue, not yet
     # a failure either (a preemption's requeue could still come).
-    client = FakeClient({"6": JobState("6", "RUNNING", "0:0", "None", "node1")})
-    client.live_states["6"] = JobState("6", "RUNNING", "", "None", "node1", restarts=0)
-    job_status = JobStatus(tmp_path, client, sweep_seconds=30, clock=Clock())
-    (tmp_path / "6.exit").write_text("1 0\n")
+    client, job_status = ended_run(tmp_path, "6", JobState("6", "RUNNING", "", "None", "node1", restarts=0), "1 0")
     waiting = job_status.poll(["6"])["6"]
     assert not waiting.finished and waiting.note is None
     client.live_states["6"] = JobState("6", "FAILED", "", "NonZeroExitCode", "node1", restarts=0)
@@ -118,14 +119,14 @@ def test_a_failed_run_whose_marker_came_before_slurmctld_saw_the_end_is_not_yet_
     assert ended.finished and not ended.success and "job script exit 1" in ended.describe()
 
 
+COMPLETING = JobState("6", "COMPLETING", "", "None", "node1", restarts=0)
+
+
 def test_a_run_ended_by_sigterm_is_a_failure_once_slurm_names_its_end(tmp_path):
     # scancel: the job's exit marker (143) comes a moment before slurmctld names how it ended (COMPLETING, then
     # CANCELLED); the failure is reported with that name
-    client = FakeClient({"6": JobState("6", "RUNNING", "0:0", "None", "node1")})
-    client.live_states["6"] = JobState("6", "COMPLETING", "", "None", "node1", restarts=0)
     clock = Clock()
-    job_status = JobStatus(tmp_path, client, sweep_seconds=30, clock=clock)
-    (tmp_path / "6.exit").write_text("143 0\n")
+    client, job_status = ended_run(tmp_path, "6", COMPLETING, "143 0", clock)
     assert not job_status.poll(["6"])["6"].finished
     clock.now += 0.5
     client.live_states["6"] = JobState("6", "CANCELLED", "0:15", "None", "node1", restarts=0)
@@ -134,11 +135,8 @@ def test_a_run_ended_by_sigterm_is_a_failure_once_slurm_names_its_end(tmp_path):
 
 
 def test_a_run_ended_by_sigterm_and_completing_for_long_is_a_failure_after_a_short_wait(tmp_path):
-    client = FakeClient({"6": JobState("6", "RUNNING", "0:0", "None", "node1")})
-    client.live_states["6"] = JobState("6", "COMPLETING", "", "None", "node1", restarts=0)
     clock = Clock()
-    job_status = JobStatus(tmp_path, client, sweep_seconds=30, clock=clock)
-    (tmp_path / "6.exit").write_text("143 0\n")
+    client, job_status = ended_run(tmp_path, "6", COMPLETING, "143 0", clock)
     assert not job_status.poll(["6"])["6"].finished
     clock.now += COMPLETING_WAIT_S
     assert job_status.poll(["6"])["6"].finished
@@ -146,10 +144,7 @@ def test_a_run_ended_by_sigterm_and_completing_for_long_is_a_failure_after_a_sho
 
 def test_a_failed_run_completing_with_its_own_restart_count_is_a_failure_at_once(tmp_path):
     # A dead node keeps the job COMPLETING until SlurmdTimeout; a requeue would have raised the restart count.
-    client = FakeClient({"6": JobState("6", "RUNNING", "0:0", "None", "node1")})
-    client.live_states["6"] = JobState("6", "COMPLETING", "", "None", "node2", restarts=0)
-    job_status = JobStatus(tmp_path, client, sweep_seconds=30, clock=Clock())
-    (tmp_path / "6.exit").write_text("1 0\n")
+    client, job_status = ended_run(tmp_path, "6", JobState("6", "COMPLETING", "", "None", "node2", restarts=0), "1 0")
     (tmp_path / "6.failed-node").write_text("node2\n")
     ended = job_status.poll(["6"])["6"]
     assert ended.finished and not ended.success and ended.failed_node == "node2"
