@@ -73,6 +73,11 @@ def test_python_modules_take_markers_exit_codes_and_ports_from_the_protocol():
     assert not re.search(r"\b85\b|\.exit\b|failed-node|\.preempted|40000|20000", template)
 
 
+def bash(script: str) -> str:
+    """What bash prints for `script` (the job script's words), stripped."""
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.strip()
+
+
 @pytest.mark.parametrize("suffix", jobfiles.MARKERS)
 @pytest.mark.parametrize(
     ("env", "key"), [("SLURM_JOB_ID=42", "42"), ("SLURM_JOB_ID=57 MULTINODE_ARRAY_KEY=40_2", "40_2")]
@@ -83,12 +88,7 @@ def test_the_job_script_writes_markers_where_the_tracker_reads_them(tmp_path, su
     assert jobfiles.marker_shell(suffix) in script
     head = script.split("MULTINODE_JOB_NAME=", 1)[0].split("\n# The job's key", 1)[1]  # the template's key lines
     state = tmp_path / "state"
-    shell_path = subprocess.run(
-        ["bash", "-c", f"{env}\n{head}\nMULTINODE_STATE_DIR={state}; echo {jobfiles.marker_shell(suffix)}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    shell_path = bash(f"{env}\n{head}\nMULTINODE_STATE_DIR={state}; echo {jobfiles.marker_shell(suffix)}")
     assert Path(shell_path) == jobfiles.marker(state, key, suffix)
 
 
@@ -98,12 +98,7 @@ def test_the_job_script_exits_with_the_protocols_preempted_code(tmp_path):
 
 @pytest.mark.parametrize("job_id", [1, 57, 9999, 10000, 123456789])
 def test_the_job_script_and_the_launcher_derive_the_same_port(job_id):
-    shell = subprocess.run(
-        ["bash", "-c", f"SLURM_JOB_ID={job_id}; echo {protocol.master_port_shell()}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    shell = bash(f"SLURM_JOB_ID={job_id}; echo {protocol.master_port_shell()}")
     assert int(shell) == protocol.master_port(job_id)
     assert protocol.PORT_BASE <= int(shell) < protocol.PORT_BASE + protocol.PORT_SPAN
 
