@@ -20,26 +20,50 @@ from tests.helpers import BARRIER, finder, write_stacks
 # --- a stall: the node holding the ranks that differ is replaced, when a spare is left ------------------------------
 
 
-def stalled(tmp_path: Path, spare_left: bool, restartable: bool = False) -> tuple[StepEnd, Path, Path]:
-    """A step that makes no progress under on_stall requeue, whose rank 2 on node2 differs: how it ended, its
-    stall marker and its requeue request. `restartable`: an in-job restart is left (launching/restarts.py)."""
+# srun whose step the launcher's gentle stop (USR1) ends
+SRUN_STOPS = "trap 'exit 1' USR1; while :; do sleep 0.1; done"
+
+
+def stalled_step(
+    tmp_path: Path,
+    nodes: Sequence[str],
+    stacks: dict[int, tuple[str, str]],
+    answering: Sequence[str],
+    srun_body: str = SRUN_STOPS,
+    **launch: object,
+) -> tuple[StepEnd, Path, Path, Path]:
+    """A step of `nodes` that makes no progress under on_stall requeue (a 1 s stall timeout), run by the launcher's
+    supervision (launch_step, with `launch`): its ranks' stacks are `stacks` (rank -> node, innermost frame), the
+    `answering` nodes have written theirs all. How it ended, its stall marker, requeue request and failed-node
+    marker."""
     stem = str(JobFiles.of(tmp_path, "9", 1).prefix)
-    nodes = ["node1", "node2"]
-    write_stacks(stem, {0: ("node1", BARRIER), 1: ("node1", BARRIER), 2: ("node2", "sleep (t.py:3)")})
-    for node in nodes:
+    write_stacks(stem, stacks)
+    for node in answering:
         stall.done_file(stem, node).write_text("done\n")
-    marker, preempt = tmp_path / "9.stalled", tmp_path / "9.preempted"
+    marker, preempt, failed = tmp_path / "9.stalled", tmp_path / "9.preempted", tmp_path / "9.failed-node"
     env = {
         protocol.LOG_STEM_VAR: stem,
         protocol.STALL_TIMEOUT_VAR: "1",
         protocol.ON_STALL_VAR: "requeue",
         protocol.STALL_FILE_VAR: str(marker),
         protocol.PREEMPT_FILE_VAR: str(preempt),
+        protocol.FAILED_NODE_FILE_VAR: str(failed),
     }
     srun = tmp_path / "srun"
-    srun.write_text("#!/bin/bash\ntrap 'exit 1' USR1; while :; do sleep 0.1; done\n")
+    srun.write_text(f"#!/bin/bash\n{srun_body}\n")
     srun.chmod(0o755)
-    end = launcher.launch_step([str(srun)], env, nodes, spare_left=spare_left, restartable=restartable)
+    end = launcher.launch_step([str(srun)], env, nodes, **launch)
+    return end, marker, preempt, failed
+
+
+def stalled(tmp_path: Path, spare_left: bool, restartable: bool = False) -> tuple[StepEnd, Path, Path]:
+    """A step that makes no progress under on_stall requeue, whose rank 2 on node2 differs: how it ended, its
+    stall marker and its requeue request. `restartable`: an in-job restart is left (launching/restarts.py)."""
+    nodes = ["node1", "node2"]
+    stacks = {0: ("node1", BARRIER), 1: ("node1", BARRIER), 2: ("node2", "sleep (t.py:3)")}
+    end, marker, preempt, _ = stalled_step(
+        tmp_path, nodes, stacks, nodes, spare_left=spare_left, restartable=restartable
+    )
     return end, marker, preempt
 
 
@@ -91,7 +115,7 @@ def split_step(
     down: Sequence[str],
     spare_left: bool,
     nodes: Sequence[str],
-    srun_body: str = "trap 'exit 1' USR1; while :; do sleep 0.1; done",
+    srun_body: str = SRUN_STOPS,
 ) -> tuple[StepEnd, Path, Path, Path, float]:
     """A stalled step under on_stall requeue whose ranks all wait alike (a split), run by the launcher's supervision
     on the head node1; `down`: the nodes that do not answer it. How it ended, its stall marker, requeue request and
@@ -100,26 +124,13 @@ def split_step(
     monkeypatch.setattr(launcher.liveness, "slurmd_port", lambda env: 6818)
     real = liveness.split
     monkeypatch.setattr(launcher.liveness, "split", lambda *a: real(*a, find=finder(down)))
-    stem = str(JobFiles.of(tmp_path, "9", 1).prefix)
-    write_stacks(stem, {i: (n, BARRIER) for i, n in enumerate(nodes) if n not in down})
-    for node in nodes:
-        if node not in down:
-            stall.done_file(stem, node).write_text("done\n")
-    marker, preempt, failed = tmp_path / "9.stalled", tmp_path / "9.preempted", tmp_path / "9.failed-node"
-    env = {
-        protocol.LOG_STEM_VAR: stem,
-        protocol.STALL_TIMEOUT_VAR: "1",
-        protocol.ON_STALL_VAR: "requeue",
-        protocol.STALL_FILE_VAR: str(marker),
-        protocol.PREEMPT_FILE_VAR: str(preempt),
-        protocol.FAILED_NODE_FILE_VAR: str(failed),
-    }
-    srun = tmp_path / "srun"
-    srun.write_text(f"#!/bin/bash\n{srun_body}\n")
-    srun.chmod(0o755)
-    t0 = time.monotonic()
+    answering = [n for n in nodes if n not in down]
+    stacks = {i: (n, BARRIER) for i, n in enumerate(nodes) if n not in down}
     spares = ["node3"] if spare_left else []
-    end = launcher.launch_step([str(srun)], env, nodes, spare_left=spare_left, spares=spares)
+    t0 = time.monotonic()
+    end, marker, preempt, failed = stalled_step(
+        tmp_path, nodes, stacks, answering, srun_body, spare_left=spare_left, spares=spares
+    )
     return end, marker, preempt, failed, time.monotonic() - t0
 
 
