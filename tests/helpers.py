@@ -572,6 +572,21 @@ def multinode(workdir: Path, *args: str, timeout: float = 300, check: bool = Tru
 TEST_WORKFLOWS = REPO / "tests" / "workflows"
 
 
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def committed_repo(repo: Path, files: dict[str, str]) -> Path:
+    """A workflow repository at `repo` holding `files` (path -> text), committed."""
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "v1")
+    return repo
+
+
 def copied_workflow(name: str, tmp_path: Path) -> Path:
     """tests/workflows/<name> copied to <tmp>/<name>, where the test runs it."""
     wd = tmp_path / name

@@ -19,24 +19,20 @@ from snakemake_executor_multinode.planning.snapshot import (
     rewrite,
     unfrozen,
 )
-
-
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+from tests.helpers import committed_repo
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """A workflow repository: a training script and its sibling module, committed."""
-    repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    (repo / "scripts" / "train.py").write_text("import lm\nprint(lm.VERSION)\n")
-    (repo / "scripts" / "lm.py").write_text("VERSION = 'v1'\n")
-    (repo / ".gitignore").write_text(".snakemake/\nresults/\n")
-    git(repo, "init", "-q")
-    git(repo, "add", ".")
-    git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "v1")
-    return repo
+    return committed_repo(
+        tmp_path / "repo",
+        {
+            "scripts/train.py": "import lm\nprint(lm.VERSION)\n",
+            "scripts/lm.py": "VERSION = 'v1'\n",
+            ".gitignore": ".snakemake/\nresults/\n",
+        },
+    )
 
 
 def test_the_snapshot_mirrors_the_tracked_files_with_their_uncommitted_changes(repo):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from snakemake_executor_multinode.slurm.client import JobState
 from snakemake_executor_multinode.watching import clean, provenance, registry, status_view
 from snakemake_executor_multinode.watching.job_status import JobStatus
 from snakemake_executor_multinode.watching.registry import Index, Registry, Submission
-from tests.helpers import Clock, FakeClient
+from tests.helpers import Clock, FakeClient, committed_repo
 
 OTHER_UID = 65534  # nobody
 
@@ -242,20 +241,12 @@ def test_multinode_provenance_names_a_damaged_output_record(tmp_path, damage, ca
 
 
 # --- code snapshots ---------------------------------------------------------------------------------------------
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
-
-
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    (repo / "scripts" / "train.py").write_text("print('the real training')\n" * 20)
-    (repo / ".gitignore").write_text(".snakemake/\n")
-    git(repo, "init", "-q")
-    git(repo, "add", ".")
-    git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "v1")
-    return repo
+    return committed_repo(
+        tmp_path / "repo",
+        {"scripts/train.py": "print('the real training')\n" * 20, ".gitignore": ".snakemake/\n"},
+    )
 
 
 def frozen(repo: Path) -> Path:
