@@ -70,13 +70,21 @@ def rank_file(root, attempt: int, local: int):
     return path
 
 
+def labelled_rank_files(tmp_path, node: str, workers: dict[tuple[int, int], int]) -> tuple[nodelog.RankFiles, Labeller]:
+    """The node's rank files under tmp_path/logs, labelled into tmp_path/<node>.out with the rank `workers` gives
+    each worker ((local rank, attempt) -> global rank) once it is there."""
+    found = nodelog.RankFiles(
+        tmp_path / "logs", node, lambda local, attempt: workers.get((local, attempt)), lambda _: True
+    )
+    return found, Labeller(tmp_path / f"{node}.out")
+
+
 def test_a_restart_under_the_same_attempt_number_loses_no_line_and_relabels_its_ranks(tmp_path):
     """torchrun restarts a healthy node's workers for a membership change without counting a restart: it deletes
     attempt_0's folder and writes the new workers' files under the same paths (seen under load: the lines of the
     second round were lost). Every line of both rounds comes out, labelled with the rank of the round that wrote it."""
     root, workers = tmp_path / "logs", {(0, 0): 1}  # (local rank, attempt) -> the global rank c10d gave the worker
-    files = nodelog.RankFiles(root, "node1", lambda local, attempt: workers.get((local, attempt)), lambda _: True)
-    out = Labeller(tmp_path / "node1.out")
+    files, out = labelled_rank_files(tmp_path, "node1", workers)
     first = rank_file(root, 0, 0)
     first.write_text("round 1 line 1\n")
     files.poll(out)
@@ -98,8 +106,7 @@ def test_lines_wait_for_their_workers_rank_and_never_go_out_unlabelled(tmp_path)
     """The file exists before its worker does (torchrun opens it first): its lines wait for the rank; a worker that
     was never found (it ended before a poll saw it) gets its local rank at the end."""
     root, workers = tmp_path / "logs", {}
-    files = nodelog.RankFiles(root, "node2", lambda local, attempt: workers.get((local, attempt)), lambda _: True)
-    out = Labeller(tmp_path / "node2.out")
+    files, out = labelled_rank_files(tmp_path, "node2", workers)
     rank_file(root, 1, 0).write_text("early line\n")
     rank_file(root, 1, 1).write_text("a short-lived worker\n")
     files.poll(out)
@@ -118,8 +125,7 @@ def test_a_replaced_file_whose_rank_was_never_found_keeps_its_round_not_the_new_
     replaced its file: the old lines go out with their local rank, never with the rank of the round after them
     (seen in a job log: a line of the earlier round labelled `[node1 rank3]`)."""
     root, workers = tmp_path / "logs", {}
-    files = nodelog.RankFiles(root, "node1", lambda local, attempt: workers.get((local, attempt)), lambda _: True)
-    out = Labeller(tmp_path / "node1.out")
+    files, out = labelled_rank_files(tmp_path, "node1", workers)
     rank_file(root, 0, 0).write_text("round 1, rank never seen\n")
     files.poll(out)
     shutil.rmtree(root / "run_x" / "attempt_0")
