@@ -572,6 +572,13 @@ def multinode(workdir: Path, *args: str, timeout: float = 300, check: bool = Tru
 TEST_WORKFLOWS = REPO / "tests" / "workflows"
 
 
+def example_pipeline(profile: str) -> list[str]:
+    """The command that runs workflows/ (the example pipeline) under one of its workflow profiles, from the folder
+    that holds workflows/."""
+    profile_flags = ["--workflow-profile", f"workflows/profiles/{profile}"]
+    return [sys.executable, "-m", "snakemake", "-s", "workflows/Snakefile", *profile_flags]
+
+
 def git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
 

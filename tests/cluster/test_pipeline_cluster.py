@@ -10,7 +10,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from PIL import Image
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
 from snakemake_executor_multinode.watching.report_files import COLOURS
-from tests.helpers import ANY_FIRST_SCRIPT, REPO, background, run_log_names, slurm, wait_for
+from tests.helpers import ANY_FIRST_SCRIPT, REPO, background, example_pipeline, run_log_names, slurm, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -35,15 +34,7 @@ def pipeline_copy(tmp_path: Path, **train) -> Path:
     return wd
 
 
-SNAKEMAKE = [
-    sys.executable,
-    "-m",
-    "snakemake",
-    "-s",
-    "workflows/Snakefile",
-    "--workflow-profile",
-    "workflows/profiles/local",
-]
+SNAKEMAKE = example_pipeline("local")
 
 
 def snakemake(wd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:

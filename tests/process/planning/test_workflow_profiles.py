@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
-from tests.helpers import REPO
+from tests.helpers import REPO, example_pipeline
 
 
 def dry_run(profile: str) -> str:
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            "workflows/Snakefile",
-            "--workflow-profile",
-            f"workflows/profiles/{profile}",
-            "-n",
-            "--forceall",
-        ],
+        [*example_pipeline(profile), "-n", "--forceall"],
         cwd=REPO,
         capture_output=True,
         text=True,
