@@ -572,6 +572,23 @@ def multinode(workdir: Path, *args: str, timeout: float = 300, check: bool = Tru
 TEST_WORKFLOWS = REPO / "tests" / "workflows"
 
 
+def torchrun_rule(script: str, resources: str) -> str:
+    """A Snakefile of one rule, train, that runs the training script `script` under `multinode torchrun` with these
+    resources; the script writes out.txt, its first argument."""
+    shell = f"multinode torchrun {script} {{output}}"
+    return f'rule train:\n    output: "out.txt"\n    resources: {resources}\n    shell: "{shell}"\n'
+
+
+def torchrun_workflow(tmp_path: Path, script: str, text: str, resources: str) -> Path:
+    """A workflow folder, tmp_path/wf, of the training script `script` (its `text`) and the Snakefile that runs it
+    (torchrun_rule)."""
+    wd = tmp_path / "wf"
+    wd.mkdir()
+    (wd / script).write_text(text)
+    (wd / "Snakefile").write_text(torchrun_rule(script, resources))
+    return wd
+
+
 def example_pipeline(profile: str) -> list[str]:
     """The command that runs workflows/ (the example pipeline) under one of its workflow profiles, from the folder
     that holds workflows/."""

@@ -42,6 +42,7 @@ from tests.helpers import (
     sacct_jobs,
     snakemake,
     squeue_states,
+    torchrun_rule,
     wait_for,
 )
 
@@ -694,12 +695,7 @@ dist.destroy_process_group()
 """
 )
 
-RING_RULE = """
-rule train:
-    output: "out.txt"
-    resources: nodes=2, gpus=1
-    shell: "multinode torchrun ring.py {output}"
-"""
+RING_RULE = torchrun_rule("ring.py", "nodes=2, gpus=1")
 
 
 def steps(wd: Path) -> int:

@@ -31,7 +31,17 @@ import pytest
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import launcher
 from snakemake_executor_multinode.sandbox import cluster
-from tests.helpers import Cluster, Snakemake, ckpt_loop, figures, node_index, records, sacct_jobs, wait_for
+from tests.helpers import (
+    Cluster,
+    Snakemake,
+    ckpt_loop,
+    figures,
+    node_index,
+    records,
+    sacct_jobs,
+    torchrun_workflow,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -42,12 +52,7 @@ BOUND_S = STALL_TIMEOUT_S + 30  # the issue's: the unreachable node named within
 # in its own right).
 CKPT = ckpt_loop(0.2, print_steps=True)
 
-SNAKEFILE = f"""
-rule train:
-    output: "out.txt"
-    resources: nodes=2, gpus=1, spare_nodes=1, stall_timeout="{STALL_TIMEOUT_S}s"
-    shell: "multinode torchrun ckpt.py {{output}}"
-"""
+RESOURCES = f'nodes=2, gpus=1, spare_nodes=1, stall_timeout="{STALL_TIMEOUT_S}s"'
 
 
 def saved_step(wd: Path) -> int:
@@ -94,10 +99,7 @@ class StartUp:
 def test_a_node_cut_off_by_a_network_split_is_named_and_replaced_by_the_spare(slurm_cluster, tmp_path):
     iptables = shutil.which("iptables")
     assert iptables, "iptables is missing (scripts/bootstrap.sh installs it)"
-    wd = tmp_path / "wf"
-    wd.mkdir()
-    (wd / "ckpt.py").write_text(CKPT)
-    (wd / "Snakefile").write_text(SNAKEFILE)
+    wd = torchrun_workflow(tmp_path, "ckpt.py", CKPT, RESOURCES)
     sm = Snakemake(wd)  # no --retries: only the spare can save the job
     cut: str | None = None
     startup = StartUp(slurm_cluster)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import RELEASED, Snakemake, figures, kill_node, records, sacct_jobs, wait_for
+from tests.helpers import RELEASED, Snakemake, figures, kill_node, records, sacct_jobs, torchrun_workflow, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -39,19 +39,11 @@ dist.destroy_process_group()
 """
 )
 
-SNAKEFILE = """
-rule train:
-    output: "out.txt"
-    resources: nodes=2, gpus=1
-    shell: "multinode torchrun ring.py {output}"
-"""
+RESOURCES = "nodes=2, gpus=1"
 
 
 def test_a_dead_node_is_named_and_the_retry_runs_without_it(slurm_cluster, tmp_path, restore_nodes):
-    wd = tmp_path / "wf"
-    wd.mkdir()
-    (wd / "ring.py").write_text(RING)
-    (wd / "Snakefile").write_text(SNAKEFILE)
+    wd = torchrun_workflow(tmp_path, "ring.py", RING, RESOURCES)
     sm = Snakemake(wd, "--retries", "1")
     try:
         job, joblog = sm.submitted("train")

@@ -36,6 +36,7 @@ from tests.helpers import (
     slurm,
     snakemake,
     squeue_states,
+    torchrun_workflow,
     wait_for,
 )
 
@@ -43,20 +44,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # each preemption waits ou
 
 GRACE_S = 30  # the save on the signal takes ~0.5 s, the ranks' exit a few: room for a loaded machine
 
-SNAKEFILE = """
-rule train:
-    output: "out.txt"
-    resources: nodes=2, gpus=1, cpus_per_task=1, mem_mb=1000, runtime=30
-    shell: "multinode torchrun train.py {output}"
-"""
+RESOURCES = "nodes=2, gpus=1, cpus_per_task=1, mem_mb=1000, runtime=30"
 
 
 def workflow(tmp_path: Path, **loop: float) -> Path:
-    wd = tmp_path / "wf"
-    wd.mkdir()
-    (wd / "Snakefile").write_text(SNAKEFILE)
-    (wd / "train.py").write_text(checkpoint_loop(**loop))  # type: ignore[arg-type]
-    return wd
+    return torchrun_workflow(tmp_path, "train.py", checkpoint_loop(**loop), RESOURCES)  # type: ignore[arg-type]
 
 
 def ready(wd: Path, job: str, restart: int) -> bool:

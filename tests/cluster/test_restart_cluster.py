@@ -23,16 +23,21 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from tests.helpers import Snakemake, ckpt_loop, figures, rank_pids, records, sacct_jobs, saved_step, wait_for
+from tests.helpers import (
+    Snakemake,
+    ckpt_loop,
+    figures,
+    rank_pids,
+    records,
+    sacct_jobs,
+    saved_step,
+    torchrun_workflow,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-SNAKEFILE = """
-rule train:
-    output: "out.txt"
-    resources: nodes=2, gpus=1
-    shell: "multinode torchrun ckpt.py {output}"
-"""
+RESOURCES = "nodes=2, gpus=1"
 
 
 def ready(wd: Path, job: str, relaunch: int) -> list[Path] | None:
@@ -60,10 +65,7 @@ def run_with_fault(slurm_cluster, tmp_path: Path, sig: signal.Signals, noticed: 
     relaunched training finish; what the test checks, and when (from the fault) the job log first said `noticed`, the
     restart, the new step's start (the launcher's second "one srun step" line: the step before it gone), and both
     relaunched ranks were ready."""
-    wd = tmp_path / "wf"
-    wd.mkdir()
-    (wd / "ckpt.py").write_text(ckpt_loop(metrics=True))
-    (wd / "Snakefile").write_text(SNAKEFILE)
+    wd = torchrun_workflow(tmp_path, "ckpt.py", ckpt_loop(metrics=True), RESOURCES)
     sm = Snakemake(wd, "--retries", "0")
     hit: list[int] = []
     try:
@@ -164,10 +166,7 @@ def test_a_training_that_crashes_at_the_same_step_on_every_launch_is_stopped_by_
     """Rank 1 exits 3 before step 8 on every launch; the step is saved every 5, so each launch resumes from 5 and
     fails after step 7 again: three launches in a row without progress end the job (not the fourth the budget would
     allow)."""
-    wd = tmp_path / "wf"
-    wd.mkdir()
-    (wd / "ckpt.py").write_text(ckpt_loop(metrics=True, crash_at=8, save_every=5))
-    (wd / "Snakefile").write_text(SNAKEFILE)
+    wd = torchrun_workflow(tmp_path, "ckpt.py", ckpt_loop(metrics=True, crash_at=8, save_every=5), RESOURCES)
     sm = Snakemake(wd, "--retries", "0")
     try:
         job, joblog = sm.submitted("train")

@@ -32,6 +32,7 @@ from tests.helpers import (
     records,
     sacct_jobs,
     saved_step,
+    torchrun_workflow,
     train_rule,
     training_folder,
     wait_for,
@@ -42,19 +43,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 CKPT = ckpt_loop()  # resumes from the step rank 0 saves; a launch trains until release-<relaunch> exists
 
-SNAKEFILE = """
-rule train:
-    output: "out.txt"
-    resources: nodes=2, gpus=1, spare_nodes=1
-    shell: "multinode torchrun ckpt.py {output}"
-"""
+RESOURCES = "nodes=2, gpus=1, spare_nodes=1"
 
 
 def test_a_dead_node_is_replaced_by_the_spare_in_the_same_job(slurm_cluster, tmp_path, restore_nodes):
-    wd = tmp_path / "wf"
-    wd.mkdir()
-    (wd / "ckpt.py").write_text(CKPT)
-    (wd / "Snakefile").write_text(SNAKEFILE)
+    wd = torchrun_workflow(tmp_path, "ckpt.py", CKPT, RESOURCES)
     sm = Snakemake(wd)  # no --retries: only the spare can save the job
     try:
         job, joblog = sm.submitted("train")
@@ -127,19 +120,11 @@ if rank == 0:
 dist.destroy_process_group()
 """
 
-STALL_SNAKEFILE = """
-rule train:
-    output: "out.txt"
-    resources: nodes=2, gpus=2, cpus_per_task=2, spare_nodes=1, stall_timeout="20s"
-    shell: "multinode torchrun stall.py {output}"
-"""
+STALL_RESOURCES = 'nodes=2, gpus=2, cpus_per_task=2, spare_nodes=1, stall_timeout="20s"'
 
 
 def test_the_node_of_a_stalled_rank_is_replaced_by_the_spare_in_the_same_job(slurm_cluster, tmp_path):
-    wd = tmp_path / "wf"
-    wd.mkdir()
-    (wd / "stall.py").write_text(STALL)
-    (wd / "Snakefile").write_text(STALL_SNAKEFILE)
+    wd = torchrun_workflow(tmp_path, "stall.py", STALL, STALL_RESOURCES)
     sm = Snakemake(wd)
     try:
         job, joblog = sm.submitted("train")
@@ -172,10 +157,7 @@ def test_with_its_spare_used_up_a_second_dead_node_ends_the_job_and_the_retry_re
     """Spares used up: the first dead node is replaced in the job, the second ends it (today's path). The retry is
     a new job that leaves out both nodes (the one it failed on and the one the spare replaced) and resumes from the
     step saved before the second death: no step is lost."""
-    wd = tmp_path / "wf"
-    wd.mkdir()
-    (wd / "ckpt.py").write_text(CKPT)
-    (wd / "Snakefile").write_text(SNAKEFILE)
+    wd = torchrun_workflow(tmp_path, "ckpt.py", CKPT, RESOURCES)
     sm = Snakemake(wd, "--retries", "1")
     try:
         job, joblog = sm.submitted("train")

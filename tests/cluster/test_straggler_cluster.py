@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from tests.helpers import Slowdown, Snakemake, figures, records, sacct_jobs, wait_for
+from tests.helpers import Slowdown, Snakemake, figures, records, sacct_jobs, torchrun_workflow, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -74,12 +74,7 @@ if rank == 0:
 dist.destroy_process_group()
 """
 
-SNAKEFILE = """
-rule train:
-    output: "out.txt"
-    resources: nodes=2, gpus=1, spare_nodes=1, on_straggler="replace", straggler_window="10s", straggler_factor=2
-    shell: "multinode torchrun straggle.py {output}"
-"""
+RESOURCES = 'nodes=2, gpus=1, spare_nodes=1, on_straggler="replace", straggler_window="10s", straggler_factor=2'
 
 
 def saved_step(wd: Path) -> int:
@@ -88,10 +83,7 @@ def saved_step(wd: Path) -> int:
 
 
 def test_a_straggling_node_is_named_and_replaced_by_the_spare_in_the_same_job(slurm_cluster, tmp_path):
-    wd = tmp_path / "wf"
-    wd.mkdir()
-    (wd / "straggle.py").write_text(STRAGGLE)
-    (wd / "Snakefile").write_text(SNAKEFILE)
+    wd = torchrun_workflow(tmp_path, "straggle.py", STRAGGLE, RESOURCES)
     sm = Snakemake(wd)  # no --retries: only the spare can take the slow node's place
     slow: Slowdown | None = None
     try:
