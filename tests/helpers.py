@@ -959,7 +959,8 @@ dist.destroy_process_group()
 
 
 def saved_step(wd: Path) -> int:
-    """The step ckpt_loop's rank 0 saved last (step.txt); 0 before the first."""
+    """The step the training's rank 0 saved last (step.txt: ckpt_loop's, and the scripts that save as it does); 0
+    before the first."""
     text = (wd / "step.txt").read_text().strip() if (wd / "step.txt").exists() else ""
     return int(text) if text.isdigit() else 0
 

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -39,6 +38,7 @@ from tests.helpers import (
     node_index,
     records,
     sacct_jobs,
+    saved_step,
     torchrun_workflow,
     wait_for,
 )
@@ -53,11 +53,6 @@ BOUND_S = STALL_TIMEOUT_S + 30  # the issue's: the unreachable node named within
 CKPT = ckpt_loop(0.2, print_steps=True)
 
 RESOURCES = f'nodes=2, gpus=1, spare_nodes=1, stall_timeout="{STALL_TIMEOUT_S}s"'
-
-
-def saved_step(wd: Path) -> int:
-    text = (wd / "step.txt").read_text().strip() if (wd / "step.txt").exists() else ""
-    return int(text) if text.isdigit() else 0
 
 
 def drop_traffic(cl: Cluster, host: str, iptables: str, action: str) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from tests.helpers import Slowdown, Snakemake, figures, records, sacct_jobs, torchrun_workflow, wait_for
+from tests.helpers import Slowdown, Snakemake, figures, records, sacct_jobs, saved_step, torchrun_workflow, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -75,11 +75,6 @@ dist.destroy_process_group()
 """
 
 RESOURCES = 'nodes=2, gpus=1, spare_nodes=1, on_straggler="replace", straggler_window="10s", straggler_factor=2'
-
-
-def saved_step(wd: Path) -> int:
-    text = (wd / "step.txt").read_text().strip() if (wd / "step.txt").exists() else ""
-    return int(text) if text.isdigit() else 0
 
 
 def test_a_straggling_node_is_named_and_replaced_by_the_spare_in_the_same_job(slurm_cluster, tmp_path):
