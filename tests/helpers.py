@@ -958,6 +958,17 @@ dist.destroy_process_group()
 """
 
 
+def relaunched_on_the_spare(wd: Path, head: str, other: str, spare: str) -> int:
+    """Every rank's start (launch-<rank>.txt: relaunch, step, host, as ckpt_loop writes it): the first launch from
+    step 0 on the head and `other`, the relaunch (1) on the head and the spare, both ranks from one step: that step."""
+    starts = [line.split() for rank in (0, 1) for line in (wd / f"launch-{rank}.txt").read_text().splitlines()]
+    assert sorted((s[0], s[2]) for s in starts) == sorted([("0", head), ("0", other), ("1", head), ("1", spare)])
+    assert {int(s[1]) for s in starts if s[0] == "0"} == {0}, starts
+    resumed = {int(s[1]) for s in starts if s[0] == "1"}
+    assert len(resumed) == 1, starts
+    return resumed.pop()
+
+
 def saved_step(wd: Path) -> int:
     """The step the training's rank 0 saved last (step.txt: ckpt_loop's, and the scripts that save as it does); 0
     before the first."""
