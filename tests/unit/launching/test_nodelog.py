@@ -70,6 +70,14 @@ def rank_file(root, attempt: int, local: int):
     return path
 
 
+def next_round(root, workers: dict[tuple[int, int], int]) -> None:
+    """torchrun's next rendezvous round under the same attempt number: it deletes attempt_0's folder
+    (DefaultLogsSpecs.reify), its worker (same local rank) gets rank 3 and writes "round 2 line 1"."""
+    shutil.rmtree(root / "run_x" / "attempt_0")
+    workers[(0, 0)] = 3
+    rank_file(root, 0, 0).write_text("round 2 line 1\n")
+
+
 def labelled_rank_files(tmp_path, node: str, workers: dict[tuple[int, int], int]) -> tuple[nodelog.RankFiles, Labeller]:
     """The node's rank files under tmp_path/logs, labelled into tmp_path/<node>.out with the rank `workers` gives
     each worker ((local rank, attempt) -> global rank) once it is there."""
@@ -90,9 +98,7 @@ def test_a_restart_under_the_same_attempt_number_loses_no_line_and_relabels_its_
     files.poll(out)
     with open(first, "a") as fh:
         fh.write("round 1 line 2, written before the round ended\n")
-    shutil.rmtree(root / "run_x" / "attempt_0")  # torchrun's DefaultLogsSpecs.reify for the same attempt number
-    workers[(0, 0)] = 3  # the new rendezvous round gave the worker another rank
-    rank_file(root, 0, 0).write_text("round 2 line 1\n")
+    next_round(root, workers)
     files.poll(out)
     files.close(out)
     assert (tmp_path / "node1.out").read_text().splitlines() == [
@@ -128,9 +134,7 @@ def test_a_replaced_file_whose_rank_was_never_found_keeps_its_round_not_the_new_
     files, out = labelled_rank_files(tmp_path, "node1", workers)
     rank_file(root, 0, 0).write_text("round 1, rank never seen\n")
     files.poll(out)
-    shutil.rmtree(root / "run_x" / "attempt_0")
-    workers[(0, 0)] = 3  # the new round's worker: same local rank, same attempt number
-    rank_file(root, 0, 0).write_text("round 2 line 1\n")
+    next_round(root, workers)
     files.poll(out)
     files.close(out)
     assert (tmp_path / "node1.out").read_text().splitlines() == [
