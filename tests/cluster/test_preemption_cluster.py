@@ -64,6 +64,23 @@ def steps(metrics: list[dict]) -> list[int]:
     return [r["step"] for r in metrics if "event" not in r]
 
 
+def training(sm: Snakemake, wd: Path, steps_done: int = 0) -> str:
+    """The train job's SLURM id, once both ranks of its first run are ready and it has logged `steps_done` steps."""
+    job, _ = sm.submitted("train")
+    wait_for(lambda: ready(wd, job, 0), "both ranks of the first run ready", 300, proc=sm.proc)
+    if steps_done:
+        metrics = files(wd, job).metrics
+        wait_for(lambda: len(steps(complete_lines(metrics))) >= steps_done, f"{steps_done} steps", 120, proc=sm.proc)
+    return job
+
+
+def finished(sm: Snakemake, wd: Path, timeout: float) -> None:
+    """The training released (its release file): Snakemake ends well within `timeout`."""
+    (wd / "release").touch()
+    rc = sm.wait(timeout=timeout)
+    assert rc == 0, sm.text
+
+
 def runs_split(metrics: list[dict]) -> list[list[dict]]:
     """The metrics file's records run by run: each resume event begins the next run's."""
     runs: list[list[dict]] = [[]]
@@ -117,8 +134,7 @@ def test_a_training_preempted_during_a_periodic_save_loses_no_step_and_still_req
     with preemption(slurm_cluster, GRACE_S):
         sm = Snakemake(wd, "--multinode-max-requeues", "1")
         try:
-            job, _ = sm.submitted("train")
-            wait_for(lambda: ready(wd, job, 0), "both ranks of the first run ready", 300, proc=sm.proc)
+            job = training(sm, wd)
             wait_for(lambda: (wd / "saving-5").exists(), "the periodic save of step 5 under way", 120, proc=sm.proc)
             by = preempt(slurm_cluster, job)
             wait_for(lambda: ready(wd, job, 1), "the requeued run ready", 300, proc=sm.proc)
@@ -132,11 +148,9 @@ def test_a_training_preempted_during_a_periodic_save_loses_no_step_and_still_req
                      "steps after the resume", 120, proc=sm.proc)  # fmt: skip
             slurm_cluster.run("scancel", "--signal=USR2", job)
             wait_for(lambda: ready(wd, job, 2), "the run after the job's own requeue ready", 300, proc=sm.proc)
-            (wd / "release").touch()
-            rc = sm.wait(timeout=300)
+            finished(sm, wd, timeout=300)
         finally:
             sm.stop()
-    assert rc == 0, sm.text
     # SLURM 24.11 runs a job that a preemption requeued once more after it ended well (docs/slurm-versions.md): that
     # run does nothing but say so
     again = TEST_SLURM == "24.11"
@@ -196,19 +210,16 @@ def test_a_grace_time_too_short_for_the_save_resumes_from_the_last_periodic_chec
     with preemption(slurm_cluster, 3):
         sm = Snakemake(wd)
         try:
-            job, _ = sm.submitted("train")
-            wait_for(lambda: ready(wd, job, 0), "both ranks of the first run ready", 300, proc=sm.proc)
+            job = training(sm, wd)
             wait_for(
                 lambda: any(r.get("event") == "checkpoint_end" for r in complete_lines(files(wd, job).metrics)),
                 "a periodic checkpoint", 120, proc=sm.proc,
             )  # fmt: skip
             preempt(slurm_cluster, job)
             wait_for(lambda: ready(wd, job, 1), "the requeued run ready", 300, proc=sm.proc)
-            (wd / "release").touch()
-            rc = sm.wait(timeout=600)
+            finished(sm, wd, timeout=600)
         finally:
             sm.stop()
-    assert rc == 0, sm.text
     metrics = complete_lines(files(wd, job).metrics)
     first, second = runs_split(metrics)
     saved = [r["step"] for r in first if r.get("event") == "checkpoint_end"]
@@ -232,18 +243,14 @@ def test_with_preempt_mode_cancel_the_job_ends_after_its_checkpoint_and_snakemak
     with preemption(slurm_cluster, GRACE_S, "CANCEL"):
         sm = Snakemake(wd, "--retries", "1")
         try:
-            job, _ = sm.submitted("train")
-            wait_for(lambda: ready(wd, job, 0), "both ranks ready", 300, proc=sm.proc)
-            wait_for(lambda: len(steps(complete_lines(files(wd, job).metrics))) >= 3, "3 steps", 120, proc=sm.proc)
+            job = training(sm, wd, steps_done=3)
             by = preempt(slurm_cluster, job)
             _, line = sm.wait_line("rule train: SLURM job", ".attempt2.log", timeout=300)
             retry = line.split("SLURM job ")[1].split()[0]
             wait_for(lambda: ready(wd, retry, 0), "the retry ready", 300, proc=sm.proc)
-            (wd / "release").touch()
-            rc = sm.wait(timeout=300)
+            finished(sm, wd, timeout=300)
         finally:
             sm.stop()
-    assert rc == 0, sm.text
     assert retry != job and submitted(wd) == [job, retry]
     failed = next(line for _, line in sm.matching(f"SLURM job {job} failed"))
     assert "SLURM state PREEMPTED" in failed and "job script exit 85" in failed, failed
@@ -265,9 +272,7 @@ def test_cancel_with_checkpoint_asks_the_training_to_checkpoint_and_the_next_sna
     wd = workflow(tmp_path, every=1000, save_s=0.5)
     sm = Snakemake(wd)
     try:
-        job, _ = sm.submitted("train")
-        wait_for(lambda: ready(wd, job, 0), "both ranks ready", 300, proc=sm.proc)
-        wait_for(lambda: len(steps(complete_lines(files(wd, job).metrics))) >= 3, "3 steps", 120, proc=sm.proc)
+        job = training(sm, wd, steps_done=3)
         out = multinode(wd, "cancel", "--checkpoint", "--wait", "120").stdout
         rc = sm.wait(timeout=120)
     finally:
@@ -294,9 +299,7 @@ def test_snakemakes_first_ctrl_c_checkpoints_a_running_training_and_a_rerun_resu
     wd = workflow(tmp_path, every=1000, save_s=0.5)
     sm = Snakemake(wd)
     try:
-        job, _ = sm.submitted("train")
-        wait_for(lambda: ready(wd, job, 0), "both ranks ready", 300, proc=sm.proc)
-        wait_for(lambda: len(steps(complete_lines(files(wd, job).metrics))) >= 3, "3 steps", 120, proc=sm.proc)
+        job = training(sm, wd, steps_done=3)
         sm.proc.send_signal(signal.SIGINT)
         sm.wait_line(f"asked SLURM job(s) {job} to checkpoint", "(Ctrl-C again: at once)", timeout=60)
         rc = sm.wait(timeout=180)
