@@ -28,9 +28,9 @@ from snakemake_executor_multinode.contract.private_files import (
     write_private,
 )
 from snakemake_executor_multinode.contract.state_files import StateError
-from snakemake_executor_multinode.planning import environment, jobscript, launch_check, snapshot, submit_check
+from snakemake_executor_multinode.planning import environment, jobscript, launcher_use, snapshot, submit_check
 from snakemake_executor_multinode.planning.environment import EnvProfileError
-from snakemake_executor_multinode.planning.launch_check import watchdog
+from snakemake_executor_multinode.planning.launcher_use import watchdog
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, direct_command
 from snakemake_executor_multinode.planning.request import JobRequest, RequestError, refuse_container_directive
 from snakemake_executor_multinode.planning.settings import PlanningSettings, SettingsError, help_text
@@ -171,7 +171,7 @@ class Session:
         kind: str | None = None,
     ) -> JobPlan:
         """The job's plan, exactly as `multinode preview`/`check` make it; RequestError on bad input, also for
-        nodes or GPUs its command would leave idle (launch_check.py). `shellcmd`: the rule's shell command, None for
+        nodes or GPUs its command would leave idle (launcher_use.py). `shellcmd`: the rule's shell command, None for
         a rule without one (`kind` says what it is: script rule, run: block, ...). A retry (attempt > 1) avoids the
         nodes the earlier attempts of the same outputs failed on."""
         if container_image is not None:  # Snakemake's container: directive (request.py decides)
@@ -185,11 +185,11 @@ class Session:
             replace(
                 job,
                 avoid_nodes=avoid,
-                site_launcher=launch_check.site_launcher(shellcmd, launchers),
+                site_launcher=launcher_use.site_launcher(shellcmd, launchers),
                 outputs=tuple(outputs),
             )
         )
-        launch_check.check(plan.request, shellcmd, kind, launchers)
+        launcher_use.refuse_idle(plan.request, shellcmd, kind, launchers)
         return plan
 
     def launch_preview(self, plan: JobPlan, shellcmd: str | None) -> str:

@@ -335,7 +335,7 @@ class JobRequest:
     on_straggler: str = "warn"  # warn | replace (a spare takes the slow node's place, where one is left)
     straggler_factor: float = DEFAULT_STRAGGLER_FACTOR  # > 1: how many times the other nodes' median busy time
     straggler_window_s: int = DEFAULT_STRAGGLER_WINDOW_S  # that long in a row before a node is named
-    own_launcher: bool = False  # the command starts its ranks itself (srun, mpirun): no launcher check (launch_check)
+    own_launcher: bool = False  # the command starts its ranks itself (srun, mpirun): no launcher check (launcher_use)
     # Nodes asked for beyond `nodes` (--no-kill): `multinode torchrun` trains on `nodes` of the allocation and
     # replaces a failed node with one of these in the same job (launching/spares.py); 0: none.
     spare_nodes: int = 0
