@@ -28,13 +28,13 @@ from snakemake_executor_multinode.contract.private_files import (
     write_private,
 )
 from snakemake_executor_multinode.contract.state_files import StateError
-from snakemake_executor_multinode.planning import environment, jobscript, launcher_use, snapshot, submit_check
+from snakemake_executor_multinode.planning import environment, jobscript, launcher_use, slurm_acceptance, snapshot
 from snakemake_executor_multinode.planning.environment import EnvProfileError
 from snakemake_executor_multinode.planning.launcher_use import watchdog
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, direct_command
 from snakemake_executor_multinode.planning.request import JobRequest, RequestError, refuse_container_directive
 from snakemake_executor_multinode.planning.settings import PlanningSettings, SettingsError, help_text
-from snakemake_executor_multinode.planning.submit_check import Planned, Report
+from snakemake_executor_multinode.planning.slurm_acceptance import Planned, Report
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import QueryError, RetryPolicy, SlurmClient, SubmitError, job_order
 from snakemake_executor_multinode.slurm.pacing import Pace
@@ -205,16 +205,16 @@ class Session:
                 self._said.add(warning)
                 self.warning(warning)
 
-    def check_planned(self, planned: Sequence[Planned]) -> Report:
+    def ask_slurm(self, planned: Sequence[Planned]) -> Report:
         """Ask SLURM about every planned job (one `sbatch --test-only` per resource shape, the account), submitting
         nothing; the report's warnings begin with the plans' own, each once. `multinode check` prints it."""
-        found = submit_check.check(planned, self.client, version=self.slurm_version) if planned else Report()
+        found = slurm_acceptance.ask_slurm(planned, self.client, version=self.slurm_version) if planned else Report()
         own = dict.fromkeys(w for p in planned for w in p.plan.request.warnings)
         return replace(found, warnings=[*own, *found.warnings])
 
     def validate(self, planned: Sequence[Planned]) -> list[str]:
-        """check_planned before the first submission of a run: its warnings are said, its errors returned."""
-        found = self.check_planned(planned)
+        """ask_slurm before the first submission of a run: its warnings are said, its errors returned."""
+        found = self.ask_slurm(planned)
         self.warn_once(found.warnings)
         if found.unreachable:
             self.warning(f"SLURM could not be asked about the jobs before submitting: {found.unreachable}")
