@@ -631,7 +631,7 @@ def log_times(log: Path) -> tuple[datetime, datetime]:
 
 
 # --- Shared by a test file of tests/unit and its namesake in tests/process (the tests of it that start processes) ---
-# launching/test_launcher.py, launching/test_netcheck.py
+# launching/test_launcher.py, launching/test_network_check.py
 ALLOC = Allocation(
     "4242", ("node110", "node111"), gpus_per_node=8, cpus_per_task=64, master_addr="10.0.0.110", master_port=24242
 )
@@ -645,7 +645,7 @@ SRUN_FAILURE = (
 )
 
 
-# launching/test_netcheck.py
+# launching/test_network_check.py
 def agent_line(monkeypatch: Any, value: str | None) -> str:
     if value is None:
         monkeypatch.delenv(protocol.NETWORK_CHECK_VAR, raising=False)
@@ -655,7 +655,7 @@ def agent_line(monkeypatch: Any, value: str | None) -> str:
     return argv[argv.index("-c") + 1]
 
 
-# launching/test_netcheck.py, launching/test_nodecheck.py
+# launching/test_network_check.py, launching/test_nodecheck.py
 def profile_file(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "profiles.yaml"
     path.write_text(f"profiles:\n  p:\n{body}")

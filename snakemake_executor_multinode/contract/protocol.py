@@ -23,7 +23,7 @@ EXIT_CRASH_LOOP = 88
 # events could not record that (a full disk): the job script then does not requeue itself, as it would not with the
 # record (contract/node_events.py); the retry resumes.
 EXIT_UNRECORDED = 89
-# Exit code of a node's network preflight (launching/netcheck.py) that failed, or stopped because another node did:
+# Exit code of a node's network preflight (launching/network_check.py) that failed, or stopped because another node did:
 # the node is at fault, not the training, so `multinode torchrun` does not restart the training on it (the failed-node
 # marker names it for the retry to exclude).
 EXIT_PREFLIGHT = 90
@@ -154,7 +154,7 @@ CONTAINER_VARIABLES = (
     CONTAINER_GPUS_VAR,
     CONTAINER_ENV_VAR,
 )
-# The network preflight (netcheck.py): its limit in seconds; 0 or unset: no check. The job script exports it from
+# The network preflight (network_check.py): its limit in seconds; 0 or unset: no check. The job script exports it from
 # the profile's `network_check:` key (environment.py); a hand-written sbatch script may set it.
 NETWORK_CHECK_VAR = "MULTINODE_NETWORK_CHECK"
 NETWORK_CHECK_DEFAULT_S = 60
@@ -244,7 +244,7 @@ NETCHECK_PORT_BASE = PORT_BASE + PORT_SPAN
 NETCHECK_PORT_SPAN = 5000
 
 
-def netcheck_port(master_port: int) -> int:
+def network_check_port(master_port: int) -> int:
     return NETCHECK_PORT_BASE + (master_port - PORT_BASE) % NETCHECK_PORT_SPAN
 
 

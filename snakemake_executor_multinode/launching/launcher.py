@@ -34,7 +34,7 @@ from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
 from snakemake_executor_multinode.launching import (
     container,
     liveness,
-    netcheck,
+    network_check,
     nodecheck,
     nodelog,
     preemption,
@@ -244,7 +244,7 @@ def agent_script(torchrun: Sequence[str], preflight: Sequence[str] = ()) -> str:
     rank_word = f"--node_rank={SLURM_NODE_RANK}"
     at = torchrun.index(rank_word) if rank_word in torchrun else -1  # the first: a user's --node_rank is refused
     words = ['--node_rank="$SLURM_NODEID"' if i == at else shlex.quote(t) for i, t in enumerate(torchrun)]
-    check = f"{shlex.join(preflight)} || exit $?; " if preflight else ""  # network preflight (netcheck.py)
+    check = f"{shlex.join(preflight)} || exit $?; " if preflight else ""  # network preflight (network_check.py)
     return f'trap "" USR2; {check}exec {" ".join(words)}'
 
 
@@ -289,8 +289,8 @@ def srun_command(
         srun.append(f"--nodelist={','.join(alloc.nodes)}")
     if overlap:
         srun.append("--overlap")
-    # --- network preflight (netcheck.py): on every node before torchrun, when $MULTINODE_NETWORK_CHECK is set ---
-    preflight = netcheck.command(alloc, nproc, python, contained=box is not None)
+    # --- network preflight (network_check.py): on every node before torchrun, when $MULTINODE_NETWORK_CHECK is set ---
+    preflight = network_check.command(alloc, nproc, python, contained=box is not None)
     return [*srun, *node.srun_flags, "bash", "-c", agent_script(torchrun, preflight), "multinode-agent"]
 
 
@@ -1003,7 +1003,7 @@ def main(argv: Sequence[str]) -> int:
         return run_outside(opts, script, env)
     if env.get("SLURM_STEP_ID"):
         cmd, step_env = step_command(env, opts, script)
-        if netcheck.limit_from_env(env):  # each task here sees only its own node: nothing to check against
+        if network_check.limit_from_env(env):  # each task here sees only its own node: nothing to check against
             log("network preflight skipped: it runs when `multinode torchrun` starts the step itself")
         log(f"inside step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}: {shlex.join(cmd)}")
         # This process is a step task: USR2 would end it. Ignored here, inherited by torchrun's agent; the
