@@ -655,14 +655,14 @@ def agent_line(monkeypatch: Any, value: str | None) -> str:
     return argv[argv.index("-c") + 1]
 
 
-# launching/test_network_check.py, launching/test_nodecheck.py
+# launching/test_network_check.py, launching/test_node_check.py
 def profile_file(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "profiles.yaml"
     path.write_text(f"profiles:\n  p:\n{body}")
     return path
 
 
-# launching/test_nodecheck.py
+# launching/test_node_check.py
 def exports(tmp_path: Path, value: str) -> list[str]:
     profiles = environment.load_profiles(profile_file(tmp_path, f"    node_check: {value}\n"))
     lines = environment.render_lines(environment.resolve(profiles, "p"))

@@ -159,7 +159,7 @@ CONTAINER_VARIABLES = (
 NETWORK_CHECK_VAR = "MULTINODE_NETWORK_CHECK"
 NETWORK_CHECK_DEFAULT_S = 60
 NETWORK_CHECK_VARIABLES = (NETWORK_CHECK_VAR,)  # set by the environment section, not by the template itself
-# The node check (nodecheck.py): on every node before each launch of the training, its GPUs visible and the site's
+# The node check (node_check.py): on every node before each launch of the training, its GPUs visible and the site's
 # own command passing. The job script exports them from the profile's `node_check:` key (environment.py); unset: on,
 # GPUs only, with the default limit (a hand-written sbatch script gets the same check).
 NODE_CHECK_VAR = "MULTINODE_NODE_CHECK"  # 1: on, 0: off

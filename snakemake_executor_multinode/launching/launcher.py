@@ -35,7 +35,7 @@ from snakemake_executor_multinode.launching import (
     container,
     liveness,
     network_check,
-    nodecheck,
+    node_check,
     nodelog,
     preemption,
     restarts,
@@ -744,18 +744,18 @@ def print_help(python: str = sys.executable) -> int:
 def check_nodes(
     roster: spares.Roster, gpus_per_node: int, env: Mapping[str, str], relaunch: int, lost: list[node_events.NodeEvent]
 ) -> int | None:
-    """The node check (nodecheck.py) over every usable node before a launch: a failing node is dropped like a dead
+    """The node check (node_check.py) over every usable node before a launch: a failing node is dropped like a dead
     one, before the training starts there. None: launch; else the launcher's exit code, the first failing node in
     $MULTINODE_FAILED_NODE_FILE for the retry to exclude (too few good nodes left). A spare's takeover that could not
     be recorded is added to `lost`."""
-    wanted = nodecheck.settings(env)
-    if not nodecheck.wanted(wanted, gpus_per_node):
+    wanted = node_check.settings(env)
+    if not node_check.wanted(wanted, gpus_per_node):
         return None
     nodes = roster.usable()
     t0 = time.monotonic()
-    argv = nodecheck.srun_command(nodes, gpus_per_node)
-    limit = wanted.timeout + nodecheck.STEP_GRACE_S
-    bad, code = nodecheck.run_step(argv, env, nodes, limit, lambda line: print(line, file=sys.stderr, flush=True))
+    argv = node_check.srun_command(nodes, gpus_per_node)
+    limit = wanted.timeout + node_check.STEP_GRACE_S
+    bad, code = node_check.run_step(argv, env, nodes, limit, lambda line: print(line, file=sys.stderr, flush=True))
     if not bad and code != 0:  # no node said anything: srun could not run the step, which blames no node
         log(f"the node check's step failed (srun exit {code}) before any node reported: no node is blamed")
     log(f"node check: {len(nodes) - len(bad)} of {len(nodes)} node(s) ok in {time.monotonic() - t0:.1f} s")
