@@ -1032,7 +1032,7 @@ def preempt(cl: Cluster, job: str) -> str:
 # relaunch, host, pid, run id, resumed step). Rank 0 keeps the metrics in metrics.jsonl (every step a line with
 # `wall` and `step_ms`, busy_s per node every 5 steps, checkpoint_begin/end and resume events; at a resume the step
 # lines above the resumed step become "superseded" events) and links $MULTINODE_METRICS_FILE to it, so every job of
-# the experiment shares one file. With MATRIX_TRACKERS=1 rank 0 logs each step's loss through contract/tracking.py.
+# the experiment shares one file. With MATRIX_TRACKERS=1 rank 0 logs each step's loss through training/tracking.py.
 # Until its first step it prints a line every 5 s: its start (torch's import, the rendezvous, the trackers' imports)
 # takes longer than a short stall_timeout on a loaded machine, and a stall may only be the test's fault.
 CONTRACT_TRAINING = (
@@ -1099,7 +1099,7 @@ if rank == 0:
         os.replace(link, env["MULTINODE_METRICS_FILE"])
     if env.get("MATRIX_TRACKERS") == "1":
         print("training: opening the trackers", flush=True)
-        from snakemake_executor_multinode.contract.tracking import Trackers
+        from snakemake_executor_multinode.training.tracking import Trackers
         trackers = Trackers.open(first_step=start + 1, config={"step_s": step_s})
         print("training: trackers " + ",".join(trackers.names), flush=True)
 hosts = [None] * world

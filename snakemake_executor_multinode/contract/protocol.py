@@ -122,7 +122,7 @@ CODE_DIGEST_VAR = "MULTINODE_CODE_DIGEST"
 # the user has not set WANDB_RUN_ID (a user's value, even an empty one, is passed through untouched).
 WANDB_RUN_ID_VAR = "WANDB_RUN_ID"
 WANDB_RESUME_VAR = "WANDB_RESUME"
-# The tag MLflow finds the experiment's run by (MLflow has no variable to resume a run by name: contract/tracking.py
+# The tag MLflow finds the experiment's run by (MLflow has no variable to resume a run by name: training/tracking.py
 # finds or creates the run with this tag).
 MLFLOW_RUN_TAG = "multinode.run_id"
 # The job log's path without ".log" (a requeued run's own log included): `multinode torchrun` keeps each node's
