@@ -21,12 +21,6 @@ from typing import Any
 
 from snakemake_executor_multinode.contract import node_events, state_files
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, PendingFiles, StateFolders, array_script
-from snakemake_executor_multinode.contract.private_files import (
-    StateWriteError,
-    no_space,
-    state_write_error,
-    write_private,
-)
 from snakemake_executor_multinode.contract.state_files import StateError
 from snakemake_executor_multinode.planning import environment, jobscript, launcher_use, slurm_acceptance, snapshot
 from snakemake_executor_multinode.planning.environment import EnvProfileError
@@ -40,6 +34,12 @@ from snakemake_executor_multinode.slurm.client import QueryError, RetryPolicy, S
 from snakemake_executor_multinode.slurm.pacing import Pace
 from snakemake_executor_multinode.slurm.sbatch_flags import table_for
 from snakemake_executor_multinode.slurm.settings import SubmitSettings
+from snakemake_executor_multinode.util.private_files import (
+    StateWriteError,
+    no_space,
+    state_write_error,
+    write_private,
+)
 from snakemake_executor_multinode.watching import cancelling, provenance, reattach
 from snakemake_executor_multinode.watching.failure import failure_message
 from snakemake_executor_multinode.watching.job_status import JobStatus, Outcome

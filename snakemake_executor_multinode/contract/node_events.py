@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from snakemake_executor_multinode.contract.private_files import StateWriteError
+from snakemake_executor_multinode.util.private_files import StateWriteError
 
 REPLACED = "replaced"  # a training node dropped after a failed step, a spare in its place
 CHECK_FAILED = "check_failed"  # a node that failed its node check (node_check.py): its spare, or "" (none took it)

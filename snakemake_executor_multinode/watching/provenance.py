@@ -37,8 +37,8 @@ from snakemake_executor_multinode import __version__
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import PROVENANCE_DIR
 from snakemake_executor_multinode.contract.jsonl import json_lines
-from snakemake_executor_multinode.contract.private_files import StateWriteError, write_private
 from snakemake_executor_multinode.contract.state_files import Damaged, ignored, read_json
+from snakemake_executor_multinode.util.private_files import StateWriteError, write_private
 
 SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH", re.I)
 REDACTED = "<redacted>"
