@@ -21,25 +21,25 @@ from typing import Any
 
 from snakemake_executor_multinode.contract import node_events, state_files
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, PendingFiles, StateFolders, array_script
-from snakemake_executor_multinode.contract.private_files import (
-    StateWriteError,
-    no_space,
-    state_write_error,
-    write_private,
-)
 from snakemake_executor_multinode.contract.state_files import StateError
-from snakemake_executor_multinode.planning import environment, jobscript, launch_check, snapshot, submit_check
+from snakemake_executor_multinode.planning import environment, jobscript, launcher_use, slurm_acceptance, snapshot
 from snakemake_executor_multinode.planning.environment import EnvProfileError
-from snakemake_executor_multinode.planning.launch_check import watchdog
+from snakemake_executor_multinode.planning.launcher_use import watchdog
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, direct_command
 from snakemake_executor_multinode.planning.request import JobRequest, RequestError, refuse_container_directive
 from snakemake_executor_multinode.planning.settings import PlanningSettings, SettingsError, help_text
-from snakemake_executor_multinode.planning.submit_check import Planned, Report
+from snakemake_executor_multinode.planning.slurm_acceptance import Planned, Report
 from snakemake_executor_multinode.slurm import reasons
 from snakemake_executor_multinode.slurm.client import QueryError, RetryPolicy, SlurmClient, SubmitError, job_order
 from snakemake_executor_multinode.slurm.pacing import Pace
 from snakemake_executor_multinode.slurm.sbatch_flags import table_for
 from snakemake_executor_multinode.slurm.settings import SubmitSettings
+from snakemake_executor_multinode.util.private_files import (
+    StateWriteError,
+    no_space,
+    state_write_error,
+    write_private,
+)
 from snakemake_executor_multinode.watching import cancelling, provenance, reattach
 from snakemake_executor_multinode.watching.failure import failure_message
 from snakemake_executor_multinode.watching.job_status import JobStatus, Outcome
@@ -171,7 +171,7 @@ class Session:
         kind: str | None = None,
     ) -> JobPlan:
         """The job's plan, exactly as `multinode preview`/`check` make it; RequestError on bad input, also for
-        nodes or GPUs its command would leave idle (launch_check.py). `shellcmd`: the rule's shell command, None for
+        nodes or GPUs its command would leave idle (launcher_use.py). `shellcmd`: the rule's shell command, None for
         a rule without one (`kind` says what it is: script rule, run: block, ...). A retry (attempt > 1) avoids the
         nodes the earlier attempts of the same outputs failed on."""
         if container_image is not None:  # Snakemake's container: directive (request.py decides)
@@ -185,11 +185,11 @@ class Session:
             replace(
                 job,
                 avoid_nodes=avoid,
-                site_launcher=launch_check.site_launcher(shellcmd, launchers),
+                site_launcher=launcher_use.site_launcher(shellcmd, launchers),
                 outputs=tuple(outputs),
             )
         )
-        launch_check.check(plan.request, shellcmd, kind, launchers)
+        launcher_use.refuse_idle(plan.request, shellcmd, kind, launchers)
         return plan
 
     def launch_preview(self, plan: JobPlan, shellcmd: str | None) -> str:
@@ -205,16 +205,16 @@ class Session:
                 self._said.add(warning)
                 self.warning(warning)
 
-    def check_planned(self, planned: Sequence[Planned]) -> Report:
+    def ask_slurm(self, planned: Sequence[Planned]) -> Report:
         """Ask SLURM about every planned job (one `sbatch --test-only` per resource shape, the account), submitting
         nothing; the report's warnings begin with the plans' own, each once. `multinode check` prints it."""
-        found = submit_check.check(planned, self.client, version=self.slurm_version) if planned else Report()
+        found = slurm_acceptance.ask_slurm(planned, self.client, version=self.slurm_version) if planned else Report()
         own = dict.fromkeys(w for p in planned for w in p.plan.request.warnings)
         return replace(found, warnings=[*own, *found.warnings])
 
     def validate(self, planned: Sequence[Planned]) -> list[str]:
-        """check_planned before the first submission of a run: its warnings are said, its errors returned."""
-        found = self.check_planned(planned)
+        """ask_slurm before the first submission of a run: its warnings are said, its errors returned."""
+        found = self.ask_slurm(planned)
         self.warn_once(found.warnings)
         if found.unreachable:
             self.warning(f"SLURM could not be asked about the jobs before submitting: {found.unreachable}")

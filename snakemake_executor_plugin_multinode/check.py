@@ -4,7 +4,7 @@ Both take what a user gives `snakemake` (Snakefile, targets, --workflow-profile,
 --multinode-* settings ...), read it with Snakemake's own argument parser and run Snakemake as
 `snakemake --executor multinode` would, up to the construction of our Executor: the DAG is built exactly as for the
 run. There, instead of the first submission, `check` plans every job that goes to SLURM with the executor's own
-`plan_known_jobs` and asks SLURM about them (Session.check_planned: `sbatch --test-only`, which queues nothing), and
+`plan_known_jobs` and asks SLURM about them (Session.ask_slurm: `sbatch --test-only`, which queues nothing), and
 `preview` renders one job's script with the executor's `plan_for`, its inner Snakemake command formatted for real.
 This module imports Snakemake; cli.py loads it only for these two commands.
 """
@@ -100,9 +100,9 @@ class Checked:
     report: Report  # its warnings begin with the plans' own
 
 
-def _check(executor: Executor) -> Checked:
+def _plan_and_ask_slurm(executor: Executor) -> Checked:
     known = executor.plan_known_jobs(stop_at_error=False)
-    return Checked(known, executor.session.check_planned([p for _, p in known.planned]))
+    return Checked(known, executor.session.ask_slurm([p for _, p in known.planned]))
 
 
 def _count(n: int, what: str) -> str:
@@ -141,7 +141,7 @@ def check_lines(checked: Checked) -> list[str]:
 
 
 def run_check(argv: Sequence[str]) -> int:
-    outcome = inspect(argv, _check)
+    outcome = inspect(argv, _plan_and_ask_slurm)
     if not outcome.reached:
         return 1  # Snakemake said why (a Snakefile error, missing input, a bad option ...)
     checked: Checked = outcome.value

@@ -40,7 +40,7 @@ FEATURES: dict[str, tuple[object, ...]] = {
     "max_restarts": (3, 0),  # resource: in-job restarts of a crashed or stalled training
     "max_requeues": (3, 0),  # --multinode-max-requeues
     "retries": (0, 1),  # Snakemake's --retries
-    "trackers": ("off", "on"),  # TensorBoard, W&B offline and MLflow (file store) through contract/tracking.py
+    "trackers": ("off", "on"),  # TensorBoard, W&B offline and MLflow (file store) through training/tracking.py
 }
 PARAMETERS: dict[str, tuple[object, ...]] = {"event": EVENTS, **FEATURES}
 

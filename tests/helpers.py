@@ -670,7 +670,7 @@ def log_times(log: Path) -> tuple[datetime, datetime]:
 
 
 # --- Shared by a test file of tests/unit and its namesake in tests/process (the tests of it that start processes) ---
-# launching/test_launcher.py, launching/test_netcheck.py
+# launching/test_launcher.py, launching/test_network_check.py
 ALLOC = Allocation(
     "4242", ("node110", "node111"), gpus_per_node=8, cpus_per_task=64, master_addr="10.0.0.110", master_port=24242
 )
@@ -684,7 +684,7 @@ SRUN_FAILURE = (
 )
 
 
-# launching/test_netcheck.py
+# launching/test_network_check.py
 def agent_line(monkeypatch: Any, value: str | None) -> str:
     if value is None:
         monkeypatch.delenv(protocol.NETWORK_CHECK_VAR, raising=False)
@@ -694,14 +694,14 @@ def agent_line(monkeypatch: Any, value: str | None) -> str:
     return argv[argv.index("-c") + 1]
 
 
-# launching/test_netcheck.py, launching/test_nodecheck.py
+# launching/test_network_check.py, launching/test_node_check.py
 def profile_file(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "profiles.yaml"
     path.write_text(f"profiles:\n  p:\n{body}")
     return path
 
 
-# launching/test_nodecheck.py
+# launching/test_node_check.py
 def exports(tmp_path: Path, value: str) -> list[str]:
     profiles = environment.load_profiles(profile_file(tmp_path, f"    node_check: {value}\n"))
     lines = environment.render_lines(environment.resolve(profiles, "p"))
@@ -1083,7 +1083,7 @@ def preempt(cl: Cluster, job: str) -> str:
 # relaunch, host, pid, run id, resumed step). Rank 0 keeps the metrics in metrics.jsonl (every step a line with
 # `wall` and `step_ms`, busy_s per node every 5 steps, checkpoint_begin/end and resume events; at a resume the step
 # lines above the resumed step become "superseded" events) and links $MULTINODE_METRICS_FILE to it, so every job of
-# the experiment shares one file. With MATRIX_TRACKERS=1 rank 0 logs each step's loss through contract/tracking.py.
+# the experiment shares one file. With MATRIX_TRACKERS=1 rank 0 logs each step's loss through training/tracking.py.
 # Until its first step it prints a line every 5 s: its start (torch's import, the rendezvous, the trackers' imports)
 # takes longer than a short stall_timeout on a loaded machine, and a stall may only be the test's fault.
 CONTRACT_TRAINING = (
@@ -1150,7 +1150,7 @@ if rank == 0:
         os.replace(link, env["MULTINODE_METRICS_FILE"])
     if env.get("MATRIX_TRACKERS") == "1":
         print("training: opening the trackers", flush=True)
-        from snakemake_executor_multinode.contract.tracking import Trackers
+        from snakemake_executor_multinode.training.tracking import Trackers
         trackers = Trackers.open(first_step=start + 1, config={"step_s": step_s})
         print("training: trackers " + ",".join(trackers.names), flush=True)
 hosts = [None] * world

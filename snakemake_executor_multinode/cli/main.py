@@ -189,7 +189,7 @@ def _parser() -> argparse.ArgumentParser:
     )  # status, logs, cancel, report, clean
 
     add_run_commands(sub)  # status, logs, cancel, report, clean
-    from snakemake_executor_multinode.watching.provenance import add_parser as add_provenance
+    from snakemake_executor_multinode.cli.provenance import add_parser as add_provenance
 
     add_provenance(sub)
     return parser

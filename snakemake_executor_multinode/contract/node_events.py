@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from snakemake_executor_multinode.contract.private_files import StateWriteError
+from snakemake_executor_multinode.util.private_files import StateWriteError
 
 REPLACED = "replaced"  # a training node dropped after a failed step, a spare in its place
-CHECK_FAILED = "check_failed"  # a node that failed its node check (nodecheck.py): its spare, or "" (none took it)
+CHECK_FAILED = "check_failed"  # a node that failed its node check (node_check.py): its spare, or "" (none took it)
 STRAGGLER = "straggler"  # a node named slower than the others (straggler.py): warned, or ended for a spare
 KINDS = (REPLACED, CHECK_FAILED, STRAGGLER)
 

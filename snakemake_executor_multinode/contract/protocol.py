@@ -23,7 +23,7 @@ EXIT_CRASH_LOOP = 88
 # events could not record that (a full disk): the job script then does not requeue itself, as it would not with the
 # record (contract/node_events.py); the retry resumes.
 EXIT_UNRECORDED = 89
-# Exit code of a node's network preflight (launching/netcheck.py) that failed, or stopped because another node did:
+# Exit code of a node's network preflight (launching/network_check.py) that failed, or stopped because another node did:
 # the node is at fault, not the training, so `multinode torchrun` does not restart the training on it (the failed-node
 # marker names it for the retry to exclude).
 EXIT_PREFLIGHT = 90
@@ -122,7 +122,7 @@ CODE_DIGEST_VAR = "MULTINODE_CODE_DIGEST"
 # the user has not set WANDB_RUN_ID (a user's value, even an empty one, is passed through untouched).
 WANDB_RUN_ID_VAR = "WANDB_RUN_ID"
 WANDB_RESUME_VAR = "WANDB_RESUME"
-# The tag MLflow finds the experiment's run by (MLflow has no variable to resume a run by name: contract/tracking.py
+# The tag MLflow finds the experiment's run by (MLflow has no variable to resume a run by name: training/tracking.py
 # finds or creates the run with this tag).
 MLFLOW_RUN_TAG = "multinode.run_id"
 # The job log's path without ".log" (a requeued run's own log included): `multinode torchrun` keeps each node's
@@ -154,12 +154,12 @@ CONTAINER_VARIABLES = (
     CONTAINER_GPUS_VAR,
     CONTAINER_ENV_VAR,
 )
-# The network preflight (netcheck.py): its limit in seconds; 0 or unset: no check. The job script exports it from
+# The network preflight (network_check.py): its limit in seconds; 0 or unset: no check. The job script exports it from
 # the profile's `network_check:` key (environment.py); a hand-written sbatch script may set it.
 NETWORK_CHECK_VAR = "MULTINODE_NETWORK_CHECK"
 NETWORK_CHECK_DEFAULT_S = 60
 NETWORK_CHECK_VARIABLES = (NETWORK_CHECK_VAR,)  # set by the environment section, not by the template itself
-# The node check (nodecheck.py): on every node before each launch of the training, its GPUs visible and the site's
+# The node check (node_check.py): on every node before each launch of the training, its GPUs visible and the site's
 # own command passing. The job script exports them from the profile's `node_check:` key (environment.py); unset: on,
 # GPUs only, with the default limit (a hand-written sbatch script gets the same check).
 NODE_CHECK_VAR = "MULTINODE_NODE_CHECK"  # 1: on, 0: off
@@ -244,7 +244,7 @@ NETCHECK_PORT_BASE = PORT_BASE + PORT_SPAN
 NETCHECK_PORT_SPAN = 5000
 
 
-def netcheck_port(master_port: int) -> int:
+def network_check_port(master_port: int) -> int:
     return NETCHECK_PORT_BASE + (master_port - PORT_BASE) % NETCHECK_PORT_SPAN
 
 

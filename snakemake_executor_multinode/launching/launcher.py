@@ -34,8 +34,8 @@ from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
 from snakemake_executor_multinode.launching import (
     container,
     liveness,
-    netcheck,
-    nodecheck,
+    network_check,
+    node_check,
     nodelog,
     preemption,
     restarts,
@@ -244,7 +244,7 @@ def agent_script(torchrun: Sequence[str], preflight: Sequence[str] = ()) -> str:
     rank_word = f"--node_rank={SLURM_NODE_RANK}"
     at = torchrun.index(rank_word) if rank_word in torchrun else -1  # the first: a user's --node_rank is refused
     words = ['--node_rank="$SLURM_NODEID"' if i == at else shlex.quote(t) for i, t in enumerate(torchrun)]
-    check = f"{shlex.join(preflight)} || exit $?; " if preflight else ""  # network preflight (netcheck.py)
+    check = f"{shlex.join(preflight)} || exit $?; " if preflight else ""  # network preflight (network_check.py)
     return f'trap "" USR2; {check}exec {" ".join(words)}'
 
 
@@ -289,8 +289,8 @@ def srun_command(
         srun.append(f"--nodelist={','.join(alloc.nodes)}")
     if overlap:
         srun.append("--overlap")
-    # --- network preflight (netcheck.py): on every node before torchrun, when $MULTINODE_NETWORK_CHECK is set ---
-    preflight = netcheck.command(alloc, nproc, python, contained=box is not None)
+    # --- network preflight (network_check.py): on every node before torchrun, when $MULTINODE_NETWORK_CHECK is set ---
+    preflight = network_check.command(alloc, nproc, python, contained=box is not None)
     return [*srun, *node.srun_flags, "bash", "-c", agent_script(torchrun, preflight), "multinode-agent"]
 
 
@@ -758,18 +758,18 @@ def print_help(python: str = sys.executable) -> int:
 def check_nodes(
     roster: spares.Roster, gpus_per_node: int, env: Mapping[str, str], relaunch: int, lost: list[node_events.NodeEvent]
 ) -> int | None:
-    """The node check (nodecheck.py) over every usable node before a launch: a failing node is dropped like a dead
+    """The node check (node_check.py) over every usable node before a launch: a failing node is dropped like a dead
     one, before the training starts there. None: launch; else the launcher's exit code, the first failing node in
     $MULTINODE_FAILED_NODE_FILE for the retry to exclude (too few good nodes left). A spare's takeover that could not
     be recorded is added to `lost`."""
-    wanted = nodecheck.settings(env)
-    if not nodecheck.wanted(wanted, gpus_per_node):
+    wanted = node_check.settings(env)
+    if not node_check.wanted(wanted, gpus_per_node):
         return None
     nodes = roster.usable()
     t0 = time.monotonic()
-    argv = nodecheck.srun_command(nodes, gpus_per_node)
-    limit = wanted.timeout + nodecheck.STEP_GRACE_S
-    bad, code = nodecheck.run_step(argv, env, nodes, limit, lambda line: print(line, file=sys.stderr, flush=True))
+    argv = node_check.srun_command(nodes, gpus_per_node)
+    limit = wanted.timeout + node_check.STEP_GRACE_S
+    bad, code = node_check.run_step(argv, env, nodes, limit, lambda line: print(line, file=sys.stderr, flush=True))
     if not bad and code != 0:  # no node said anything: srun could not run the step, which blames no node
         log(f"the node check's step failed (srun exit {code}) before any node reported: no node is blamed")
     log(f"node check: {len(nodes) - len(bad)} of {len(nodes)} node(s) ok in {time.monotonic() - t0:.1f} s")
@@ -1055,7 +1055,7 @@ def main(argv: Sequence[str]) -> int:
         return run_outside(opts, script, env)
     if env.get("SLURM_STEP_ID"):
         cmd, step_env = step_command(env, opts, script)
-        if netcheck.limit_from_env(env):  # each task here sees only its own node: nothing to check against
+        if network_check.limit_from_env(env):  # each task here sees only its own node: nothing to check against
             log("network preflight skipped: it runs when `multinode torchrun` starts the step itself")
         log(f"inside step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}: {shlex.join(cmd)}")
         # This process is a step task: USR2 would end it. Ignored here, inherited by torchrun's agent; the

@@ -38,10 +38,10 @@ from pathlib import Path
 
 from snakemake_executor_multinode.contract import logline, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from snakemake_executor_multinode.contract.private_files import write_private
 from snakemake_executor_multinode.launching import preemption, proctree, stall
 from snakemake_executor_multinode.launching.torchrun_flags import option_value
 from snakemake_executor_multinode.slurm.client import Preemption, QueryError
+from snakemake_executor_multinode.util.private_files import write_private
 
 POLL_S = 0.05  # how often new rank files are looked for and read: the delay a line may see, nothing more
 # Polls that a rank file's lines wait for its worker's rank before they go out labelled with the local rank only (the

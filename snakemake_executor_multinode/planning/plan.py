@@ -16,7 +16,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, PendingFiles, StateFolders
-from snakemake_executor_multinode.planning import environment, jobscript, launch_check, snapshot
+from snakemake_executor_multinode.planning import environment, jobscript, launcher_use, snapshot
 from snakemake_executor_multinode.planning.request import JobRequest, RequestError, build_request
 from snakemake_executor_multinode.planning.settings import PlanningSettings, SettingsError
 from snakemake_executor_multinode.planning.snapshot import Snapshot
@@ -109,7 +109,7 @@ class Planner:
             )
         # slurm_extra is read with the options of the SLURM release the session finds (before its first plan)
         self.sbatch_options: OptionTable = ANY_RELEASE
-        self.launchers = launch_check.launchers_setting(settings.launchers)  # SettingsError names the command
+        self.launchers = launcher_use.launchers_setting(settings.launchers)  # SettingsError names the command
         self.profiles = environment.load_profiles(settings.profile_file)  # EnvProfileError names file and key
         self.snapshots = snapshot.SnapshotStore(workdir, settings.snapshot)  # SnapshotError names setting and path
         if settings.env_profile is not None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from snakemake_executor_multinode.contract import container_spec
 from snakemake_executor_multinode.launching import launcher
-from snakemake_executor_multinode.planning import environment, launch_check
+from snakemake_executor_multinode.planning import environment, launcher_use
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
 from snakemake_executor_multinode.planning.request import RequestError
 from snakemake_executor_multinode.planning.settings import PlanningSettings, SettingsError, help_text
@@ -106,14 +106,14 @@ def run(args: argparse.Namespace) -> int:
     settings = PlanningSettings(**{name: getattr(args, name) for name in SCRIPT_SETTINGS})
     try:
         planner = Planner(settings, Path(args.workdir).resolve(), run_id="preview")
-        site_launcher = launch_check.site_launcher(command, planner.launchers)  # as Session.plan decides it
+        site_launcher = launcher_use.site_launcher(command, planner.launchers)  # as Session.plan decides it
         plan = planner.plan(
             RuleJob(
                 args.rule, resources, command, threads=args.threads, wildcards=wildcards, attempt=args.attempt,
                 site_launcher=site_launcher,
             )
         )  # fmt: skip
-        launch_check.check(plan.request, command, None, planner.launchers)
+        launcher_use.refuse_idle(plan.request, command, None, planner.launchers)
     except (RequestError, SettingsError, environment.EnvProfileError) as err:
         print(f"multinode preview: {err}", file=sys.stderr)
         return 2

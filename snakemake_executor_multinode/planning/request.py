@@ -9,7 +9,7 @@ Every resource key is known, mapped or refused (docs/resources.md has the table)
   cpus_per_gpu, tasks == nodes, tasks_per_node == 1) or refused with what to use instead (mpi, tasks, clusters, ...);
 - anything else is an error naming close matches, unless --multinode-allow-unknown-resources.
 
-Durations and sizes are read with Snakemake's own rules (contract/units.py); slurm_extra as sbatch reads it
+Durations and sizes are read with Snakemake's own rules (util/units.py); slurm_extra as sbatch reads it
 (slurm/sbatch_flags.py).
 """
 
@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snakemake_executor_multinode.contract import protocol
-from snakemake_executor_multinode.contract.units import (
+from snakemake_executor_multinode.planning.settings import PlanningSettings
+from snakemake_executor_multinode.slurm.sbatch_flags import ANY_RELEASE, OptionTable, parse_sbatch_flags
+from snakemake_executor_multinode.util.units import (
     mib_to_mb,
     parse_mem_mb,
     read_runtime,
     runtime_hint,
     timespan_seconds,
 )
-from snakemake_executor_multinode.planning.settings import PlanningSettings
-from snakemake_executor_multinode.slurm.sbatch_flags import ANY_RELEASE, OptionTable, parse_sbatch_flags
 
 
 class RequestError(ValueError):
@@ -335,7 +335,7 @@ class JobRequest:
     on_straggler: str = "warn"  # warn | replace (a spare takes the slow node's place, where one is left)
     straggler_factor: float = DEFAULT_STRAGGLER_FACTOR  # > 1: how many times the other nodes' median busy time
     straggler_window_s: int = DEFAULT_STRAGGLER_WINDOW_S  # that long in a row before a node is named
-    own_launcher: bool = False  # the command starts its ranks itself (srun, mpirun): no launcher check (launch_check)
+    own_launcher: bool = False  # the command starts its ranks itself (srun, mpirun): no launcher check (launcher_use)
     # Nodes asked for beyond `nodes` (--no-kill): `multinode torchrun` trains on `nodes` of the allocation and
     # replaces a failed node with one of these in the same job (launching/spares.py); 0: none.
     spare_nodes: int = 0

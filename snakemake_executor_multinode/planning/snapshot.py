@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
-from snakemake_executor_multinode.contract.private_files import StateWriteError, no_space
 from snakemake_executor_multinode.contract.state_files import Damaged, foreign, ignored, read_json
 from snakemake_executor_multinode.planning.settings import SettingsError
+from snakemake_executor_multinode.util.private_files import StateWriteError, no_space
 
 # A path in a shell command: after the start, blank, quote, '=' or '(' (--script=x.py, $(cat x)); made of the
 # characters paths are made of; ends at a blank, quote, or shell operator.

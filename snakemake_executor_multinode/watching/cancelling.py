@@ -18,10 +18,10 @@ from datetime import datetime
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import CANCEL_MARKER, EXIT_MARKER, marker
-from snakemake_executor_multinode.contract.private_files import write_private
 from snakemake_executor_multinode.contract.protocol import EXIT_PREEMPTED
 from snakemake_executor_multinode.launching.spares import STEP_NAME
 from snakemake_executor_multinode.slurm.client import ACTIVE_STATES, QueryError, SlurmClient, job_order
+from snakemake_executor_multinode.util.private_files import write_private
 
 POLL_S = 1.0  # how often the canceller looks whether the checkpointing jobs have ended
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import MARKERS, JobFiles, PendingFiles, StateFolders, array_script
 from snakemake_executor_multinode.contract.state_files import Damaged, ignored
-from snakemake_executor_multinode.contract.units import timespan_seconds
 from snakemake_executor_multinode.slurm.client import job_order
+from snakemake_executor_multinode.util.units import timespan_seconds
 from snakemake_executor_multinode.watching import registry
 from snakemake_executor_multinode.watching.registry import Submission
 

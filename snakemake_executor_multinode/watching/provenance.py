@@ -11,12 +11,12 @@ metadata: no torch import), and the container image's digest (podman); the job s
 end and exit code. `finish` joins both halves into the record of every output of the job, written atomically and
 readable by its owner only, under .snakemake/multinode/provenance/.
 
-`multinode provenance PATH` prints an output's record; `--diff A B` says what differs between two outputs' records.
+`multinode provenance PATH` prints an output's record; `--diff A B` says what differs between two outputs' records
+(the command: cli/provenance.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import importlib.metadata
@@ -26,7 +26,6 @@ import platform
 import re
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,8 +36,8 @@ from snakemake_executor_multinode import __version__
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import PROVENANCE_DIR
 from snakemake_executor_multinode.contract.jsonl import json_lines
-from snakemake_executor_multinode.contract.private_files import StateWriteError, write_private
 from snakemake_executor_multinode.contract.state_files import Damaged, ignored, read_json
+from snakemake_executor_multinode.util.private_files import StateWriteError, write_private
 
 SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH", re.I)
 REDACTED = "<redacted>"
@@ -306,50 +305,9 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-# --- `multinode provenance` ------------------------------------------------------------------------------------
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("provenance", help="how an output was made: its job's code, config, environment and runs")
-    p.add_argument("paths", nargs="*", help="an output file (with --diff: two)")
-    p.add_argument("--diff", action="store_true", help="what differs between the records of two outputs")
-    p.add_argument("-d", "--directory", type=Path, default=Path("."), help="Snakemake's working directory")
-    p.add_argument("--start", metavar="FILE", help=argparse.SUPPRESS)  # the job script: this run's start line
-    p.set_defaults(func=main)
-
-
 def write_start(path: Path) -> int:
     """This run's start line, appended to the job's runs file."""
     line = json.dumps(start_line(os.environ), sort_keys=True)
     with open(path, "a") as fh:
         fh.write(line + "\n")
-    return 0
-
-
-def main(args: argparse.Namespace) -> int:
-    if args.start:
-        return write_start(Path(args.start))
-    workdir = args.directory.resolve()
-    wanted = 2 if args.diff else 1
-    if len(args.paths) != wanted:
-        print(f"multinode provenance: give {'two outputs with --diff' if args.diff else 'one output'}", file=sys.stderr)
-        return 2
-    records = []
-    for path in args.paths:
-        try:
-            rec = find(workdir, path)
-        except Damaged as err:
-            print(
-                f"multinode provenance: damaged state file {err}; no record for {path}: it is written again when "
-                "its job runs again",
-                file=sys.stderr,
-            )
-            return 1
-        if rec is None:
-            print(f"multinode provenance: no record for {path} (made by this plugin, in {workdir}?)", file=sys.stderr)
-            return 1
-        records.append(rec)
-    if not args.diff:
-        print(json.dumps(records[0], indent=1, sort_keys=True))
-        return 0
-    lines = diff(*records)
-    print("\n".join(lines) if lines else "no difference in code, config, environment or nodes")
     return 0

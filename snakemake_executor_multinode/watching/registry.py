@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from snakemake_executor_multinode.contract.jobfiles import INDEX_DIR, RUNS_DIR
-from snakemake_executor_multinode.contract.private_files import write_private
 from snakemake_executor_multinode.contract.state_files import Damaged, StateError, foreign, ignored, read_json
+from snakemake_executor_multinode.util.private_files import write_private
 
 INDEX_KEEP = 2  # runs per outputs in the index: this run's own record never hides the one before it
 

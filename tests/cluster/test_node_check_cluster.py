@@ -1,4 +1,4 @@
-"""The node check (nodecheck.py) on the real local SLURM cluster: a node whose check fails is never used, and named.
+"""The node check (node_check.py) on the real local SLURM cluster: a node whose check fails is never used, and named.
 
 The profile's `node_check.command` fails on exactly one node: the one that runs the check as the step's second node
 (SLURM_NODEID 1) names itself in a marker file on the shared filesystem on the first check, and from then on the
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
-from snakemake_executor_multinode.launching.nodecheck import PREFIX
+from snakemake_executor_multinode.launching.node_check import PREFIX
 from tests.helpers import FAILING_CHECK, figures, job_logs, records, sacct_jobs, snakemake
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]

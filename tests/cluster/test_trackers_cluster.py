@@ -1,7 +1,7 @@
 """One experiment across requeues, with the real trackers, offline (issue 39 parts 1-2).
 
 A tiny 2-node training (gloo, one rank per node) logs, on rank 0, to Weights & Biases (offline mode), MLflow (a
-file store) and TensorBoard through contract/tracking.py, and resumes from a step file of its run id. An admin
+file store) and TensorBoard through training/tracking.py, and resumes from a step file of its run id. An admin
 requeues it twice (`scontrol requeue`, the test, each time once the run has logged its steps and closed its
 trackers: nothing depends on how fast anything is); its third run finishes. Then the same workflow with `-F`.
 
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from snakemake_executor_multinode.contract.tracking import Trackers
+from snakemake_executor_multinode.training.tracking import Trackers
 
 hold = int(sys.argv[1])  # runs (SLURM restarts) that wait, after their steps, for the test's requeue
 dist.init_process_group("gloo")

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import EXIT_MARKER, StateFolders
-from snakemake_executor_multinode.contract.private_files import StateWriteError, write_private
 from snakemake_executor_multinode.planning import snapshot
 from snakemake_executor_multinode.planning.plan import RuleJob
 from snakemake_executor_multinode.session import NotSubmitted, SubmitRefused
+from snakemake_executor_multinode.util.private_files import StateWriteError, write_private
 from snakemake_executor_multinode.watching.reattach import RunReason
 from tests.helpers import FakeSlurm, fake_session, fill, needs_root, small_filesystem
 

@@ -40,7 +40,7 @@ class WriteFailed(Exception):
 
 def free_bytes(path: str | Path) -> int | None:
     """Bytes free for an unprivileged writer on the filesystem of `path` (its nearest existing folder); None where
-    statvfs fails. (The plugin's contract/private_files.py has its own: these scripts also run where the plugin is not
+    statvfs fails. (The plugin's util/private_files.py has its own: these scripts also run where the plugin is not
     installed, a container image.)"""
     p = Path(path)
     while not p.exists() and p != p.parent:

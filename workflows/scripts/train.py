@@ -94,7 +94,7 @@ Snakemake's progress lines read it there.
 
 Curves (rank 0): each metrics line's loss, lr, tokens_per_s, mfu and step_ms also go to TensorBoard
 ($MULTINODE_TENSORBOARD_DIR, with the tensorboard package), W&B and MLflow where installed and configured, through
-the plugin's contract/tracking.py: every run of the job continues one run of each (docs/training-contract.md,
+the plugin's training/tracking.py: every run of the job continues one run of each (docs/training-contract.md,
 "Training curves"). A tracker's failure is warned of once and never fails the training.
 
 Busy time (busy_s on every step line, rank 0 writing each node's figure): in synchronous data parallelism every rank
@@ -645,7 +645,7 @@ def start_trackers(run: Run, step: int) -> Any:
     if run.rank != 0:
         return NO_TRACKERS
     try:
-        from snakemake_executor_multinode.contract.tracking import Trackers
+        from snakemake_executor_multinode.training.tracking import Trackers
     except ImportError:
         return NO_TRACKERS
     return Trackers.open(first_step=step + 1, config=run.cfg)  # a metrics line names the steps done

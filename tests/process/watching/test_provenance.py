@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.cli.provenance import provenance_command
 from snakemake_executor_multinode.contract.jobfiles import RUNS, JobFiles
 from snakemake_executor_multinode.watching import provenance, report_files
 from tests.helpers import PageTables
@@ -89,10 +90,10 @@ def test_the_command_prints_the_record_of_an_output(tmp_path, capsys):
     submitted(tmp_path)
     provenance.finish(tmp_path, "mn-run-train", None, {"state": "success"})
     args = argparse.Namespace(paths=["results/model.pt"], diff=False, directory=tmp_path, start=None)
-    assert provenance.main(args) == 0
+    assert provenance_command(args) == 0
     assert json.loads(capsys.readouterr().out)["rule"] == "train"
     missing = argparse.Namespace(paths=["other.pt"], diff=False, directory=tmp_path, start=None)
-    assert provenance.main(missing) == 1 and "no record for other.pt" in capsys.readouterr().err
+    assert provenance_command(missing) == 1 and "no record for other.pt" in capsys.readouterr().err
 
 
 def test_a_runs_start_line_reads_versions_without_importing_torch(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from snakemake_executor_multinode.cli.provenance import provenance_command
 from snakemake_executor_multinode.contract import state_files
 from snakemake_executor_multinode.contract.jobfiles import INDEX_DIR, PROVENANCE_DIR, RUNS_DIR, StateFolders
 from snakemake_executor_multinode.contract.state_files import Damaged, StateError
@@ -235,7 +236,7 @@ def test_multinode_provenance_names_a_damaged_output_record(tmp_path, damage, ca
     with pytest.raises(Damaged):
         provenance.find(tmp_path, "results/model.pt")
     args = type("Args", (), {"start": None, "directory": tmp_path, "diff": False, "paths": ["results/model.pt"]})
-    assert provenance.main(args) == 1
+    assert provenance_command(args) == 1
     err = capsys.readouterr().err
     assert str(path) in err and "damaged" in err
 

@@ -57,10 +57,10 @@ def test_the_pending_names_and_the_arrays_script_lie_where_the_job_runs_them(tmp
 
 # A file name or state folder spelt as a literal outside the contract (docstrings aside): the layout said twice.
 SPELT = re.compile(
-    r"\.snakemake/multinode|\.attempt|\.restart|\.metrics\.jsonl|\.runs\.jsonl|\.gpu\.csv|\.code\.sha256|\.out$"
+    r"\.snakemake/multinode|\.attempt|\.restart(?!_)|\.metrics\.jsonl|\.runs\.jsonl|\.gpu\.csv|\.code\.sha256|\.out$"
     r"|stall-request|stacks-done|stop-request|nccl-trace"
     r"|^\.(log|sh|first)$"  # a job file's suffix put after its stem (f"{stem}.log")
-)
+)  # (?!_): a tracker's tag `slurm.restart_count` (training/tracking.py) names SLURM's variable, not a job file
 OWN_FILES = ("contract", "sandbox")  # the sandbox names its cluster's files, not a job's
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from snakemake_executor_multinode.launching import launcher, nodecheck, restarts, stall
+from snakemake_executor_multinode.launching import launcher, node_check, restarts, stall
 from snakemake_executor_multinode.launching.launcher import Allocation, Failure, StepEnd
 from tests.helpers import Clock, fake_steps
 
@@ -293,7 +293,7 @@ def test_a_node_that_fails_its_check_before_the_restart_is_not_kept(tmp_path, mo
         checked.append(list(nodes))
         return answers.pop(0), 0
 
-    monkeypatch.setattr(nodecheck, "run_step", run_check)
+    monkeypatch.setattr(node_check, "run_step", run_check)
     started = fake_steps(monkeypatch, [StepEnd(1, CRASH)])
     assert launcher.launch_with_spares(ALLOC, [], ["train.py"], env, None) == 1
     assert checked == [["node1", "node2"], ["node1", "node2"]]  # the failed node checked again before the restart

@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from snakemake_executor_multinode.contract import protocol
-from snakemake_executor_multinode.contract.units import parse_mem_mb, parse_runtime
 from snakemake_executor_multinode.planning.request import KNOWN_RESOURCES, RequestError, build_request
 from snakemake_executor_multinode.planning.settings import PlanningSettings
 from snakemake_executor_multinode.session import Settings
@@ -19,6 +18,7 @@ from snakemake_executor_multinode.slurm.sbatch_flags import (
     TABLES,
     table_for,
 )
+from snakemake_executor_multinode.util.units import parse_mem_mb, parse_runtime
 from tests.helpers import REPO
 
 OFFICIAL_PROFILE = REPO / "tests" / "official_profile" / "config.yaml"

@@ -1,12 +1,12 @@
 """The network preflight: one tiny all-reduce over every rank of the job before the training starts.
 
 Run by the launcher's step on every node, before torchrun (`network_check` profile key, $MULTINODE_NETWORK_CHECK):
-    python -m snakemake_executor_multinode.launching.netcheck --master-addr A --port P --nnodes N --nproc K --timeout S
-        [--nodes n1,n2,...]          (the node rank is $SLURM_NODEID)
+    python -m snakemake_executor_multinode.launching.network_check --master-addr A --port P --nnodes N --nproc K
+        --timeout S [--nodes n1,n2,...]          (the node rank is $SLURM_NODEID)
 
 One process per node imports torch once and forks its K workers (no torchrun, no second torch import per rank);
 worker r of node n is rank n*K + r of N*K. NCCL where the node has CUDA devices, gloo otherwise, through the same
-MASTER_ADDR and the same *_SOCKET_IFNAME variables as the training, on a port of its own (protocol.netcheck_port).
+MASTER_ADDR and the same *_SOCKET_IFNAME variables as the training, on a port of its own (protocol.network_check_port).
 The head node's process also serves a small TCPStore on that port: the nodes say hello there, report a failure
 there (so the others stop at once) and pass a last barrier there, so torchrun starts only once every node passed.
 
@@ -37,7 +37,7 @@ from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.launching.allocation import Allocation, free_port
 
 PREFIX = "[multinode preflight]"
-MODULE = "snakemake_executor_multinode.launching.netcheck"
+MODULE = "snakemake_executor_multinode.launching.network_check"
 EXIT_FAILED = protocol.EXIT_PREFLIGHT  # not the training's failure: no in-job restart follows
 QUOTED_LINES = 12  # backend lines (NCCL_DEBUG, c10d) quoted in a failure, the last ones
 LINE_LIMIT = 900  # srun splits longer lines (about 1 KiB) and interleaves the pieces with other nodes' lines
@@ -90,7 +90,7 @@ def command(
     if contained:  # the check would run with the node's python, outside the image: not yet
         log(f"{PREFIX} skipped: the training runs in a container, and the check does not run in one yet")
         return []
-    port = free_port(protocol.netcheck_port(alloc.master_port))
+    port = free_port(protocol.network_check_port(alloc.master_port))
     if port == alloc.master_port:  # only a user's own port >= the preflight range can meet it
         port = free_port(port + 1)
     return [

@@ -1,8 +1,8 @@
-"""The node check (nodecheck.py): the profile key and its exports, one node's check with a fake nvidia-smi and a site
+"""The node check (node_check.py): the profile key and its exports, one node's check with a fake nvidia-smi and a site
 command, the launcher's step and verdicts, and the launcher dropping a failing node before the training starts there
 (the real run: tests/cluster/test_node_check_cluster.py).
 
-Here the tests that start processes (the process tier); the others: tests/unit/launching/test_nodecheck.py."""
+Here the tests that start processes (the process tier); the others: tests/unit/launching/test_node_check.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from snakemake_executor_multinode.contract import protocol
-from snakemake_executor_multinode.launching import nodecheck
+from snakemake_executor_multinode.launching import node_check
 from tests.helpers import REPO, exports
 
 COMMAND = protocol.NODE_CHECK_COMMAND_VAR
@@ -42,7 +42,7 @@ def fake_nvidia_smi(tmp_path: Path, gpus: int, code: int = 0) -> dict[str, str]:
 def run_node(tmp_path: Path, env: dict[str, str], gpus: int = 0) -> subprocess.CompletedProcess:
     """The node's side as the check step runs it: its own process, its lines on stdout."""
     return subprocess.run(
-        [sys.executable, "-m", nodecheck.MODULE, f"--gpus={gpus}"],
+        [sys.executable, "-m", node_check.MODULE, f"--gpus={gpus}"],
         env=os.environ | {"PYTHONPATH": str(REPO), "SLURMD_NODENAME": "node2"} | env,
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )  # fmt: skip
@@ -52,7 +52,7 @@ def test_a_node_whose_nvidia_smi_lists_fewer_gpus_than_granted_fails_naming_both
     out = run_node(tmp_path, fake_nvidia_smi(tmp_path, 3) | {"SLURM_GPUS_ON_NODE": "4"})
     assert out.returncode == 1, out
     assert out.stdout.splitlines()[-1] == (
-        f"{nodecheck.PREFIX} node2 FAILED: nvidia-smi -L lists 3 GPU(s), SLURM granted 4 on this node"
+        f"{node_check.PREFIX} node2 FAILED: nvidia-smi -L lists 3 GPU(s), SLURM granted 4 on this node"
     )
 
 
@@ -60,7 +60,7 @@ def test_a_node_with_all_its_gpus_visible_passes_with_one_ok_line(tmp_path):
     out = run_node(tmp_path, fake_nvidia_smi(tmp_path, 8) | {"SLURM_GPUS_ON_NODE": "4"})
     assert out.returncode == 0, out
     (line,) = out.stdout.splitlines()
-    assert nodecheck.OK.match(line) and line.endswith(", 8 GPU(s) visible)"), line
+    assert node_check.OK.match(line) and line.endswith(", 8 GPU(s) visible)"), line
 
 
 def test_a_failing_nvidia_smi_fails_the_node_with_its_own_words(tmp_path):
@@ -75,7 +75,10 @@ def test_a_failing_nvidia_smi_fails_the_node_with_its_own_words(tmp_path):
 
 def test_without_nvidia_smi_or_granted_gpus_the_gpus_are_not_counted(tmp_path):
     none = {"PATH": "/usr/bin:/bin"}
-    assert nodecheck.check(none | {"SLURM_GPUS_ON_NODE": "2"}, 2, which=lambda name: None) == nodecheck.Outcome()
+    assert (
+        node_check.check_this_node(none | {"SLURM_GPUS_ON_NODE": "2"}, 2, which=lambda name: None)
+        == node_check.Outcome()
+    )
     assert run_node(tmp_path, fake_nvidia_smi(tmp_path, 0) | {"SLURM_GPUS_ON_NODE": "0"}).returncode == 0
 
 
@@ -84,11 +87,11 @@ def test_the_sites_command_runs_after_the_gpus_and_its_output_is_kept_prefixed(t
     out = run_node(tmp_path, env)
     assert out.returncode == 1
     assert out.stdout.splitlines() == [
-        f"{nodecheck.PREFIX} node2| Xid 79 on GPU 1",
-        f"{nodecheck.PREFIX} node2 FAILED: its command exited with 3",
+        f"{node_check.PREFIX} node2| Xid 79 on GPU 1",
+        f"{node_check.PREFIX} node2 FAILED: its command exited with 3",
     ]
     passed = run_node(tmp_path, {COMMAND: "echo fine"})
-    assert passed.returncode == 0 and passed.stdout.splitlines()[0] == f"{nodecheck.PREFIX} node2| fine"
+    assert passed.returncode == 0 and passed.stdout.splitlines()[0] == f"{node_check.PREFIX} node2| fine"
 
 
 def test_a_command_past_the_limit_is_killed_with_its_children_and_fails_the_node(tmp_path):
@@ -96,7 +99,7 @@ def test_a_command_past_the_limit_is_killed_with_its_children_and_fails_the_node
     env = {COMMAND: "sleep 300 & sleep 300", protocol.NODE_CHECK_TIMEOUT_VAR: "1"}
     out = run_node(tmp_path, env)
     assert out.returncode == 1
-    assert out.stdout.splitlines()[-1] == f"{nodecheck.PREFIX} node2 FAILED: its command did not end within 1 s"
+    assert out.stdout.splitlines()[-1] == f"{node_check.PREFIX} node2 FAILED: its command did not end within 1 s"
 
 
 def fake_srun(tmp_path: Path, body: str) -> list[str]:
@@ -107,23 +110,23 @@ def fake_srun(tmp_path: Path, body: str) -> list[str]:
 
 
 def test_a_node_without_an_ok_line_is_bad_and_every_line_reaches_the_log(tmp_path):
-    p = nodecheck.PREFIX
+    p = node_check.PREFIX
     argv = fake_srun(tmp_path, f"echo '{p} node1 ok (0.1 s)'; echo '{p} node2| Xid 79'\n"
                                f"echo '{p} node2 FAILED: its command exited with 1'\n"
                                "echo 'srun: error: node2: task 1: Exited with exit code 1' >&2; exit 1")  # fmt: skip
     seen: list[str] = []
-    bad, code = nodecheck.run_step(argv, {}, ["node1", "node2", "node3"], 30, seen.append)
+    bad, code = node_check.run_step(argv, {}, ["node1", "node2", "node3"], 30, seen.append)
     assert bad == {"node2": "its command exited with 1", "node3": "no result: its check never reported"}
     assert code == 1 and len(seen) == 4 and seen[1] == f"{p} node2| Xid 79"
 
 
 def test_a_step_past_its_limit_is_ended_and_its_silent_nodes_are_bad(tmp_path):
-    argv = fake_srun(tmp_path, f"echo '{nodecheck.PREFIX} node1 ok (0.1 s)'; exec sleep 300")
-    bad, _ = nodecheck.run_step(argv, {}, ["node1", "node2"], 1, lambda line: None)
+    argv = fake_srun(tmp_path, f"echo '{node_check.PREFIX} node1 ok (0.1 s)'; exec sleep 300")
+    bad, _ = node_check.run_step(argv, {}, ["node1", "node2"], 1, lambda line: None)
     assert bad == {"node2": "no result within 1 s"}
 
 
 def test_a_step_that_srun_could_not_start_blames_no_node(tmp_path):
     error = "srun: error: Unable to create step for job 77: Invalid generic resource specification"
     argv = fake_srun(tmp_path, f"echo '{error}' >&2; exit 1")
-    assert nodecheck.run_step(argv, {}, ["node1", "node2"], 30, lambda line: None) == ({}, 1)
+    assert node_check.run_step(argv, {}, ["node1", "node2"], 30, lambda line: None) == ({}, 1)

@@ -2,7 +2,7 @@
 before submission, with the fix in the message; own_launcher=True and --multinode-launchers say the command starts
 its ranks itself. A CPU multi-node rule is accepted with a warning; the stall watchdog is said at submission.
 
-Here the tests that start processes (the process tier); the others: tests/unit/planning/test_launch_check.py."""
+Here the tests that start processes (the process tier); the others: tests/unit/planning/test_launcher_use.py."""
 
 from __future__ import annotations
 

@@ -1,15 +1,15 @@
 """One experiment across requeues (issue 39): the run id every run of a job shares, what the job script exports for
-the trackers, the helper a training logs through (contract/tracking.py), where `multinode status` says the curves
+the trackers, the helper a training logs through (training/tracking.py), where `multinode status` says the curves
 are.
-The tests that start processes: tests/process/contract/test_tracking.py."""
+The tests that start processes: tests/process/training/test_tracking.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from snakemake_executor_multinode.contract import tracking
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, tensorboard_dir
 from snakemake_executor_multinode.slurm.client import SlurmClient
+from snakemake_executor_multinode.training import tracking
 from snakemake_executor_multinode.watching import status_view
 from tests.helpers import FakeSlurm, record
 

@@ -1,7 +1,7 @@
-"""The node check (nodecheck.py): the profile key and its exports, one node's check with a fake nvidia-smi and a site
+"""The node check (node_check.py): the profile key and its exports, one node's check with a fake nvidia-smi and a site
 command, the launcher's step and verdicts, and the launcher dropping a failing node before the training starts there
 (the real run: tests/cluster/test_node_check_cluster.py).
-The tests that start processes: tests/process/launching/test_nodecheck.py."""
+The tests that start processes: tests/process/launching/test_node_check.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from snakemake_executor_multinode.contract import protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
-from snakemake_executor_multinode.launching import launcher, nodecheck, spares
+from snakemake_executor_multinode.launching import launcher, node_check, spares
 from snakemake_executor_multinode.launching.launcher import Allocation, StepEnd
 from snakemake_executor_multinode.planning.environment import EnvProfileError, load_profiles, render_lines, resolve
 from snakemake_executor_multinode.watching import status_view
@@ -48,8 +48,8 @@ def test_without_the_key_nothing_is_exported_and_the_launcher_checks_by_default(
     assert exports(tmp_path, "true") and not [
         line for line in render_lines(resolve(load_profiles(), "ethernet")) if "NODE_CHECK" in line
     ]
-    assert nodecheck.settings({}) == nodecheck.Settings(on=True, command="", timeout=120)
-    assert not nodecheck.settings({protocol.NODE_CHECK_VAR: "0"}).on
+    assert node_check.settings({}) == node_check.Settings(on=True, command="", timeout=120)
+    assert not node_check.settings({protocol.NODE_CHECK_VAR: "0"}).on
 
 
 @pytest.mark.parametrize(
@@ -76,37 +76,37 @@ def test_a_bad_node_check_is_refused_naming_the_field_and_what_is_allowed(tmp_pa
 
 def test_a_bad_timeout_in_the_environment_stops_the_launcher_naming_the_variable():
     with pytest.raises(SystemExit, match=f"{protocol.NODE_CHECK_TIMEOUT_VAR}='soon'"):
-        nodecheck.settings({protocol.NODE_CHECK_TIMEOUT_VAR: "soon"})
+        node_check.settings({protocol.NODE_CHECK_TIMEOUT_VAR: "soon"})
 
 
 def test_the_granted_count_falls_back_to_cuda_visible_devices_then_the_allocation():
-    assert nodecheck.granted_gpus({"SLURM_GPUS_ON_NODE": "2", "CUDA_VISIBLE_DEVICES": "0,1,2"}, 8) == 2
-    assert nodecheck.granted_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2"}, 8) == 3
-    assert nodecheck.granted_gpus({}, 8) == 8
+    assert node_check.granted_gpus({"SLURM_GPUS_ON_NODE": "2", "CUDA_VISIBLE_DEVICES": "0,1,2"}, 8) == 2
+    assert node_check.granted_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2"}, 8) == 3
+    assert node_check.granted_gpus({}, 8) == 8
 
 
 def test_a_long_output_keeps_its_last_lines():
-    lines = nodecheck.report("n1", nodecheck.Outcome("", tuple(str(i) for i in range(250))), 1.0)
-    assert lines[0] == f"{nodecheck.PREFIX} n1| (50 earlier line(s) left out)" and lines[1].endswith("| 50")
-    assert len(lines) == nodecheck.OUTPUT_LINES + 2
+    lines = node_check.report("n1", node_check.Outcome("", tuple(str(i) for i in range(250))), 1.0)
+    assert lines[0] == f"{node_check.PREFIX} n1| (50 earlier line(s) left out)" and lines[1].endswith("| 50")
+    assert len(lines) == node_check.OUTPUT_LINES + 2
 
 
 # --- the launcher's step --------------------------------------------------------------------------------------------
 def test_the_step_checks_every_given_node_once_without_killing_the_others_on_a_failure():
-    argv = nodecheck.srun_command(["node1", "node3"], 4, python="/py")
-    assert argv[0] == "srun" and argv[-4:] == ["/py", "-m", nodecheck.MODULE, "--gpus=4"]
+    argv = node_check.srun_command(["node1", "node3"], 4, python="/py")
+    assert argv[0] == "srun" and argv[-4:] == ["/py", "-m", node_check.MODULE, "--gpus=4"]
     for flag in ("--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=node1,node3", "--overlap",
-                 "--kill-on-bad-exit=0", "--export=ALL", f"--job-name={nodecheck.STEP_NAME}"):  # fmt: skip
+                 "--kill-on-bad-exit=0", "--export=ALL", f"--job-name={node_check.STEP_NAME}"):  # fmt: skip
         assert flag in argv
 
 
 def test_the_step_runs_only_when_it_has_something_to_check():
-    on, command = nodecheck.Settings(), nodecheck.Settings(command="true")
-    assert not nodecheck.wanted(on, 8, which=lambda name: None)  # no nvidia-smi, no command: nothing to check
-    assert nodecheck.wanted(on, 8, which=lambda name: "/usr/bin/nvidia-smi")
-    assert not nodecheck.wanted(on, 0, which=lambda name: "/usr/bin/nvidia-smi")  # no GPUs to count
-    assert nodecheck.wanted(command, 0, which=lambda name: None)
-    assert not nodecheck.wanted(nodecheck.Settings(on=False, command="true"), 8, which=lambda name: "/x")
+    on, command = node_check.Settings(), node_check.Settings(command="true")
+    assert not node_check.wanted(on, 8, which=lambda name: None)  # no nvidia-smi, no command: nothing to check
+    assert node_check.wanted(on, 8, which=lambda name: "/usr/bin/nvidia-smi")
+    assert not node_check.wanted(on, 0, which=lambda name: "/usr/bin/nvidia-smi")  # no GPUs to count
+    assert node_check.wanted(command, 0, which=lambda name: None)
+    assert not node_check.wanted(node_check.Settings(on=False, command="true"), 8, which=lambda name: "/x")
 
 
 # --- the roster and the launcher ------------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ def launches(
         trained.append(tuple(nodes))
         return ends.pop(0)
 
-    monkeypatch.setattr(nodecheck, "run_step", run_step)
+    monkeypatch.setattr(node_check, "run_step", run_step)
     monkeypatch.setattr(launcher, "launch_step", launch_step)
     monkeypatch.setattr(spares, "wait_step_gone", lambda job: True)
     monkeypatch.setattr(spares, "head_address", lambda head, peers: f"addr-of-{head}")

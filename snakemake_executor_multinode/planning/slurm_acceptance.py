@@ -1,6 +1,6 @@
 """Before the first submission: would SLURM take every planned job, and may the user charge the accounts named?
 
-`check(planned, client)` asks SLURM once per distinct resource shape (the #SBATCH lines without job name, comment
+`ask_slurm(planned, client)` asks SLURM once per distinct resource shape (the #SBATCH lines without job name, comment
 and log path, so the jobs of one rule that differ only in wildcards ask once) with `sbatch --test-only`, which
 queues nothing and answers with the same refusal a real submission would get. When a job names an account and
 SLURM keeps accounting, one `sacctmgr` query of the user's associations says whether the user can charge it (SLURM
@@ -68,7 +68,7 @@ def shape(plan: JobPlan) -> tuple[str, ...]:
     return tuple(line for line in lines if line[len("#SBATCH ") :].split("=", 1)[0] not in PER_JOB_FLAGS)
 
 
-def check(
+def ask_slurm(
     planned: Sequence[Planned], client: SlurmClient, user: str | None = None, version: str | None = None
 ) -> Report:
     """Ask SLURM about every planned job before anything is submitted; nothing is queued. `version`: the release

@@ -1,8 +1,8 @@
 """One experiment across requeues (issue 39): the run id every run of a job shares, what the job script exports for
-the trackers, the helper a training logs through (contract/tracking.py), where `multinode status` says the curves
+the trackers, the helper a training logs through (training/tracking.py), where `multinode status` says the curves
 are.
 
-Here the tests that start processes (the process tier); the others: tests/unit/contract/test_tracking.py."""
+Here the tests that start processes (the process tier); the others: tests/unit/training/test_tracking.py."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from snakemake_executor_multinode.contract import tracking
 from snakemake_executor_multinode.contract.jobfiles import tensorboard_dir
 from snakemake_executor_multinode.planning.plan import Planner, RuleJob
 from snakemake_executor_multinode.session import Settings
+from snakemake_executor_multinode.training import tracking
 
 OUTPUTS = ("results/model.pt",)
 

@@ -92,7 +92,7 @@ def watchdog(req: JobRequest, command: str) -> str:
     return said
 
 
-def check(req: JobRequest, shellcmd: str | None, kind: str | None, launchers: Sequence[str]) -> None:
+def refuse_idle(req: JobRequest, shellcmd: str | None, kind: str | None, launchers: Sequence[str]) -> None:
     """RequestError when the job asks for nodes (or GPUs on one node) that its command would leave idle. `shellcmd`:
     the rule's shell command, None for a rule without one (`kind` says what it is: script rule, run: block, ...)."""
     many_nodes, many_gpus = req.nodes > 1, req.gpus > 1

@@ -1,14 +1,14 @@
 """No silent traps: a rule that asks for nodes (or several GPUs on one node) its command would leave idle is refused
 before submission, with the fix in the message; own_launcher=True and --multinode-launchers say the command starts
 its ranks itself. A CPU multi-node rule is accepted with a warning; the stall watchdog is said at submission.
-The tests that start processes: tests/process/planning/test_launch_check.py."""
+The tests that start processes: tests/process/planning/test_launcher_use.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from snakemake_executor_multinode.planning import launch_check
-from snakemake_executor_multinode.planning.launch_check import watchdog
+from snakemake_executor_multinode.planning import launcher_use
+from snakemake_executor_multinode.planning.launcher_use import watchdog
 from snakemake_executor_multinode.planning.plan import Planner
 from snakemake_executor_multinode.planning.request import RequestError, build_request
 from snakemake_executor_multinode.session import Settings, SettingsError
@@ -16,12 +16,12 @@ from snakemake_executor_multinode.session import Settings, SettingsError
 
 def refusal(resources: dict, shellcmd: str | None, kind: str | None = None, launchers: tuple[str, ...] = ()) -> str:
     with pytest.raises(RequestError) as err:
-        launch_check.check(build_request("train", resources), shellcmd, kind, launchers)
+        launcher_use.refuse_idle(build_request("train", resources), shellcmd, kind, launchers)
     return str(err.value)
 
 
 def accepted(resources: dict, shellcmd: str | None, launchers: tuple[str, ...] = ()) -> bool:
-    launch_check.check(build_request("train", resources), shellcmd, "script rule", launchers)
+    launcher_use.refuse_idle(build_request("train", resources), shellcmd, "script rule", launchers)
     return True
 
 
@@ -76,10 +76,10 @@ def test_own_launcher_opts_out_and_takes_the_stall_watchdog_with_it():
 
 def test_a_sites_own_launcher_takes_the_stall_watchdog_with_it():
     """The watchdog lives in `multinode torchrun`: a command of --multinode-launchers runs without one."""
-    assert launch_check.site_launcher("accelerate launch train.py", ("accelerate",))
-    assert not launch_check.site_launcher("multinode torchrun train.py", ("accelerate",))
-    assert not launch_check.site_launcher("accelerate launch x.py && multinode torchrun y.py", ("accelerate",))
-    assert not launch_check.site_launcher(None, ("accelerate",)) and not launch_check.site_launcher("python x.py", ())
+    assert launcher_use.site_launcher("accelerate launch train.py", ("accelerate",))
+    assert not launcher_use.site_launcher("multinode torchrun train.py", ("accelerate",))
+    assert not launcher_use.site_launcher("accelerate launch x.py && multinode torchrun y.py", ("accelerate",))
+    assert not launcher_use.site_launcher(None, ("accelerate",)) and not launcher_use.site_launcher("python x.py", ())
     assert build_request("train", {"nodes": 2}, site_launcher=True).stall_timeout_s == 0
 
 

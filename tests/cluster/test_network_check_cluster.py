@@ -1,9 +1,9 @@
-"""The network preflight (netcheck.py) on the real local SLURM cluster, through Snakemake and the real launcher.
+"""The network preflight (network_check.py) on the real local SLURM cluster, through Snakemake and the real launcher.
 
 A healthy 2- and 3-node job passes the check (one ok line per node, then the training runs). A job whose second
 node (node_rank 1) has its interface down while its preflight runs ends at once, naming that node, the interface and
 the error, long before the check's limit; the same for gloo told to use an interface that node lacks. The fault is
-injected on that node only, by a sitecustomize the job's PYTHONPATH carries: it acts in the netcheck process of
+injected on that node only, by a sitecustomize the job's PYTHONPATH carries: it acts in the network_check process of
 node_rank 1 alone. Downing the interface also cuts that node's slurmd traffic: the hook brings it back up as the
 check exits, and the test restores it again (idempotent) and waits until SLURM answers for the node before it ends.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
-from snakemake_executor_multinode.launching.netcheck import PREFIX
+from snakemake_executor_multinode.launching.network_check import PREFIX
 from tests.helpers import figures, job_logs, log_times, snakemake, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.one_release]
@@ -34,7 +34,7 @@ OK = re.compile(
 # Runs at the start of every Python process of the job (PYTHONPATH); acts only in node_rank 1's preflight.
 HOOK = """\
 import atexit, os, subprocess, sys, time
-if "snakemake_executor_multinode.launching.netcheck" in sys.orig_argv and os.environ.get("SLURM_NODEID") == "1":
+if "snakemake_executor_multinode.launching.network_check" in sys.orig_argv and os.environ.get("SLURM_NODEID") == "1":
     with open({marker!r}, "w") as fh:
         fh.write(f"{{os.uname().nodename}} {{time.time()}}\\n")
     if {mode!r} == "link-down":

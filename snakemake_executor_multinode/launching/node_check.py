@@ -7,7 +7,7 @@ one node has the profile's limit (120 s by default).
 
 The launcher (launcher.py) runs it as one short srun step over every usable node of the job, training nodes and
 spares alike, one task per node, none killed when another fails (so that every node reports):
-    python -m snakemake_executor_multinode.launching.nodecheck --gpus G
+    python -m snakemake_executor_multinode.launching.node_check --gpus G
 Each node prints its command's output, prefixed, then ONE result line, `[multinode node-check] NODE ok (...)` or
 `[multinode node-check] NODE FAILED: why`; the step's output goes to the job log. A node without an ok line (failed,
 timed out, unreachable) is bad: the launcher drops it before the training starts there (spares.Roster.exclude).
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from snakemake_executor_multinode.contract import protocol
 
 PREFIX = "[multinode node-check]"
-MODULE = "snakemake_executor_multinode.launching.nodecheck"
+MODULE = "snakemake_executor_multinode.launching.node_check"
 STEP_NAME = "node-check"  # the check step's --job-name
 OK = re.compile(rf"^{re.escape(PREFIX)} (?P<node>\S+) ok\b")
 FAILED = re.compile(rf"^{re.escape(PREFIX)} (?P<node>\S+) FAILED: (?P<why>.*?)\s*$")
@@ -116,7 +116,7 @@ def count_gpus(granted: int, limit_s: float, run: Callable[..., tuple[int | None
     return Outcome(gpus_seen=seen)
 
 
-def check(
+def check_this_node(
     env: Mapping[str, str],
     allocation_gpus: int,
     run: Callable[..., tuple[int | None, list[str]]] = run_bounded,
@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     started = time.monotonic()
-    outcome = check(os.environ, args.gpus)
+    outcome = check_this_node(os.environ, args.gpus)
     print("\n".join(report(node, outcome, time.monotonic() - started)), flush=True)
     return 1 if outcome.why else 0
 

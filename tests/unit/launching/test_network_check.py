@@ -1,13 +1,13 @@
-"""The network preflight (netcheck.py): the profile key, the rendered line, the launcher's hook, the messages, and
+"""The network preflight (network_check.py): the profile key, the rendered line, the launcher's hook, the messages, and
 (slow) real checks between processes on this machine's loopback.
-The tests that start processes: tests/process/launching/test_netcheck.py."""
+The tests that start processes: tests/process/launching/test_network_check.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from snakemake_executor_multinode.contract import protocol
-from snakemake_executor_multinode.launching import netcheck
+from snakemake_executor_multinode.launching import network_check
 from snakemake_executor_multinode.planning import environment
 from snakemake_executor_multinode.planning.environment import EnvProfileError, load_profiles, render_lines, resolve
 from tests.helpers import ALLOC, agent_line, profile_file
@@ -69,7 +69,7 @@ def test_a_later_profile_turns_the_check_off_or_changes_its_limit(tmp_path):
 # --- the launcher's hook ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", [None, "", "0", "false"])
 def test_without_the_variable_or_with_zero_no_check_runs(monkeypatch, value):
-    assert "netcheck" not in agent_line(monkeypatch, value)
+    assert "network_check" not in agent_line(monkeypatch, value)
 
 
 def test_a_bad_variable_stops_the_launcher_naming_it(monkeypatch):
@@ -78,23 +78,23 @@ def test_a_bad_variable_stops_the_launcher_naming_it(monkeypatch):
 
 
 def test_in_a_container_the_check_is_skipped_and_says_so(capfd):
-    assert netcheck.command(ALLOC, 8, "/py", contained=True, env={VAR: "60"}) == []
+    assert network_check.command(ALLOC, 8, "/py", contained=True, env={VAR: "60"}) == []
     assert "[multinode preflight] skipped" in capfd.readouterr().err
 
 
 def test_the_preflight_port_is_its_own_and_differs_between_neighbouring_jobs():
     training = {protocol.master_port(job) for job in range(100, 110)}
-    ports = {protocol.netcheck_port(p) for p in training}
+    ports = {protocol.network_check_port(p) for p in training}
     assert len(ports) == 10 and not ports & training
     assert all(
         protocol.NETCHECK_PORT_BASE <= p < protocol.NETCHECK_PORT_BASE + protocol.NETCHECK_PORT_SPAN for p in ports
     )
-    assert protocol.netcheck_port(29500) < 65536 - 50  # a user's fixed port too, with room to move on
+    assert protocol.network_check_port(29500) < 65536 - 50  # a user's fixed port too, with room to move on
 
 
 # --- the messages -------------------------------------------------------------------------------------------------
 def test_the_failure_message_names_node_backend_interface_and_error_then_quotes_the_backends_lines():
-    text = netcheck.failure_message(
+    text = network_check.failure_message(
         "node2",
         1,
         "nccl",
@@ -117,12 +117,12 @@ def test_the_failure_message_names_node_backend_interface_and_error_then_quotes_
 
 
 def test_each_logged_line_is_one_write_short_enough_for_srun(capfd):
-    netcheck.log("a" * 5000 + "\nshort")
+    network_check.log("a" * 5000 + "\nshort")
     err = capfd.readouterr().err.splitlines()
-    assert [len(line) for line in err] == [netcheck.LINE_LIMIT, 5]
+    assert [len(line) for line in err] == [network_check.LINE_LIMIT, 5]
 
 
 def test_nccl_lines_are_read_from_the_workers_debug_files(tmp_path):
     (tmp_path / "nccl.0.log").write_text("host:1:1 [0] NCCL INFO x\nunrelated\nhost:1:1 [0] NCCL WARN y\n")
-    lines = netcheck.nccl_lines([tmp_path / "nccl.0.log", tmp_path / "absent.log"])
+    lines = network_check.nccl_lines([tmp_path / "nccl.0.log", tmp_path / "absent.log"])
     assert lines == ["host:1:1 [0] NCCL INFO x", "host:1:1 [0] NCCL WARN y"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from snakemake_executor_multinode.contract.units import mib_to_mb, parse_mem_mb, read_runtime, runtime_hint
+from snakemake_executor_multinode.util.units import mib_to_mb, parse_mem_mb, read_runtime, runtime_hint
 
 
 @pytest.mark.parametrize(
