@@ -144,7 +144,7 @@ def node_task(
     if spec is None or spec.runtime != "pyxis" or _LABELLER not in task:
         return Wrapped(boxed.srun_flags, task)
     at = task.index(_LABELLER)
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the whole package: the labeller imports it
     boot = (
         f"import sys; sys.path.insert(0, {PYXIS_PACKAGE_DIR!r}); "
         f"from {_LABELLER} import main; sys.exit(main(sys.argv[1:]))"

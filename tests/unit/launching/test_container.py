@@ -7,13 +7,13 @@ The tests that start processes: tests/process/launching/test_container.py."""
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
 from snakemake_executor_multinode.contract import container_spec, protocol
 from snakemake_executor_multinode.contract.container_spec import parse
-from snakemake_executor_multinode.launching import container, launcher
+from snakemake_executor_multinode.launching import container, launcher, nodelog
 from snakemake_executor_multinode.launching.container import wrap
 from snakemake_executor_multinode.planning import environment
 from snakemake_executor_multinode.planning.request import RequestError, refuse_container_directive
@@ -149,7 +149,7 @@ def test_pyxis_adds_srun_flags_and_runs_the_node_task_with_the_image_python(monk
     )
     argv = launcher.srun_command(ALLOC, [], ["train.py"], box=box)
     at = argv.index("bash")
-    package = Path(container.__file__).parent
+    package = Path(container.__file__).parents[1]
     assert argv[at - 4 : at] == [
         "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
         f"--container-mounts={tmp_path}:{tmp_path},/data:/data:ro,{package}:/opt/multinode-launcher/{package.name}:ro",
@@ -160,6 +160,11 @@ def test_pyxis_adds_srun_flags_and_runs_the_node_task_with_the_image_python(monk
     assert task.startswith('trap "" USR2; exec /usr/bin/python -c ')  # the labeller, in the image
     assert "from snakemake_executor_multinode.launching.nodelog import main" in task
     assert "/usr/bin/python -m torch.distributed.run --nnodes=2" in task and '--node_rank="$SLURM_NODEID"' in task
+    # what the boot line imports from the mount is this package's labeller, file for file
+    source, target = argv[at - 3].split(",")[-1].removesuffix(":ro").split(":")
+    labeller = PurePosixPath(container.PYXIS_PACKAGE_DIR, *container._LABELLER.split(".")).with_suffix(".py")
+    assert labeller.is_relative_to(target)
+    assert Path(source, labeller.relative_to(target)).resolve() == Path(nodelog.__file__).resolve()
 
 
 def test_the_launcher_wraps_torchrun_and_keeps_the_node_rank_and_the_usr2_ignore(monkeypatch, tmp_path):
