@@ -11,8 +11,8 @@ and `<!-- /defaults-table -->` on lines of their own; tests/process/test_default
 from __future__ import annotations
 
 import sys
-from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # marked_block.py beside it, also when a test imports this
 import marked_block  # noqa: E402
@@ -23,10 +23,6 @@ DOC = ROOT / "README.md"
 BEGIN, END = "<!-- defaults-table -->", "<!-- /defaults-table -->"
 
 
-def _default(cls: type, name: str) -> object:
-    return next(f.default for f in fields(cls) if f.name == name)  # type: ignore[arg-type]
-
-
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
@@ -34,25 +30,26 @@ def _minutes(seconds: float) -> str:
 def rows() -> list[tuple[str, str, str]]:
     """(the default, what it does to your job, how to change it), each value from the code."""
     sys.path.insert(0, str(ROOT))
-    from snakemake_executor_multinode.contract import protocol
-    from snakemake_executor_multinode.launching import launcher, stall
-    from snakemake_executor_multinode.launching.allocation import Allocation
-    from snakemake_executor_multinode.planning import environment, request
     from snakemake_executor_multinode.session import Settings
 
     s = Settings()
-    builtin = environment.load_profiles()
-    ib = builtin.profiles["infiniband"]
-    srun = launcher.srun_command(Allocation("1", ("n1", "n2"), 8, 64, "10.0.0.1", 20004), [], ["train.py"])
-    kill_on_bad_exit = next(a for a in srun if a.startswith("--kill-on-bad-exit"))
-    variables = ", ".join(f"`{k}={v}`" for k, v in environment.DEFAULT_VARS.items())
+    return [*_training_rows(s), *_node_rows(s), *_run_rows(s)]
+
+
+def _training_rows(s: Any) -> list[tuple[str, str, str]]:
+    """What watches, restarts, checkpoints and requeues a training."""
+    from snakemake_executor_multinode.contract import protocol
+    from snakemake_executor_multinode.launching import stall
+    from snakemake_executor_multinode.planning import launcher_resources
+
+    launch = launcher_resources.LauncherResources()
     signal_name, signal_lead = s.signal.split("@")
     return [
         (
             f"stall watchdog: adaptive ({stall.PACE_FACTOR:g}x the recent interval between step lines, at least "
             f"{stall.PACE_FLOOR_S:g} s; {_minutes(stall.LONG_S)} before the second step line), "
-            f"{request.DEFAULT_MAX_RESTARTS} in-job restarts, "
-            f"`on_stall={_default(request.JobRequest, 'on_stall')}` (multi-node jobs that run `multinode torchrun`)",
+            f"{launcher_resources.DEFAULT_MAX_RESTARTS} in-job restarts, "
+            f"`on_stall={launch.on_stall}` (multi-node jobs that run `multinode torchrun`)",
             "no new line from any rank and no metrics line for that long: every rank's Python stack goes into the log "
             "(py-spy) and the step ends; a crash or stall on nodes that answer restarts in the job, from the "
             f"checkpoint; past the restarts the job ends with exit {protocol.EXIT_STALLED}, naming the odd rank",
@@ -97,6 +94,20 @@ def rows() -> list[tuple[str, str, str]]:
             f"a job SLURM keeps running again (RequeueExit, node failures) ends with exit {protocol.EXIT_CRASH_LOOP}",
             "`--multinode-crash-loop-runs` (0: no bound), `--multinode-crash-loop-seconds`",
         ),
+    ]
+
+
+def _node_rows(s: Any) -> list[tuple[str, str, str]]:
+    """What happens to a failed, slow or broken node, and to the jobs at Ctrl-C."""
+    from snakemake_executor_multinode.launching import launcher
+    from snakemake_executor_multinode.launching.allocation import Allocation
+    from snakemake_executor_multinode.planning import environment, launcher_resources
+
+    ib = environment.load_profiles().profiles["infiniband"]
+    srun = launcher.srun_command(Allocation("1", ("n1", "n2"), 8, 64, "10.0.0.1", 20004), [], ["train.py"])
+    kill_on_bad_exit = next(a for a in srun if a.startswith("--kill-on-bad-exit"))
+    launch = launcher_resources.LauncherResources()
+    return [
         (
             f"one node fails, the others stop (`srun {kill_on_bad_exit}`)",
             "the launcher names the failing node and returns at most "
@@ -119,9 +130,9 @@ def rows() -> list[tuple[str, str, str]]:
             "resource `spare_nodes`; [further.md](docs/further.md#spare-nodes)",
         ),
         (
-            f"stragglers: `on_straggler={_default(request.JobRequest, 'on_straggler')}` at "
-            f"{request.DEFAULT_STRAGGLER_FACTOR:g}x the other nodes' busy time for "
-            f"{_minutes(request.DEFAULT_STRAGGLER_WINDOW_S)}",
+            f"stragglers: `on_straggler={launch.on_straggler}` at "
+            f"{launcher_resources.DEFAULT_STRAGGLER_FACTOR:g}x the other nodes' busy time for "
+            f"{_minutes(launcher_resources.DEFAULT_STRAGGLER_WINDOW_S)}",
             "the slow node is named in the log and by `multinode status`; the training goes on",
             "resources `on_straggler` (`replace`: a spare takes its place), `straggler_factor`, `straggler_window`",
         ),
@@ -132,6 +143,15 @@ def rows() -> list[tuple[str, str, str]]:
             "the node",
             "profile `network_check: false` or `{timeout: S}`; [network-preflight.md](docs/network-preflight.md)",
         ),
+    ]
+
+
+def _run_rows(s: Any) -> list[tuple[str, str, str]]:
+    """What the run shows and keeps, and what every job's environment holds."""
+    from snakemake_executor_multinode.planning import environment
+
+    variables = ", ".join(f"`{k}={v}`" for k, v in environment.DEFAULT_VARS.items())
+    return [
         (
             f"progress line every {s.progress_seconds:g} s",
             "Snakemake's output gets `step N/M loss ... tok/s mfu ...% ETA ...` per running training job, from its "

@@ -26,8 +26,8 @@ from snakemake_executor_multinode.contract.protocol import (
     NODE_CHECK_TIMEOUT_VAR,
     NODE_CHECK_VAR,
 )
+from snakemake_executor_multinode.planning.launcher_resources import PROFILE_RESOURCES
 from snakemake_executor_multinode.planning.quoting import shell_quote
-from snakemake_executor_multinode.planning.request import PROFILE_RESOURCES
 
 DEFAULT_VARS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

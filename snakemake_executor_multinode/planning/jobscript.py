@@ -195,41 +195,20 @@ def gpu_sampler(seconds: int) -> str:
 
 def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
     q = shlex.quote
-    first_run = ShellJobFiles.of(q(str(ctx.log_dir)), req.attempt)
-    # absolute: the training may change folders before it writes there
-    kept = ShellJobFiles.of(shell_quote(str(ctx.workdir / ctx.log_dir)), req.attempt)
-    this_run = ShellJobFiles.this_run()
-    run_id = ctx.tracking_id
     values = {
+        **_contract_values(),
+        **_file_values(req, ctx),
         "title": inert(ctx.title or f"Snakemake rule {req.rule} {req.wildcards_str}".strip()),
         "sbatch": _sbatch_lines(sbatch_options(req, ctx)),
-        "log_stem": first_run.prefix,
-        "restart_suffix": ShellJobFiles.restart_suffix("$SLURM_RESTART_COUNT"),
-        "this_log": this_run.log,
-        "node_out": this_run.node_out("<node>"),
-        "metrics_file": kept.metrics,
         "rule_q": q(req.rule),
         "job_name": q(ctx.job_name),
         "attempt": str(req.attempt),
-        "state_dir": shell_quote(str(ctx.state_dir)),
         "environment": "\n".join(environment) if environment else "# (no environment profile)",
         "master_port": str(req.master_port) if req.master_port else protocol.master_port_shell(),
-        "exit_marker": marker_shell(EXIT_MARKER),
-        "preempt_marker": marker_shell(PREEMPT_MARKER),
-        "preempt_notice_marker": marker_shell(PREEMPT_NOTICE_MARKER),
-        "cancel_marker": marker_shell(CANCEL_MARKER),
         # the training's checkpoint signal (a preemption is passed on as it): the rule's, else the contract's USR2
         "checkpoint_signal": q(signal_name(req.signal) or "USR2"),
-        "failed_node_marker": marker_shell(FAILED_NODE_MARKER),
-        "requeue_marker": marker_shell(REQUEUE_MARKER),
-        "stall_marker": marker_shell(STALL_MARKER),
-        "self_requeue_marker": marker_shell(SELF_REQUEUE_MARKER),
-        "crash_marker": marker_shell(CRASH_MARKER),
         "crash_loop_runs": str(req.crash_loop_runs),
         "crash_loop_seconds": str(req.crash_loop_s),
-        "exit_crash_loop": str(protocol.EXIT_CRASH_LOOP),
-        "exit_preempted": str(protocol.EXIT_PREEMPTED),
-        "exit_unrecorded": str(protocol.EXIT_UNRECORDED),
         "nodes": str(req.nodes),
         "gpus": str(req.gpus),
         "cpus_per_task": str(req.cpus_per_task),
@@ -241,17 +220,10 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         "checkpointed": checkpointed(req.signal),
         "launcher_variables": "export " + " ".join(f"{k}={q(v)}" for k, v in req.launcher_variables().items()),
         "code": inert(ctx.code or "as the command names it"),
-        "code_manifest": shell_quote(str(ctx.code_manifest or "/dev/null/none")),
-        "exit_code_changed": str(protocol.EXIT_CODE_CHANGED),
         "versions_in_job": "1" if ctx.versions_in_job else "0",
-        "runs_file": kept.runs,
-        "run_id": run_id,
+        "run_id": ctx.tracking_id,
         "code_digest": q(ctx.code_digest[:12]),
-        "tensorboard_dir": shell_quote(str(tensorboard_dir(ctx.workdir / ctx.log_dir, run_id))),
-        "replacements_file": first_run.replacements,
         "gpu_sample_seconds": str(ctx.gpu_sample_s if req.gpus else 0),  # >= 0: the planner refuses less
-        "gpu_samples": kept.prefix,
-        "gpu_samples_file": ShellJobFiles(f'"${protocol.GPU_SAMPLES_VAR}"').gpu_samples("<node>"),  # a comment: no path
         "gpu_sampler": q(gpu_sampler(max(1, ctx.gpu_sample_s))),  # rendered even when off (0): never runs
     }
     template = resources.files(__package__).joinpath("templates", "job.sh").read_text()
@@ -260,3 +232,44 @@ def render(req: JobRequest, ctx: ScriptContext, environment: list[str]) -> str:
         return values[match.group(1)]  # a KeyError here is a template bug, never user input
 
     return _PLACEHOLDER.sub(fill, template)
+
+
+def _contract_values() -> dict[str, str]:
+    """The markers' shell names and the exit codes: the same in every job script."""
+    return {
+        "restart_suffix": ShellJobFiles.restart_suffix("$SLURM_RESTART_COUNT"),
+        "exit_marker": marker_shell(EXIT_MARKER),
+        "preempt_marker": marker_shell(PREEMPT_MARKER),
+        "preempt_notice_marker": marker_shell(PREEMPT_NOTICE_MARKER),
+        "cancel_marker": marker_shell(CANCEL_MARKER),
+        "failed_node_marker": marker_shell(FAILED_NODE_MARKER),
+        "requeue_marker": marker_shell(REQUEUE_MARKER),
+        "stall_marker": marker_shell(STALL_MARKER),
+        "self_requeue_marker": marker_shell(SELF_REQUEUE_MARKER),
+        "crash_marker": marker_shell(CRASH_MARKER),
+        "exit_crash_loop": str(protocol.EXIT_CRASH_LOOP),
+        "exit_preempted": str(protocol.EXIT_PREEMPTED),
+        "exit_unrecorded": str(protocol.EXIT_UNRECORDED),
+        "exit_code_changed": str(protocol.EXIT_CODE_CHANGED),
+    }
+
+
+def _file_values(req: JobRequest, ctx: ScriptContext) -> dict[str, str]:
+    """Where the job's logs, records and state go, as the job script's shell words."""
+    first_run = ShellJobFiles.of(shlex.quote(str(ctx.log_dir)), req.attempt)
+    # absolute: the training may change folders before it writes there
+    kept = ShellJobFiles.of(shell_quote(str(ctx.workdir / ctx.log_dir)), req.attempt)
+    this_run = ShellJobFiles.this_run()
+    return {
+        "log_stem": first_run.prefix,
+        "this_log": this_run.log,
+        "node_out": this_run.node_out("<node>"),
+        "metrics_file": kept.metrics,
+        "state_dir": shell_quote(str(ctx.state_dir)),
+        "code_manifest": shell_quote(str(ctx.code_manifest or "/dev/null/none")),
+        "runs_file": kept.runs,
+        "tensorboard_dir": shell_quote(str(tensorboard_dir(ctx.workdir / ctx.log_dir, ctx.tracking_id))),
+        "replacements_file": first_run.replacements,
+        "gpu_samples": kept.prefix,
+        "gpu_samples_file": ShellJobFiles(f'"${protocol.GPU_SAMPLES_VAR}"').gpu_samples("<node>"),  # a comment: no path
+    }

@@ -77,18 +77,18 @@ def watchdog(req: JobRequest, command: str) -> str:
     if not starts(command, ()):
         return ""
     said = ""
-    if req.stall_timeout_s is None:
+    if req.launcher.stall_timeout_s is None:
         said = (
             f", stall watchdog adaptive ({stall.PACE_FACTOR:g}x the interval between step lines, at least "
             f"{stall.PACE_FLOOR_S:g} s; {stall.LONG_S / 60:g} min before the second step line, during a checkpoint "
             "save and without step lines; resources stall_timeout)"
         )
-    elif req.stall_timeout_s:
-        minutes, seconds = divmod(req.stall_timeout_s, 60)
-        span = f"{minutes} min" if not seconds else f"{req.stall_timeout_s} s"
+    elif req.launcher.stall_timeout_s:
+        minutes, seconds = divmod(req.launcher.stall_timeout_s, 60)
+        span = f"{minutes} min" if not seconds else f"{req.launcher.stall_timeout_s} s"
         said = f", stall watchdog {span} (resources stall_timeout; 0 turns it off)"
-    if req.max_restarts:
-        said += f", up to {req.max_restarts} in-job restart(s) (resources max_restarts)"
+    if req.launcher.max_restarts:
+        said += f", up to {req.launcher.max_restarts} in-job restart(s) (resources max_restarts)"
     return said
 
 
@@ -96,7 +96,7 @@ def refuse_idle(req: JobRequest, shellcmd: str | None, kind: str | None, launche
     """RequestError when the job asks for nodes (or GPUs on one node) that its command would leave idle. `shellcmd`:
     the rule's shell command, None for a rule without one (`kind` says what it is: script rule, run: block, ...)."""
     many_nodes, many_gpus = req.nodes > 1, req.gpus > 1
-    if req.own_launcher or not (many_nodes or (many_gpus and shellcmd is not None)):
+    if req.launcher.own_launcher or not (many_nodes or (many_gpus and shellcmd is not None)):
         return
     if shellcmd is not None and starts(shellcmd, launchers):
         return

@@ -3,7 +3,8 @@
 Every resource key is known, mapped or refused (docs/resources.md has the table):
 - ours: nodes, gpus (PER NODE), gpu_type, gpu_flag, cpus_per_task, mem_mb_per_cpu, slurm_partition, slurm_account,
   slurm_reservation, qos, constraint, nodelist, exclude, signal, env_profile, master_port, slurm_extra; names shared
-  with the official SLURM plugin mean the same there, so profiles carry over;
+  with the official SLURM plugin mean the same there, so profiles carry over; and the launcher's resources
+  (stall_timeout, spare_nodes, ...), which launcher_resources.py reads and checks;
 - Snakemake's own (mem, mem_mb, mem_mib, disk*, runtime, tmpdir, threads, and every key starting with "_");
 - the official SLURM plugin's that mean something else here are mapped (gpu = GPUs per JOB, gpu_model, gres,
   cpus_per_gpu, tasks == nodes, tasks_per_node == 1) or refused with what to use instead (mpi, tasks, clusters, ...);
@@ -22,27 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from snakemake_executor_multinode.contract import protocol
+from snakemake_executor_multinode.planning import launcher_resources
+from snakemake_executor_multinode.planning.launcher_resources import LauncherResources
+from snakemake_executor_multinode.planning.resource_values import RequestError, given, read_int
 from snakemake_executor_multinode.planning.settings import PlanningSettings
 from snakemake_executor_multinode.slurm.sbatch_flags import ANY_RELEASE, OptionTable, parse_sbatch_flags
-from snakemake_executor_multinode.util.units import (
-    mib_to_mb,
-    parse_mem_mb,
-    read_runtime,
-    runtime_hint,
-    timespan_seconds,
-)
-
-
-class RequestError(ValueError):
-    """Bad input in a rule's resources or the plugin settings; names rule, field, value and what is allowed.
-    `message` replaces the usual sentence for a refusal of the job as a whole (what its command would leave idle,
-    a directive that cannot work), which says its own why and fix."""
-
-    def __init__(self, rule: str, fieldname: str, value: Any, allowed: str = "", *, message: str = "") -> None:
-        self.rule, self.field, self.value, self.allowed = rule, fieldname, value, allowed
-        super().__init__(message or f"rule {rule!r}: resource {fieldname}={value!r} is invalid: {allowed}")
-
+from snakemake_executor_multinode.util.units import mib_to_mb, parse_mem_mb, read_runtime, runtime_hint
 
 # --- resource keys ---------------------------------------------------------------------------------------------
 
@@ -52,8 +38,8 @@ class RequestError(ValueError):
 SNAKEMAKE_RESOURCES = frozenset(
     {"mem", "mem_mb", "mem_mib", "disk", "disk_mb", "disk_mib", "runtime", "tmpdir", "threads", "_cores", "_nodes"}
 )
-# This plugin's resources (README, "The rule interface").
-OWN_RESOURCES = frozenset(
+# This plugin's resources (README, "The rule interface"): SLURM's, and the launcher's (launcher_resources.py).
+OWN_RESOURCES = launcher_resources.NAMES | frozenset(
     {
         "nodes",
         "gpus",
@@ -72,30 +58,8 @@ OWN_RESOURCES = frozenset(
         "env_profile",
         "master_port",
         "slurm_extra",
-        "stall_timeout",
-        "on_stall",
-        "on_straggler",
-        "straggler_factor",
-        "straggler_window",
-        "own_launcher",
-        "spare_nodes",
-        "max_restarts",
     }
 )
-# Resources a profile may set for every rule that uses it (environment.py takes these keys; a rule's own wins).
-PROFILE_RESOURCES = (
-    "stall_timeout", "on_stall", "on_straggler", "straggler_factor", "straggler_window", "max_restarts",
-)  # fmt: skip
-# A multi-node `multinode torchrun` job with no stall_timeout of its own (rule or profile) gets the adaptive timeout
-# (None here, protocol.STALL_AUTO in the job script): the training's own pace (launching/stall.py, adaptive_timeout).
-ON_STALL = ("fail", "requeue")
-# In-job restarts of a crashed or stalled training on the same nodes (launching/restarts.py), per run of the job.
-DEFAULT_MAX_RESTARTS = 3
-# The launcher's straggler check (launching/straggler.py): a node whose ranks are busy more than FACTOR times the
-# other nodes' median per step for WINDOW seconds in a row is named; `replace` also swaps in a spare where one is left.
-ON_STRAGGLER = ("warn", "replace")
-DEFAULT_STRAGGLER_FACTOR = 1.5
-DEFAULT_STRAGGLER_WINDOW_S = 120
 # The official SLURM plugin's resources with another meaning here: mapped onto ours, or accepted where they mean
 # what this plugin does anyway (see build_request and docs/resources.md).
 MAPPED_RESOURCES = frozenset(
@@ -329,35 +293,18 @@ class JobRequest:
     # quick failures in a row that end a requeued job (0: no bound); "quick": within crash_loop_s of the run's start
     crash_loop_runs: int = PlanningSettings.crash_loop_runs
     crash_loop_s: int = int(PlanningSettings.crash_loop_seconds)
-    stall_timeout_s: int | None = 0  # the launcher's progress watchdog: seconds; None: the adaptive timeout; 0: off
-    on_stall: str = "fail"  # fail | requeue (resumes from the last checkpoint), once no restart is left
-    max_restarts: int = DEFAULT_MAX_RESTARTS  # in-job restarts on the same nodes (launching/restarts.py); 0: none
-    on_straggler: str = "warn"  # warn | replace (a spare takes the slow node's place, where one is left)
-    straggler_factor: float = DEFAULT_STRAGGLER_FACTOR  # > 1: how many times the other nodes' median busy time
-    straggler_window_s: int = DEFAULT_STRAGGLER_WINDOW_S  # that long in a row before a node is named
-    own_launcher: bool = False  # the command starts its ranks itself (srun, mpirun): no launcher check (launcher_use)
-    # Nodes asked for beyond `nodes` (--no-kill): `multinode torchrun` trains on `nodes` of the allocation and
-    # replaces a failed node with one of these in the same job (launching/spares.py); 0: none.
-    spare_nodes: int = 0
+    launcher: LauncherResources = LauncherResources()  # what `multinode torchrun` is told (launcher_resources.py)
     attempt: int = 1
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def launcher_variables(self) -> dict[str, str]:
-        """What `multinode torchrun` reads of this job's resources; the job script exports each (a resource that
-        reaches the launcher adds its variable here, and nowhere else in planning)."""
-        stall = protocol.STALL_AUTO if self.stall_timeout_s is None else str(self.stall_timeout_s)
-        out = {
-            protocol.STALL_TIMEOUT_VAR: stall,
-            protocol.ON_STALL_VAR: self.on_stall,
-            protocol.MAX_RESTARTS_VAR: str(self.max_restarts),
-            protocol.CRASH_LOOP_RUNS_VAR: str(self.crash_loop_runs),
-            protocol.ON_STRAGGLER_VAR: self.on_straggler,
-            protocol.STRAGGLER_FACTOR_VAR: f"{self.straggler_factor:g}",
-            protocol.STRAGGLER_WINDOW_VAR: str(self.straggler_window_s),
-        }
-        if self.spare_nodes:  # without spares the launcher trains on the whole allocation, as it always did
-            out[protocol.TRAIN_NODES_VAR] = str(self.nodes)
-        return out
+        """What `multinode torchrun` reads of this job's resources; the job script exports each."""
+        return self.launcher.variables(self.nodes, self.crash_loop_runs)
+
+    @property
+    def spare_nodes(self) -> int:
+        """The launcher's spares, which SLURM allocates beside the training's nodes."""
+        return self.launcher.spare_nodes
 
     @property
     def allocated_nodes(self) -> int:
@@ -374,18 +321,6 @@ class JobRequest:
         return ",".join(f"{k}={v}" for k, v in self.wildcards)
 
 
-def _int(rule: str, name: str, value: Any, low: int, allowed: str) -> int:
-    if isinstance(value, bool):
-        raise RequestError(rule, name, value, allowed)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value.strip())
-    if not isinstance(value, int) or value < low:
-        raise RequestError(rule, name, value, allowed)
-    return value
-
-
 def _text(rule: str, name: str, value: Any, pattern: re.Pattern[str], allowed: str) -> str | None:
     if value is None or value == "":
         return None
@@ -393,10 +328,6 @@ def _text(rule: str, name: str, value: Any, pattern: re.Pattern[str], allowed: s
     if not pattern.match(text):
         raise RequestError(rule, name, value, allowed)
     return text
-
-
-def _given(r: Mapping[str, Any], key: str) -> bool:
-    return r.get(key) not in (None, "")
 
 
 def _check_keys(rule: str, r: Mapping[str, Any], defaults: PlanningSettings, warnings: list[str]) -> None:
@@ -425,11 +356,11 @@ def _gpus(rule: str, r: Mapping[str, Any], nodes: int, warnings: list[str]) -> t
     as in SLURM), gpu_type (ours), gpu_model (official). Sources that are given must agree."""
     per_node: dict[str, int] = {}
     types: dict[str, str] = {}
-    if _given(r, "gpus"):
-        per_node["gpus"] = _int(rule, "gpus", r["gpus"], 0, "a non-negative integer (GPUs PER NODE)")
-    if _given(r, "gpu"):
+    if given(r, "gpus"):
+        per_node["gpus"] = read_int(rule, "gpus", r["gpus"], 0, "a non-negative integer (GPUs PER NODE)")
+    if given(r, "gpu"):
         per_node["gpu"] = _gpu_per_job(rule, r["gpu"], nodes, warnings)
-    if _given(r, "gres"):
+    if given(r, "gres"):
         per_node["gres"], gres_type = _gres(rule, r["gres"])
         if gres_type:
             types["gres"] = gres_type
@@ -443,7 +374,7 @@ def _gpus(rule: str, r: Mapping[str, Any], nodes: int, warnings: list[str]) -> t
 
 def _gpu_per_job(rule: str, value: Any, nodes: int, warnings: list[str]) -> int:
     """The official plugin's gpu=N (GPUs for the whole job) as GPUs per node."""
-    total = _int(
+    total = read_int(
         rule, "gpu", value, 0, "a non-negative integer (GPUs for the whole job, as in the official SLURM plugin)"
     )
     if total % nodes:
@@ -510,19 +441,19 @@ def _agree(rule: str, r: Mapping[str, Any], nodes: int, per_node: dict[str, int]
 
 def _tasks(rule: str, r: Mapping[str, Any], nodes: int) -> None:
     """One task (one torchrun) per node: tasks == nodes and tasks_per_node == 1 are no-ops, the rest is refused."""
-    if _given(r, "tasks"):
-        tasks = _int(rule, "tasks", r["tasks"], 1, f"a positive integer equal to nodes={nodes}; {_one_task()}")
+    if given(r, "tasks"):
+        tasks = read_int(rule, "tasks", r["tasks"], 1, f"a positive integer equal to nodes={nodes}; {_one_task()}")
         if tasks != nodes:
             per_node = tasks // nodes if tasks % nodes == 0 else "N"
             raise RequestError(
                 rule, "tasks", r["tasks"], f"must equal nodes={nodes} or be left out: {_one_task(per_node)}"
             )
-    if _given(r, "tasks_per_node"):
-        tpn = _int(rule, "tasks_per_node", r["tasks_per_node"], 1, f"1; {_one_task()}")
+    if given(r, "tasks_per_node"):
+        tpn = read_int(rule, "tasks_per_node", r["tasks_per_node"], 1, f"1; {_one_task()}")
         if tpn != 1:
             raise RequestError(rule, "tasks_per_node", r["tasks_per_node"], f"must be 1 or left out: {_one_task(tpn)}")
-    if _given(r, "tasks_per_gpu"):
-        tpg = _int(rule, "tasks_per_gpu", r["tasks_per_gpu"], -(2**31), "an integer")
+    if given(r, "tasks_per_gpu"):
+        tpg = read_int(rule, "tasks_per_gpu", r["tasks_per_gpu"], -(2**31), "an integer")
         if tpg > 0:
             raise RequestError(
                 rule,
@@ -544,10 +475,12 @@ def _mem_mb(rule: str, r: Mapping[str, Any]) -> int | None:
     """mem_mb; else mem_mib or mem as Snakemake converts them (the executor always sees mem_mb; a preview may not)."""
     mem_mb = r.get("mem_mb")
     if mem_mb not in (None, "", 0):
-        return _int(rule, "mem_mb", mem_mb, 1, "a positive integer (MB per node); for a unit use mem, e.g. mem='8GB'")
+        return read_int(
+            rule, "mem_mb", mem_mb, 1, "a positive integer (MB per node); for a unit use mem, e.g. mem='8GB'"
+        )
     mib = r.get("mem_mib")
     if mib not in (None, "", 0):
-        return mib_to_mb(_int(rule, "mem_mib", mib, 1, "a positive integer (MiB per node)"))
+        return mib_to_mb(read_int(rule, "mem_mib", mib, 1, "a positive integer (MiB per node)"))
     mem = r.get("mem")
     if mem not in (None, "", 0):
         try:
@@ -586,28 +519,14 @@ def build_request(
     gpus, gpu_type = _gpus(rule, r, nodes, warnings)
     mem_mb, mem_cpu = _mem_mb(rule, r), _mem_mb_per_cpu(rule, r)
     runtime_min = _runtime(rule, r, warnings)
-    own_launcher = _own_launcher(rule, r)
-    watched = nodes > 1 and not own_launcher and not site_launcher
-    stall_timeout_s = _stall_timeout(rule, r, profile or {}, watched=watched)
-    if site_launcher and stall_timeout_s:  # said, not dropped in silence: no watchdog runs in a site's launcher
-        warnings.append(
-            f"rule {rule!r}: stall_timeout has no effect: its command starts a --multinode-launchers command, not "
-            "`multinode torchrun`, whose progress watchdog it sets"
-        )
-        stall_timeout_s = 0
-    max_restarts = _max_restarts(rule, r, profile or {})
-    if (site_launcher or own_launcher) and _given(r, "max_restarts"):  # said, not dropped in silence
-        warnings.append(
-            f"rule {rule!r}: max_restarts has no effect: its command starts its ranks itself "
-            f"({'a --multinode-launchers command' if site_launcher else 'own_launcher'}), and only `multinode "
-            "torchrun` restarts a training in the job"
-        )
+    launcher = launcher_resources.read(
+        rule, r, profile or {}, nodes=nodes, site_launcher=site_launcher, warnings=warnings
+    )
     if nodes > 1 and not gpus:
         warnings.append(
             f"rule {rule!r}: nodes={nodes} without gpus: a CPU multi-node job. Each node gets one task and no GPU; "
             "`multinode torchrun` starts one process per node (gloo backend). Set gpus=N (per node) for GPU training"
         )
-    name = "a SLURM name: letters, digits and _ . : + -"
     return JobRequest(
         rule=rule,
         wildcards=tuple((str(k), str(v)) for k, v in (wildcards or {}).items()),
@@ -620,25 +539,7 @@ def build_request(
         mem_mb=None if mem_cpu else mem_mb,
         mem_mb_per_cpu=mem_cpu,
         runtime_min=runtime_min,
-        partition=_text(
-            rule,
-            "slurm_partition",
-            r.get("slurm_partition", defaults.partition),
-            _NAMES,
-            f"{name}; several: comma-separated",
-        ),  # fmt: skip
-        account=_text(rule, "slurm_account", r.get("slurm_account", defaults.account), _NAME, name),
-        qos=_text(rule, "qos", r.get("qos"), _NAME, name),
-        reservation=_text(rule, "slurm_reservation", r.get("slurm_reservation", defaults.reservation), _NAME, name),
-        constraint=_text(
-            rule,
-            "constraint",
-            r.get("constraint"),
-            _CONSTRAINT,
-            "a SLURM feature expression, e.g. 'a100&ib' or '[rack1|rack2]'",
-        ),  # fmt: skip
-        nodelist=_text(rule, "nodelist", r.get("nodelist"), _HOSTLIST, "a host list like node[110-111],node5"),
-        exclude=_text(rule, "exclude", r.get("exclude"), _HOSTLIST, "a host list like node[110-111],node5"),
+        **_names(rule, r, defaults),
         signal=_signal(rule, r, defaults, training=nodes > 1 or gpus > 0, runtime_min=runtime_min, warnings=warnings),
         env_profile=env_profile,
         master_port=_master_port(rule, r),
@@ -646,21 +547,41 @@ def build_request(
         max_requeues=max(0, defaults.max_requeues),
         crash_loop_runs=defaults.crash_loop_runs,
         crash_loop_s=math.ceil(defaults.crash_loop_seconds),
-        stall_timeout_s=stall_timeout_s,
-        on_stall=_on_stall(rule, r, profile or {}),
-        max_restarts=max_restarts,
-        on_straggler=_on_straggler(rule, r, profile or {}),
-        straggler_factor=_straggler_factor(rule, r, profile or {}),
-        straggler_window_s=_straggler_window(rule, r, profile or {}),
-        own_launcher=own_launcher,
-        spare_nodes=_spare_nodes(rule, r, nodes),
+        launcher=launcher,
         attempt=attempt,
         warnings=tuple(warnings),
     )
 
 
+def _names(rule: str, r: Mapping[str, Any], defaults: PlanningSettings) -> dict[str, Any]:
+    """The resources that name something of SLURM's (partition, account, ..., hosts), checked for sbatch's parser."""
+    name = "a SLURM name: letters, digits and _ . : + -"
+    hosts = "a host list like node[110-111],node5"
+    return {
+        "partition": _text(
+            rule,
+            "slurm_partition",
+            r.get("slurm_partition", defaults.partition),
+            _NAMES,
+            f"{name}; several: comma-separated",
+        ),
+        "account": _text(rule, "slurm_account", r.get("slurm_account", defaults.account), _NAME, name),
+        "qos": _text(rule, "qos", r.get("qos"), _NAME, name),
+        "reservation": _text(rule, "slurm_reservation", r.get("slurm_reservation", defaults.reservation), _NAME, name),
+        "constraint": _text(
+            rule,
+            "constraint",
+            r.get("constraint"),
+            _CONSTRAINT,
+            "a SLURM feature expression, e.g. 'a100&ib' or '[rack1|rack2]'",
+        ),
+        "nodelist": _text(rule, "nodelist", r.get("nodelist"), _HOSTLIST, hosts),
+        "exclude": _text(rule, "exclude", r.get("exclude"), _HOSTLIST, hosts),
+    }
+
+
 def _nodes(rule: str, r: Mapping[str, Any], declared: int | None, warnings: list[str]) -> int:
-    nodes = _int(rule, "nodes", r.get("nodes", 1), 1, "a positive integer (number of nodes)")
+    nodes = read_int(rule, "nodes", r.get("nodes", 1), 1, "a positive integer (number of nodes)")
     if isinstance(declared, int) and declared > nodes:
         warnings.append(
             f"rule {rule!r} asks for nodes={declared} but gets {nodes}: Snakemake's "
@@ -669,33 +590,16 @@ def _nodes(rule: str, r: Mapping[str, Any], declared: int | None, warnings: list
     return nodes
 
 
-def _spare_nodes(rule: str, r: Mapping[str, Any], nodes: int) -> int:
-    """Extra nodes the launcher may swap in for a failed one; a one-node job has no peer to keep training with a
-    replacement (a requeue or retry moves it to another node anyway), so spares need nodes >= 2."""
-    if not _given(r, "spare_nodes"):
-        return 0
-    spares = _int(rule, "spare_nodes", r["spare_nodes"], 0, "a non-negative integer (nodes kept for replacements)")
-    if spares and nodes < 2:
-        raise RequestError(
-            rule,
-            "spare_nodes",
-            r["spare_nodes"],
-            f"needs nodes >= 2 (this rule has nodes={nodes}): a spare replaces a failed node of a multi-node "
-            "training in the same job; a one-node job is moved to another node by its requeue or retry instead",
-        )
-    return spares
-
-
 def _cpus(rule: str, r: Mapping[str, Any], threads: int, gpus: int) -> int:
     """CPUs of the one task on each node: cpus_per_task, or cpus_per_gpu x gpus, or the rule's threads."""
     default_cpus = max(threads, gpus, 1)
-    if _given(r, "cpus_per_gpu"):
+    if given(r, "cpus_per_gpu"):
         # official meaning: CPUs per GPU; 0 or less: not set. One task holds all of a node's GPUs.
-        per_gpu = _int(rule, "cpus_per_gpu", r["cpus_per_gpu"], -(2**31), "an integer (CPUs per GPU)")
+        per_gpu = read_int(rule, "cpus_per_gpu", r["cpus_per_gpu"], -(2**31), "an integer (CPUs per GPU)")
         if per_gpu > 0 and gpus:
             default_cpus = per_gpu * gpus
-            if _given(r, "cpus_per_task"):
-                cpt = _int(rule, "cpus_per_task", r["cpus_per_task"], 1, "a positive integer (CPUs per node)")
+            if given(r, "cpus_per_task"):
+                cpt = read_int(rule, "cpus_per_task", r["cpus_per_task"], 1, "a positive integer (CPUs per node)")
                 if cpt != default_cpus:
                     raise RequestError(
                         rule,
@@ -704,7 +608,7 @@ def _cpus(rule: str, r: Mapping[str, Any], threads: int, gpus: int) -> int:
                         f"cpus_per_gpu={per_gpu} x gpus={gpus} is cpus_per_task={default_cpus} (one task per node), "
                         f"but cpus_per_task={cpt}: give one of them",
                     )
-    cpus = _int(
+    cpus = read_int(
         rule,
         "cpus_per_task",
         r.get("cpus_per_task", default_cpus),
@@ -720,7 +624,11 @@ def _cpus(rule: str, r: Mapping[str, Any], threads: int, gpus: int) -> int:
 
 def _mem_mb_per_cpu(rule: str, r: Mapping[str, Any]) -> int | None:
     value = r.get("mem_mb_per_cpu")
-    return None if value in (None, "", 0) else _int(rule, "mem_mb_per_cpu", value, 1, "a positive integer (MB per CPU)")
+    return (
+        None
+        if value in (None, "", 0)
+        else read_int(rule, "mem_mb_per_cpu", value, 1, "a positive integer (MB per CPU)")
+    )
 
 
 def _runtime(rule: str, r: Mapping[str, Any], warnings: list[str]) -> int | None:
@@ -776,100 +684,7 @@ def _gpu_flag(rule: str, r: Mapping[str, Any], defaults: PlanningSettings) -> st
 
 def _master_port(rule: str, r: Mapping[str, Any]) -> int | None:
     port = r.get("master_port")
-    port = None if port in (None, "") else _int(rule, "master_port", port, 1024, "a port number 1024..65535")
+    port = None if port in (None, "") else read_int(rule, "master_port", port, 1024, "a port number 1024..65535")
     if port is not None and port > 65535:
         raise RequestError(rule, "master_port", port, "a port number 1024..65535")
     return port
-
-
-def _stall_timeout(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any], watched: bool) -> int | None:
-    """Seconds without progress before the launcher ends the step: the rule's, the profile's, or for a `watched` job
-    (multi-node, started by `multinode torchrun`, whose watchdog it is) None, the adaptive timeout; a duration with
-    its unit ('20m', '90s', '1h'), or 'off' / 0."""
-    where = "stall_timeout" if "stall_timeout" in r else "env_profile stall_timeout"
-    value = r.get("stall_timeout", profile.get("stall_timeout"))
-    if value is None:
-        return None if watched else 0
-    if value in (0, "0", "off", "none", False):
-        return 0
-    allowed = "a duration with its unit, e.g. '20m', '90s' or '1h' (a bare number is ambiguous), or 'off'"
-    return _duration(rule, where, value, allowed)
-
-
-def _duration(rule: str, where: str, value: Any, allowed: str) -> int:
-    """Whole seconds (at least 1) of a duration written with its unit ('20m', '90s', '1h')."""
-    if isinstance(value, bool) or not isinstance(value, str) or not re.search(r"[A-Za-z]", value):
-        raise RequestError(rule, where, value, allowed)
-    try:
-        seconds = timespan_seconds(value)
-    except ValueError as err:
-        raise RequestError(rule, where, value, allowed) from err
-    if seconds <= 0:
-        raise RequestError(rule, where, value, allowed)
-    return max(1, round(seconds))
-
-
-def _own_launcher(rule: str, r: Mapping[str, Any]) -> bool:
-    value = r.get("own_launcher", False)
-    # --set-resources hands over text
-    read = {True: True, False: False, "True": True, "False": False, "true": True, "false": False}
-    if isinstance(value, bool | str) and value in read:
-        return read[value]
-    raise RequestError(
-        rule,
-        "own_launcher",
-        value,
-        "True (the command starts its ranks on every node itself, e.g. with srun or mpirun) or False",
-    )
-
-
-def _max_restarts(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any]) -> int:
-    value = r.get("max_restarts", profile.get("max_restarts"))
-    if value is None:
-        return DEFAULT_MAX_RESTARTS
-    allowed = (
-        "an integer >= 0: how many times `multinode torchrun` starts a crashed or stalled training again on the same "
-        "nodes in one run of the job (0: never)"
-    )
-    return _int(rule, _where(r, "max_restarts"), value, 0, allowed)
-
-
-def _on_stall(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any]) -> str:
-    value = r.get("on_stall", profile.get("on_stall", "fail"))
-    if value not in ON_STALL:
-        where = "on_stall" if "on_stall" in r else "env_profile on_stall"
-        raise RequestError(rule, where, value, "'fail' or 'requeue' (resume from the last checkpoint)")
-    return str(value)
-
-
-def _where(r: Mapping[str, Any], key: str) -> str:
-    """The name a refusal gives a setting: the rule's resource, or the environment profile's key it fell back to."""
-    return key if key in r else f"env_profile {key}"
-
-
-def _on_straggler(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any]) -> str:
-    value = r.get("on_straggler", profile.get("on_straggler", "warn"))
-    if value not in ON_STRAGGLER:
-        allowed = "'warn' (name the slow node in the log and status) or 'replace' (also swap in a spare node)"
-        raise RequestError(rule, _where(r, "on_straggler"), value, allowed)
-    return str(value)
-
-
-def _straggler_factor(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any]) -> float:
-    value = r.get("straggler_factor", profile.get("straggler_factor", DEFAULT_STRAGGLER_FACTOR))
-    allowed = "a number above 1: how many times the other nodes' busy time per step, e.g. 1.5"
-    try:  # --set-resources hands over text
-        factor = float(value) if isinstance(value, int | float | str) and not isinstance(value, bool) else 0.0
-    except ValueError as err:
-        raise RequestError(rule, _where(r, "straggler_factor"), value, allowed) from err
-    if not math.isfinite(factor) or factor <= 1:
-        raise RequestError(rule, _where(r, "straggler_factor"), value, allowed)
-    return factor
-
-
-def _straggler_window(rule: str, r: Mapping[str, Any], profile: Mapping[str, Any]) -> int:
-    value = r.get("straggler_window", profile.get("straggler_window"))
-    if value is None:
-        return DEFAULT_STRAGGLER_WINDOW_S
-    allowed = "a duration with its unit, e.g. '2m' or '90s' (a bare number is ambiguous)"
-    return _duration(rule, _where(r, "straggler_window"), value, allowed)

@@ -10,10 +10,10 @@ render = load_script(REPO / "scripts/render_defaults.py", "render_defaults")
 
 
 def test_a_changed_default_changes_the_table(monkeypatch):
-    from snakemake_executor_multinode.planning import request
+    from snakemake_executor_multinode.planning import launcher_resources
 
     before = render.table()
-    monkeypatch.setattr(request, "DEFAULT_MAX_RESTARTS", 5)
+    monkeypatch.setattr(launcher_resources, "DEFAULT_MAX_RESTARTS", 5)
     after = render.table()
     assert "3 in-job restarts" in before and "5 in-job restarts" in after
 

@@ -97,10 +97,10 @@ def test_a_job_started_by_a_sites_own_launcher_gets_no_stall_watchdog(tmp_path):
     s.planner.launchers = ("bash",)  # --multinode-launchers=bash (Planner checks the name on PATH)
     own = "bash run_ranks.sh"
     plan = s.plan(RuleJob("train", {"nodes": 2}, own, key="0.1"), ["out.txt"], shellcmd=own)
-    assert plan.request.stall_timeout_s == 0 and "MULTINODE_STALL_TIMEOUT=0 " in plan.script
+    assert plan.request.launcher.stall_timeout_s == 0 and "MULTINODE_STALL_TIMEOUT=0 " in plan.script
     torchrun = "multinode torchrun train.py"
     plan = s.plan(RuleJob("train", {"nodes": 2}, torchrun, key="0.2"), ["out2.txt"], shellcmd=torchrun)
-    assert plan.request.stall_timeout_s is None and "MULTINODE_STALL_TIMEOUT=auto " in plan.script
+    assert plan.request.launcher.stall_timeout_s is None and "MULTINODE_STALL_TIMEOUT=auto " in plan.script
 
 
 def test_a_refused_submission_names_the_rule_and_keeps_the_script(tmp_path):

@@ -70,8 +70,8 @@ def test_a_launcher_named_in_the_setting_counts_and_the_refusal_names_them():
 def test_own_launcher_opts_out_and_takes_the_stall_watchdog_with_it():
     assert accepted({"nodes": 2, "gpus": 8, "own_launcher": True}, "srun python train.py")
     assert accepted({"nodes": 2, "own_launcher": "True"}, None)  # --set-resources hands over text
-    assert build_request("train", {"nodes": 2, "own_launcher": True}).stall_timeout_s == 0
-    assert build_request("train", {"nodes": 2}).stall_timeout_s is None  # the adaptive timeout
+    assert build_request("train", {"nodes": 2, "own_launcher": True}).launcher.stall_timeout_s == 0
+    assert build_request("train", {"nodes": 2}).launcher.stall_timeout_s is None  # the adaptive timeout
 
 
 def test_a_sites_own_launcher_takes_the_stall_watchdog_with_it():
@@ -80,7 +80,7 @@ def test_a_sites_own_launcher_takes_the_stall_watchdog_with_it():
     assert not launcher_use.site_launcher("multinode torchrun train.py", ("accelerate",))
     assert not launcher_use.site_launcher("accelerate launch x.py && multinode torchrun y.py", ("accelerate",))
     assert not launcher_use.site_launcher(None, ("accelerate",)) and not launcher_use.site_launcher("python x.py", ())
-    assert build_request("train", {"nodes": 2}, site_launcher=True).stall_timeout_s == 0
+    assert build_request("train", {"nodes": 2}, site_launcher=True).launcher.stall_timeout_s == 0
 
 
 @pytest.mark.parametrize("value", [1, "yes", 2.0, None])
@@ -150,6 +150,6 @@ def test_a_job_started_by_another_launcher_is_told_of_no_watchdog_it_does_not_ha
 
 def test_a_stall_timeout_on_a_site_launchers_rule_is_said_to_have_no_effect_not_dropped_in_silence():
     req = build_request("train", {"nodes": 2, "stall_timeout": "20m"}, site_launcher=True)
-    assert req.stall_timeout_s == 0
+    assert req.launcher.stall_timeout_s == 0
     assert any("stall_timeout has no effect" in w and "--multinode-launchers" in w for w in req.warnings)
     assert not [w for w in build_request("train", {"nodes": 2}, site_launcher=True).warnings if "stall_timeout" in w]
