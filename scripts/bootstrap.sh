@@ -29,7 +29,7 @@ if ! "$PY" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2
   echo "[bootstrap] pip install torch==2.13.0"
   "${pip[@]}" torch==2.13.0
 fi
-if ! "$PY" -c 'import snakemake, colossalai, transformers, galore_torch, matplotlib, pytest, ruff, mypy, build, hatchling' 2>/dev/null ||
+if ! "$PY" -c 'import snakemake, colossalai, transformers, galore_torch, matplotlib, pytest, xdist, ruff, mypy, build, hatchling' 2>/dev/null ||
     ! "$PY" -c 'import tensorboard, wandb, mlflow' 2>/dev/null || ! command -v py-spy >/dev/null; then
   echo "[bootstrap] pip install -e .[train,test,trackers] and colossalai==0.5.0 --no-deps"
   "${pip[@]}" -e ".[train,test,trackers]"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh machine (scripts/bootstrap.sh), run ruff and mypy, then the test suite on SLURM 22.05 (this machine's
 # packages), the cluster tests again on SLURM 24.11 (a Debian 13 root file system: docs/slurm-versions.md) and the
-# Snakemake 8.30 tier (scripts/snakemake8.sh). Each brings its own local cluster up once and down at the end.
+# Snakemake 8.30 tier (scripts/snakemake8.sh). Each brings its own local cluster up once and down at the end (the
+# default's tier runs on two workers, a cluster each).
 #   scripts/test.sh [--slurm RELEASE|both] [PYTEST ARGS]
 # The releases are snakemake_executor_multinode/contract/releases.py's (22.05, the default, and 24.11 today).
 # Arguments go to pytest. With --slurm both (the default) the other releases' tiers (beside the default's) and then the
@@ -58,7 +59,14 @@ if [ "$slurm" = both ] && [ $named = 0 ]; then
     done
 fi
 if [ "$slurm" = both ] || [ "$slurm" = "$default" ]; then
-    run "$@"
+    if [ $named = 0 ]; then
+        # The whole suite on two pytest-xdist workers, a test file to each in turn, each worker with a cluster of its
+        # own (tests/helpers.py): a cluster test mostly waits for SLURM, so two share the cores, and this tier is
+        # what sets CI's length.
+        run -n 2 --dist loadfile "$@"
+    else
+        run "$@"
+    fi
 fi
 for tier in "${tiers[@]}"; do
     read -r pid out <<<"${beside[$tier]}"

@@ -429,6 +429,10 @@ TEST_CLUSTER_DIR = Path(
         + ("-snakemake8" if SNAKEMAKE_MAJOR == 8 else ""),
     )
 )
+# Under pytest-xdist (scripts/test.sh runs the default tier on two workers) each worker brings up a cluster of its
+# own: the first keeps the folder above, the others add their name to it.
+if (XDIST_WORKER := os.environ.get("PYTEST_XDIST_WORKER", "gw0")) != "gw0":
+    TEST_CLUSTER_DIR = TEST_CLUSTER_DIR.with_name(f"{TEST_CLUSTER_DIR.name}-{XDIST_WORKER}")
 
 
 class Cluster:
