@@ -1,7 +1,7 @@
 """One run of a workflow, as the plugin lives it: plan, submit, watch, end. The Snakemake adapter's one door.
 
 The adapter reads each Snakemake job once (its facts) and hands over plain values; everything the plugin decides
-(the launch check, reattach, the submission sequence, what a status cycle reports, the failure message,
+(the plan, reattach, the submission sequence, what a status cycle reports, the failure message,
 cancellation) is here, so that the adapter only translates. The adapter imports nothing else of the core: the
 values it passes and gets back are named in `__all__` (tests/unit/test_architecture.py holds it to that).
 Submission is a short fixed sequence of small steps (as submitit's core): plan -> reattach or [write the script,
@@ -22,11 +22,11 @@ from typing import Any
 from snakemake_executor_multinode.contract import node_events, state_files
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, PendingFiles, StateFolders, array_script
 from snakemake_executor_multinode.contract.state_files import StateError
-from snakemake_executor_multinode.planning import environment, jobscript, launcher_use, slurm_acceptance, snapshot
+from snakemake_executor_multinode.planning import environment, jobscript, slurm_acceptance, snapshot
 from snakemake_executor_multinode.planning.environment import EnvProfileError
 from snakemake_executor_multinode.planning.launcher_use import watchdog
-from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, direct_command
-from snakemake_executor_multinode.planning.request import JobRequest, RequestError, refuse_container_directive
+from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, direct_command, plan_job
+from snakemake_executor_multinode.planning.request import JobRequest, RequestError
 from snakemake_executor_multinode.planning.settings import PlanningSettings, SettingsError, help_text
 from snakemake_executor_multinode.planning.slurm_acceptance import Planned, Report
 from snakemake_executor_multinode.slurm import reasons
@@ -130,7 +130,6 @@ class Session:
         self.wake = Wake(self.folders.state)  # a job's end starts the next status cycle (wake.py)
         self.progress = ProgressLines(self.settings.progress_seconds)  # training progress: a file read, no SLURM
         self.job_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)
-        self.failed_nodes: dict[tuple[str, ...], tuple[str, ...]] = {}  # job outputs -> nodes its attempts failed on
         self._said: set[str] = set()
         self._cancelled: set[str] = set()  # job ids this run has cancelled
         self._told: set[str] = set()  # pending jobs whose wait was explained
@@ -162,35 +161,13 @@ class Session:
                 )
 
     # --- planning -------------------------------------------------------------------------------------------
-    def plan(
-        self,
-        job: RuleJob,
-        outputs: Sequence[str],
-        container_image: str | None = None,
-        shellcmd: str | None = None,
-        kind: str | None = None,
-    ) -> JobPlan:
-        """The job's plan, exactly as `multinode preview`/`check` make it; RequestError on bad input, also for
-        nodes or GPUs its command would leave idle (launcher_use.py). `shellcmd`: the rule's shell command, None for
-        a rule without one (`kind` says what it is: script rule, run: block, ...). A retry (attempt > 1) avoids the
-        nodes the earlier attempts of the same outputs failed on."""
-        if container_image is not None:  # Snakemake's container: directive (request.py decides)
-            refuse_container_directive(job.rule, container_image, job.resources.get("nodes"), shellcmd)
-        avoid = self.failed_nodes.get(tuple(outputs), ()) if job.attempt > 1 else ()
+    def plan(self, job: RuleJob) -> JobPlan:
+        """The job's plan, exactly as `multinode preview`/`check` make it (plan.plan_job); RequestError on bad input,
+        also for nodes or GPUs its command would leave idle. A retry avoids the nodes its earlier attempts failed on."""
         if self.slurm_version is None:  # once: slurm_extra is read with the options of the release found
             self.slurm_version = self.client.version() or ""
             self.planner.sbatch_options = table_for(self.slurm_version)
-        launchers = self.planner.launchers
-        plan = self.planner.plan(
-            replace(
-                job,
-                avoid_nodes=avoid,
-                site_launcher=launcher_use.site_launcher(shellcmd, launchers),
-                outputs=tuple(outputs),
-            )
-        )
-        launcher_use.refuse_idle(plan.request, shellcmd, kind, launchers)
-        return plan
+        return plan_job(job, self.planner)
 
     def launch_preview(self, plan: JobPlan, shellcmd: str | None) -> str:
         """The srun step `multinode torchrun` would start for this plan ("" when its command does not run it)."""
@@ -451,8 +428,7 @@ class Session:
         bad, unread = replaced_nodes(sub.log)
         bad += [outcome.failed_node] if outcome.failed_node else []
         if bad:
-            known = self.failed_nodes.get(sub.outputs, ())
-            self.failed_nodes[sub.outputs] = (*known, *(n for n in dict.fromkeys(bad) if n not in known))
+            self.planner.failed_on(sub.outputs, bad)
         said = failure_message(sub.jobid, outcome, Path(sub.log) if sub.log else None)
         return Ended(sub, False, f"{said}; {unread}" if unread else said)
 
