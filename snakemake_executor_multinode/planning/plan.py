@@ -26,7 +26,7 @@ from snakemake_executor_multinode.planning.request import (
 )
 from snakemake_executor_multinode.planning.settings import PlanningSettings, SettingsError
 from snakemake_executor_multinode.planning.snapshot import Snapshot
-from snakemake_executor_multinode.slurm.sbatch_flags import ANY_RELEASE, OptionTable
+from snakemake_executor_multinode.slurm.sbatch_flags import ANY_RELEASE, OptionTable, table_for
 
 _NODE = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a node name as the launcher reports it
 _LOGDIR = re.compile(r"^[A-Za-z0-9_.+\-][A-Za-z0-9_./+\-]*$")
@@ -122,6 +122,10 @@ class Planner:
         self.snapshots = snapshot.SnapshotStore(workdir, settings.snapshot)  # SnapshotError names setting and path
         if settings.env_profile is not None:
             environment.select(self.profiles, settings.env_profile, where="--multinode-env-profile")
+
+    def use_release(self, version: str) -> None:
+        """slurm_extra is read with the options of this SLURM release (`sbatch --version`'s answer; "": none)."""
+        self.sbatch_options = table_for(version)
 
     def failed_on(self, outputs: tuple[str, ...], nodes: Sequence[str]) -> None:
         """An attempt of the job that makes `outputs` failed on `nodes`: its retries in this run avoid them."""

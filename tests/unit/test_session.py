@@ -1,5 +1,6 @@
-"""One run as the adapter drives it (session.py), with sbatch and squeue answered by the test: plan, submit, watch,
-end. Every step leaves what the next run needs: the registry record, the job script, the provenance record."""
+"""One run as the adapter drives it (session.py; its submissions: submitting.py), with sbatch and squeue answered by
+the test: plan, submit, watch, end. Every step leaves what the next run needs: the registry record, the job script,
+the provenance record."""
 
 from __future__ import annotations
 
@@ -174,7 +175,7 @@ def test_with_no_arrays_every_job_goes_on_its_own(tmp_path):
 
 
 def test_a_group_larger_than_slurms_array_limit_goes_as_several_arrays(tmp_path, monkeypatch):
-    monkeypatch.setattr("snakemake_executor_multinode.session.MAX_ARRAY", 2)
+    monkeypatch.setattr("snakemake_executor_multinode.submitting.MAX_ARRAY", 2)
     s, _ = fake_session(tmp_path, Slurm())
     assert [sub.jobid for sub in s.submit_many(shards(s, 5))] == ["41_0", "41_1", "42_0", "42_1", "43"]
 

@@ -18,7 +18,7 @@ from snakemake_executor_multinode.session import Settings
 from snakemake_executor_multinode.slurm.client import SlurmClient, SubmitError
 from tests.helpers import Answer, FakeSlurm
 
-TORCHRUN = "multinode torchrun train.py"  # the rule's shell command: it uses every node and GPU (launch_check.py)
+TORCHRUN = "multinode torchrun train.py"  # the rule's shell command: it uses every node and GPU (launcher_use.py)
 PARTITION = (
     "PartitionName=gpu AllowGroups=ALL Default=YES DefaultTime=NONE MaxNodes=UNLIMITED MaxTime=1-00:00:00 "
     "Nodes=node[1-3] State=UP TotalCPUs=12 TotalNodes=3"
