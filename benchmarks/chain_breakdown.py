@@ -99,7 +99,7 @@ def install(events: list[dict[str, Any]], inject_delay: float = 0.0) -> None:
     from snakemake.scheduling import job_scheduler
 
     import snakemake_executor_plugin_multinode as adapter
-    from snakemake_executor_multinode import session
+    from snakemake_executor_multinode import session, submitting
     from snakemake_executor_multinode.slurm import client
 
     s, ex, js = session.Session, adapter.Executor, job_scheduler.JobScheduler
@@ -111,7 +111,7 @@ def install(events: list[dict[str, Any]], inject_delay: float = 0.0) -> None:
     _wrap(ex, "plan_for", "plan", events)
     _wrap(ex, "_submitted", "submitted", events, key=lambda r, self, job, sub: {"jobid": sub.jobid})
     _wrap(ex, "shutdown", "executor_shutdown", events)
-    _wrap(s, "_prepare", "prepare", events)
+    _wrap(submitting.Submitter, "_prepare", "prepare", events)
     _wrap(client.SlurmClient, "_run", "slurm_command", events, key=lambda r, self, cmd, *a, **k: {"argv": list(cmd)})
     _wrap(js, "_finish_jobs", "snakemake_finish_jobs", events)
     _wrap(js, "job_selector", "snakemake_select", events)

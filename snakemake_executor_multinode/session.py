@@ -1,46 +1,37 @@
 """One run of a workflow, as the plugin lives it: plan, submit, watch, end. The Snakemake adapter's one door.
 
 The adapter reads each Snakemake job once (its facts) and hands over plain values; everything the plugin decides
-(the launch check, reattach, the submission sequence, what a status cycle reports, the failure message,
-cancellation) is here, so that the adapter only translates. The adapter imports nothing else of the core: the
-values it passes and gets back are named in `__all__` (tests/unit/test_architecture.py holds it to that).
-Submission is a short fixed sequence of small steps (as submitit's core): plan -> reattach or [write the script,
-record, sbatch, record the job id] -> track.
+(the plan, reattach, the submission sequence, what a status cycle reports, the failure message, cancellation) is
+reached from here, so that the adapter only translates. The adapter imports nothing else of the core: the values it
+passes and gets back are named in `__all__` (tests/unit/test_architecture.py holds it to that). A plan is
+planning/plan.py's `plan_job`, the submission sequence submitting.py's.
 """
 
 from __future__ import annotations
 
-import os
 import stat
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from snakemake_executor_multinode.contract import node_events, state_files
-from snakemake_executor_multinode.contract.jobfiles import JobFiles, PendingFiles, StateFolders, array_script
+from snakemake_executor_multinode.contract.jobfiles import JobFiles, StateFolders
 from snakemake_executor_multinode.contract.state_files import StateError
-from snakemake_executor_multinode.planning import environment, jobscript, launcher_use, slurm_acceptance, snapshot
+from snakemake_executor_multinode.planning import slurm_acceptance
 from snakemake_executor_multinode.planning.environment import EnvProfileError
-from snakemake_executor_multinode.planning.launcher_use import watchdog
-from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, direct_command
-from snakemake_executor_multinode.planning.request import JobRequest, RequestError, refuse_container_directive
+from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, direct_command, plan_job
+from snakemake_executor_multinode.planning.request import JobRequest, RequestError
 from snakemake_executor_multinode.planning.settings import PlanningSettings, SettingsError, help_text
 from snakemake_executor_multinode.planning.slurm_acceptance import Planned, Report
 from snakemake_executor_multinode.slurm import reasons
-from snakemake_executor_multinode.slurm.client import QueryError, RetryPolicy, SlurmClient, SubmitError, job_order
+from snakemake_executor_multinode.slurm.client import QueryError, RetryPolicy, SlurmClient, job_order
 from snakemake_executor_multinode.slurm.pacing import Pace
-from snakemake_executor_multinode.slurm.sbatch_flags import table_for
 from snakemake_executor_multinode.slurm.settings import SubmitSettings
-from snakemake_executor_multinode.util.private_files import (
-    StateWriteError,
-    no_space,
-    state_write_error,
-    write_private,
-)
-from snakemake_executor_multinode.watching import cancelling, provenance, reattach
+from snakemake_executor_multinode.submitting import NotSubmitted, SubmitRefused, Submitter
+from snakemake_executor_multinode.util.private_files import StateWriteError, no_space, state_write_error
+from snakemake_executor_multinode.watching import cancelling, provenance
 from snakemake_executor_multinode.watching.failure import failure_message
 from snakemake_executor_multinode.watching.job_status import JobStatus, Outcome
 from snakemake_executor_multinode.watching.notify import Notices, Notifier, command
@@ -67,16 +58,6 @@ class Settings(WatchSettings, SubmitSettings, PlanningSettings):
     `--multinode-*` options from these fields."""
 
 
-class SubmitRefused(RuntimeError):
-    """sbatch refused the job; the message names the rule and where the script was kept."""
-
-
-class NotSubmitted(SubmitRefused):
-    """A file of the plugin's state (the job script, its record) could not be written, a full disk above all: the job
-    was not submitted, or, where its record failed after sbatch, cancelled at once (never a job this run cannot
-    track). The message names the file, the bytes needed and the bytes free (private_files.StateWriteError)."""
-
-
 @dataclass(frozen=True)
 class Ended:
     """A job this run saw end, as Snakemake is told of it."""
@@ -84,10 +65,6 @@ class Ended:
     submission: Submission
     success: bool
     message: str = ""  # the failure's description and the failing rank's last lines; "" on success
-
-
-# SLURM's MaxArraySize defaults to 1001 (task ids 0-1000): a larger group goes as several arrays.
-MAX_ARRAY = 1000
 
 
 @dataclass
@@ -129,12 +106,15 @@ class Session:
         self.job_status = JobStatus(self.folders.state, self.client, self.settings.sweep_seconds)
         self.wake = Wake(self.folders.state)  # a job's end starts the next status cycle (wake.py)
         self.progress = ProgressLines(self.settings.progress_seconds)  # training progress: a file read, no SLURM
-        self.job_ids: dict[str, str] = {}  # output file -> SLURM job id (afterok for --immediate-submit)
-        self.failed_nodes: dict[tuple[str, ...], tuple[str, ...]] = {}  # job outputs -> nodes its attempts failed on
         self._said: set[str] = set()
         self._cancelled: set[str] = set()  # job ids this run has cancelled
         self._told: set[str] = set()  # pending jobs whose wait was explained
         self.slurm_version: str | None = None  # sbatch --version, asked before the first plan ("": no answer)
+        self.submitter = Submitter(
+            self.workdir, self.run_id, self.client, self.registry, self.job_status, self.planner.profiles,
+            info=self.info, warning=self.warning, warn_once=self.warn_once, cancelled=self._cancelled,
+            reattach=not self.settings.no_reattach, arrays=not self.settings.no_arrays,
+        )  # fmt: skip
 
     def _notifier(self) -> Notifier | None:
         if self.settings.notify is None:
@@ -162,35 +142,13 @@ class Session:
                 )
 
     # --- planning -------------------------------------------------------------------------------------------
-    def plan(
-        self,
-        job: RuleJob,
-        outputs: Sequence[str],
-        container_image: str | None = None,
-        shellcmd: str | None = None,
-        kind: str | None = None,
-    ) -> JobPlan:
-        """The job's plan, exactly as `multinode preview`/`check` make it; RequestError on bad input, also for
-        nodes or GPUs its command would leave idle (launcher_use.py). `shellcmd`: the rule's shell command, None for
-        a rule without one (`kind` says what it is: script rule, run: block, ...). A retry (attempt > 1) avoids the
-        nodes the earlier attempts of the same outputs failed on."""
-        if container_image is not None:  # Snakemake's container: directive (request.py decides)
-            refuse_container_directive(job.rule, container_image, job.resources.get("nodes"), shellcmd)
-        avoid = self.failed_nodes.get(tuple(outputs), ()) if job.attempt > 1 else ()
+    def plan(self, job: RuleJob) -> JobPlan:
+        """The job's plan, exactly as `multinode preview`/`check` make it (plan.plan_job); RequestError on bad input,
+        also for nodes or GPUs its command would leave idle. A retry avoids the nodes its earlier attempts failed on."""
         if self.slurm_version is None:  # once: slurm_extra is read with the options of the release found
             self.slurm_version = self.client.version() or ""
-            self.planner.sbatch_options = table_for(self.slurm_version)
-        launchers = self.planner.launchers
-        plan = self.planner.plan(
-            replace(
-                job,
-                avoid_nodes=avoid,
-                site_launcher=launcher_use.site_launcher(shellcmd, launchers),
-                outputs=tuple(outputs),
-            )
-        )
-        launcher_use.refuse_idle(plan.request, shellcmd, kind, launchers)
-        return plan
+            self.planner.use_release(self.slurm_version)
+        return plan_job(job, self.planner)
 
     def launch_preview(self, plan: JobPlan, shellcmd: str | None) -> str:
         """The srun step `multinode torchrun` would start for this plan ("" when its command does not run it)."""
@@ -225,170 +183,12 @@ class Session:
             -> Submission:  # fmt: skip
         """Adopt an earlier run's job (reattach.py) or submit the plan; `upstream`: the outputs of the jobs this one
         waits for (--immediate-submit: afterok on their SLURM jobs). SubmitRefused when sbatch refuses."""
-        outputs = tuple(outputs)
-        sub = self._adopted(plan, outputs, reason) or self._sbatch(plan, outputs, self._dependencies(upstream))
-        return self._tracked(sub)
+        return self.submitter.submit(plan, outputs, reason, upstream)
 
     def submit_many(self, jobs: Sequence[tuple[JobPlan, Sequence[str], RunReason]]) -> list[Submission]:
-        """Jobs Snakemake hands over together, in their order: each adopts an earlier run's job where it may; of the
-        rest, single-node jobs of one rule that ask SLURM for the same go as one job array (at least two, at most
-        MAX_ARRAY; --multinode-no-arrays: never), every other one as a job of its own."""
-        subs: dict[int, Submission] = {}
-        groups: dict[tuple[str, ...], list[int]] = {}
-        for i, (plan, outputs, reason) in enumerate(jobs):
-            if (earlier := self._adopted(plan, tuple(outputs), reason)) is not None:
-                subs[i] = earlier
-            elif plan.request.nodes == 1 and not self.settings.no_arrays:
-                groups.setdefault((plan.request.rule, *jobscript.resource_options(plan.request)), []).append(i)
-            else:
-                subs[i] = self._sbatch(plan, tuple(outputs), [])
-        for members in groups.values():
-            for start in range(0, len(members), MAX_ARRAY):
-                chunk = members[start : start + MAX_ARRAY]
-                if len(chunk) == 1:
-                    subs[chunk[0]] = self._sbatch(jobs[chunk[0]][0], tuple(jobs[chunk[0]][1]), [])
-                    continue
-                made = self._sbatch_array([(jobs[i][0], tuple(jobs[i][1])) for i in chunk])
-                subs.update(zip(chunk, made, strict=True))
-        return [self._tracked(subs[i]) for i in range(len(jobs))]
-
-    def _adopted(self, plan: JobPlan, outputs: tuple[str, ...], reason: RunReason) -> Submission | None:
-        self.warn_once(plan.request.warnings)
-        verdict = reattach.decide(
-            plan.request.rule, outputs, plan.fingerprint, reason, self.registry, self.job_status, self.workdir,
-            enabled=not self.settings.no_reattach,
-        )  # fmt: skip
-        if verdict.message:
-            (self.warning if verdict.warning else self.info)(verdict.message)
-        return verdict.adopt
-
-    def _tracked(self, sub: Submission) -> Submission:
-        assert sub.jobid is not None
-        self.job_ids.update((f, sub.jobid) for f in sub.outputs)
-        self.job_status.expect(sub.jobid, sub.job_name)
-        return sub
-
-    def _prepare(self, plan: JobPlan, outputs: tuple[str, ...]) -> tuple[Path, Submission]:
-        """The job's script, code manifest, provenance and record, written before sbatch: under a name of its own,
-        owner-only (profiles may hold tokens), so that a refused script can be read; recorded, so that Ctrl-C during
-        sbatch still finds the job."""
-        req = plan.request
-        folder = plan.workdir / plan.log_dir
-        pending = PendingFiles(folder, plan.job_name).script
-        try:
-            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            write_private(pending, plan.script)
-            hashed = snapshot.hashes(plan.code_files)  # read once: the manifest and the provenance record
-            if hashed:  # nothing frozen: what a restart checks
-                write_private(plan.code_manifest, snapshot.manifest(hashed))
-            provenance.save_submission(self.workdir, plan.job_name, self._provenance(plan, outputs, hashed))
-            sub = self.registry.record(
-                Submission(
-                    self.run_id, req.rule, dict(req.wildcards), outputs, plan.job_name, req.attempt, str(pending),
-                    fingerprint=plan.fingerprint, tracking_id=plan.tracking_id,
-                )
-            )  # fmt: skip
-        except OSError as err:  # StateWriteError, ProvenanceError, a folder that cannot be made
-            raise NotSubmitted(f"rule {req.rule!r}: not submitted: {err}") from err
-        return pending, sub
-
-    def _unrecorded(self, jobid: str, rule: str, err: OSError) -> NotSubmitted:
-        """sbatch took the job but its record could not be written: cancelled at once, so that no job runs that this
-        run, Ctrl-C or a rerun's reattach would not know of."""
-        job = jobid.split("_")[0]  # an array's element: the whole array
-        try:
-            self.client.cancel([job])
-        except QueryError as failed:
-            return NotSubmitted(
-                f"rule {rule!r}: SLURM job {job}'s record could not be written: {err}; and it could not be cancelled "
-                f"({failed}): `scancel {job}`"
-            )
-        self._cancelled.add(job)
-        return NotSubmitted(f"rule {rule!r}: SLURM job {job} cancelled: its record could not be written: {err}")
-
-    def _sbatch(self, plan: JobPlan, outputs: tuple[str, ...], extra: list[str]) -> Submission:
-        req = plan.request
-        pending, sub = self._prepare(plan, outputs)
-        try:
-            jobid = self.client.submit(pending, cwd=self.workdir, extra=extra, name=plan.job_name)
-        except SubmitError as err:
-            raise SubmitRefused(f"rule {req.rule!r}: sbatch refused the job: {err} (script kept at {pending})") from err
-        script = plan.script_path(jobid)
-        try:
-            pending.rename(script)
-            sub = self.registry.submitted(sub, jobid, str(plan.log_path(jobid)), str(script))
-        except OSError as err:
-            raise self._unrecorded(jobid, req.rule, err) from err
-        self.info(
-            f"rule {req.rule}: SLURM job {jobid} ({req.nodes} node(s) x {req.gpus} GPU(s))"
-            f"{watchdog(req, plan.command)}; log {sub.log}"
-        )
-        return sub
-
-    def _sbatch_array(self, group: list[tuple[JobPlan, tuple[str, ...]]]) -> list[Submission]:
-        """One sbatch for the group: element i runs plan i's own script (kept under its job name, which the array's
-        script names) under the key <array job id>_<i>; its log, markers and record are its own."""
-        first = group[0][0]
-        prepared = [self._prepare(plan, outputs) for plan, outputs in group]
-        name = f"{first.job_name}-array{len(group)}"
-        driver = array_script(first.workdir / first.log_dir, name)
-        try:
-            write_private(driver, jobscript.render_array(first.request, name, [pending for pending, _ in prepared]))
-        except StateWriteError as err:
-            raise NotSubmitted(f"rule {first.request.rule!r}: job array not submitted: {err}") from err
-        try:
-            jobid = self.client.submit(driver, cwd=self.workdir, name=name)
-        except SubmitError as err:
-            raise SubmitRefused(
-                f"rule {first.request.rule!r}: sbatch refused the job array: {err} (script kept at {driver})"
-            ) from err
-        subs = []
-        try:
-            for i, ((plan, _), (pending, sub)) in enumerate(zip(group, prepared, strict=True)):
-                key = f"{jobid}_{i}"
-                script = plan.script_path(key)
-                os.link(pending, script)  # the array's script runs the pending name; users look for the key's
-                subs.append(
-                    self.registry.submitted(replace(sub, array=name), key, str(plan.log_path(key)), str(script))
-                )
-        except OSError as err:
-            raise self._unrecorded(jobid, first.request.rule, err) from err
-        req = first.request
-        self.info(
-            f"rule {req.rule}: SLURM job array {jobid} of {len(group)} jobs ({jobid}_0 .. {jobid}_{len(group) - 1}, "
-            f"{req.nodes} node(s) x {req.gpus} GPU(s) each){watchdog(req, first.command)}; "
-            f"logs {subs[0].log} and beside"
-        )
-        return subs
-
-    def _provenance(self, plan: JobPlan, outputs: Sequence[str], hashed: Sequence[tuple[str, Path]]) -> dict[str, Any]:
-        req, frozen = plan.request, plan.snapshot
-        code: dict[str, Any]
-        if frozen is not None:
-            code = {
-                "snapshot": frozen.digest, "repository": str(frozen.repo), "commit": frozen.commit,
-                "uncommitted": frozen.uncommitted, "files": len(frozen.files),
-            }  # fmt: skip
-        else:
-            code = {"snapshot": None, "files": {str(f): h for h, f in hashed}}
-        return provenance.submission(
-            rule=req.rule,
-            wildcards=dict(req.wildcards),
-            command=plan.command,
-            script=plan.script,
-            code=code,
-            environment=environment.resolve(self.planner.profiles, req.env_profile),
-            outputs=outputs,
-            inherited_versions=not plan.versions_in_job,
-            run_id=plan.tracking_id,
-        )
-
-    def _dependencies(self, upstream: Iterable[str]) -> list[str]:
-        ids = {self.job_ids[f] for f in upstream if f in self.job_ids}
-        if not ids:
-            return []
-        # A failed upstream job cancels this one instead of leaving it pending forever.
-        return [f"--dependency=afterok:{':'.join(sorted(ids, key=job_order))}", "--kill-on-invalid-dep=yes"]
+        """Jobs Snakemake hands over together, in their order (single-node jobs of one rule that ask SLURM for the
+        same go as one job array: submitting.py)."""
+        return self.submitter.submit_many(jobs)
 
     # --- watching -------------------------------------------------------------------------------------------
     async def wait_for_news(self, seconds: float) -> None:
@@ -451,8 +251,7 @@ class Session:
         bad, unread = replaced_nodes(sub.log)
         bad += [outcome.failed_node] if outcome.failed_node else []
         if bad:
-            known = self.failed_nodes.get(sub.outputs, ())
-            self.failed_nodes[sub.outputs] = (*known, *(n for n in dict.fromkeys(bad) if n not in known))
+            self.planner.failed_on(sub.outputs, bad)
         said = failure_message(sub.jobid, outcome, Path(sub.log) if sub.log else None)
         return Ended(sub, False, f"{said}; {unread}" if unread else said)
 

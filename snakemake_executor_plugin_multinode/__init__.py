@@ -167,11 +167,13 @@ class Executor(RemoteExecutor):
             declared_nodes=facts.declared_nodes,
             key=f"{str(job.jobid)[:8]}.{facts.attempt}",
             keep=(*facts.outputs, *facts.logs),
+            outputs=facts.outputs,
+            shellcmd=facts.shellcmd,
+            kind=facts.inner_snakemake_reason,
+            container_image=facts.container_image,
         )
         try:
-            return self.session.plan(
-                rule_job, facts.outputs, facts.container_image, facts.shellcmd, facts.inner_snakemake_reason
-            )
+            return self.session.plan(rule_job)
         except RequestError as err:
             raise WorkflowError(str(err)) from err
         except StateWriteError as err:  # the code snapshot, frozen with the plan

@@ -35,7 +35,7 @@ from snakemake_executor_multinode.contract.releases import DEFAULT as DEFAULT_SL
 from snakemake_executor_multinode.launching import launcher, spares, straggler
 from snakemake_executor_multinode.launching.launcher import Allocation
 from snakemake_executor_multinode.planning import environment, jobscript
-from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob
+from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, plan_job
 from snakemake_executor_multinode.planning.request import build_request
 from snakemake_executor_multinode.sandbox.cluster import slurm_env
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
@@ -98,11 +98,12 @@ class FakeSlurm:
         return len(self.called(*prefix))
 
 
-def fake_session(tmp_path: Path, slurm: FakeSlurm) -> tuple[Session, list[str]]:
-    """A Session in `tmp_path` (run run1, no code snapshot) whose SLURM is `slurm`; its log and warnings, in order."""
+def fake_session(tmp_path: Path, slurm: FakeSlurm, **settings: Any) -> tuple[Session, list[str]]:
+    """A Session in `tmp_path` (run run1, no code snapshot, `settings` else the defaults) whose SLURM is `slurm`; its
+    log and warnings, in order."""
     said: list[str] = []
-    s = Session(Settings(snapshot="off"), tmp_path, said.append, said.append, run_id="run1")
-    s.client = s.job_status.client = SlurmClient(runner=slurm)
+    s = Session(Settings(snapshot="off", **settings), tmp_path, said.append, said.append, run_id="run1")
+    s.client = s.job_status.client = s.submitter.client = SlurmClient(runner=slurm)
     return s, said
 
 
@@ -844,14 +845,18 @@ def the_version() -> str:
 
 
 def hostile_plan(tmp_path: Path, value: str) -> JobPlan:
-    """A 2-node job whose wildcard and environment profile value are `value` (hostile input)."""
+    """A 2-node job whose wildcard and environment profile value are `value` (hostile input); its command starts
+    nothing on the other node (own_launcher: the launch check lets it be)."""
     profiles = tmp_path / "profiles.yaml"
     profiles.write_text(yaml.safe_dump({"profiles": {"hostile": {"env": {"TOKEN": value}}}}))
     planner = Planner(Settings(profile_file=str(profiles)), tmp_path, "run1")
     job = RuleJob(
-        "train", {"nodes": 2, "env_profile": "hostile"}, 'printf %s "$TOKEN" > token.txt', wildcards={"sample": value}
+        "train",
+        {"nodes": 2, "env_profile": "hostile", "own_launcher": True},
+        'printf %s "$TOKEN" > token.txt',
+        wildcards={"sample": value},
     )
-    return planner.plan(job)
+    return plan_job(job, planner)
 
 
 def load_script(path: Path, name: str) -> types.ModuleType:

@@ -166,7 +166,7 @@ def _before_argparse(argv: list[str]) -> int | None:
 
         return node_events_main(argv[1:])
     # check, and preview of a rule of the real Snakefile, take Snakemake's own arguments and need Snakemake: the adapter
-    from snakemake_executor_multinode.planning.preview import uses_snakefile
+    from snakemake_executor_multinode.cli.preview import uses_snakefile
 
     if argv[:1] == ["check"] or (argv[:1] == ["preview"] and uses_snakefile(argv[1:])):
         return _snakemake_command()(argv)
@@ -181,7 +181,7 @@ def _parser() -> argparse.ArgumentParser:
     _cluster_parser(sub)
     sub.add_parser("torchrun", help="start one torchrun per node of the SLURM allocation (see --help)")
     sub.add_parser("check", help="plan a workflow's jobs and ask SLURM about them; submits nothing (see --help)")
-    from snakemake_executor_multinode.planning.preview import add_parser as add_preview
+    from snakemake_executor_multinode.cli.preview import add_parser as add_preview
 
     add_preview(sub)
     from snakemake_executor_multinode.cli.runs import (

@@ -1,7 +1,8 @@
 """One job plan: a rule's job + the plugin settings -> the validated request, the environment and the exact script.
 
-The executor submits a plan, `multinode preview` prints one, and `multinode check` makes one for every job of a
-run: all three call `plan_job`, so what a user previews or checks is what runs.
+`plan_job` is the one plan sequence (the container directive refused, the nodes a retry avoids, the request, the
+script, the launch check): the executor submits its plan, `multinode preview` prints one, and `multinode check`
+makes one for every job of a run, so what a user previews or checks is what runs.
 """
 
 from __future__ import annotations
@@ -17,10 +18,15 @@ from typing import Any
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles, PendingFiles, StateFolders
 from snakemake_executor_multinode.planning import environment, jobscript, launcher_use, snapshot
-from snakemake_executor_multinode.planning.request import JobRequest, RequestError, build_request
+from snakemake_executor_multinode.planning.request import (
+    JobRequest,
+    RequestError,
+    build_request,
+    refuse_container_directive,
+)
 from snakemake_executor_multinode.planning.settings import PlanningSettings, SettingsError
 from snakemake_executor_multinode.planning.snapshot import Snapshot
-from snakemake_executor_multinode.slurm.sbatch_flags import ANY_RELEASE, OptionTable
+from snakemake_executor_multinode.slurm.sbatch_flags import ANY_RELEASE, OptionTable, table_for
 
 _NODE = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a node name as the launcher reports it
 _LOGDIR = re.compile(r"^[A-Za-z0-9_.+\-][A-Za-z0-9_./+\-]*$")
@@ -38,10 +44,11 @@ class RuleJob:
     attempt: int = 1
     declared_nodes: int | None = None  # what the rule itself asked for, when Snakemake's --resources capped it
     key: str = ""  # tells this submission apart from every other of the run (in the job name)
-    avoid_nodes: tuple[str, ...] = ()  # nodes an earlier attempt of this job failed on: excluded for this one
     keep: tuple[str, ...] = ()  # the job's outputs and logs: paths the code snapshot never takes over
-    site_launcher: bool = False  # its command starts a --multinode-launchers command, not `multinode torchrun`
     outputs: tuple[str, ...] = ()  # what the job makes: with the run, they name its experiment (tracking_id)
+    shellcmd: str | None = None  # the rule's shell command (the launch check reads it); None: a rule without one
+    kind: str | None = None  # what a rule without a shell command is (script rule, run: block, ...)
+    container_image: str | None = None  # Snakemake's container: directive (request.py refuses it where it breaks)
 
 
 @dataclass(frozen=True)
@@ -109,49 +116,30 @@ class Planner:
             )
         # slurm_extra is read with the options of the SLURM release the session finds (before its first plan)
         self.sbatch_options: OptionTable = ANY_RELEASE
+        self.failed_nodes: dict[tuple[str, ...], tuple[str, ...]] = {}  # job outputs -> nodes its attempts failed on
         self.launchers = launcher_use.launchers_setting(settings.launchers)  # SettingsError names the command
         self.profiles = environment.load_profiles(settings.profile_file)  # EnvProfileError names file and key
         self.snapshots = snapshot.SnapshotStore(workdir, settings.snapshot)  # SnapshotError names setting and path
         if settings.env_profile is not None:
             environment.select(self.profiles, settings.env_profile, where="--multinode-env-profile")
 
-    def plan(self, job: RuleJob) -> JobPlan:
-        return plan_job(job, self)
+    def use_release(self, version: str) -> None:
+        """slurm_extra is read with the options of this SLURM release (`sbatch --version`'s answer; "": none)."""
+        self.sbatch_options = table_for(version)
+
+    def failed_on(self, outputs: tuple[str, ...], nodes: Sequence[str]) -> None:
+        """An attempt of the job that makes `outputs` failed on `nodes`: its retries in this run avoid them."""
+        known = self.failed_nodes.get(outputs, ())
+        self.failed_nodes[outputs] = (*known, *(n for n in dict.fromkeys(nodes) if n not in known))
 
 
 def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
-    """Validate and render one job; raises RequestError (rule, field, value, what is allowed) on bad input."""
-    profiles = planner.profiles
-    chosen = job.resources.get("env_profile") or planner.settings.env_profile or profiles.default
-    try:
-        selection = environment.select(profiles, str(chosen), where="env_profile") if chosen else None
-    except environment.EnvProfileError as err:
-        raise RequestError(
-            job.rule,
-            "env_profile",
-            chosen,
-            "a defined environment profile, or several comma-separated (applied left to right); defined: "
-            + ", ".join(sorted(profiles.names)),
-        ) from err
-    try:
-        resolved = environment.resolve(profiles, selection)
-    except environment.EnvProfileError as err:  # a null that unsets nothing: names file, profile and key
-        raise RequestError(job.rule, "env_profile", chosen, str(err)) from err
-    req = build_request(
-        job.rule,
-        job.resources,
-        threads=job.threads,
-        wildcards=job.wildcards,
-        attempt=job.attempt,
-        defaults=planner.settings,
-        sbatch_options=planner.sbatch_options,
-        env_profile=selection,
-        declared_nodes=job.declared_nodes,
-        profile=resolved,
-        site_launcher=job.site_launcher,
-    )
-    if avoid := [n for n in job.avoid_nodes if _NODE.match(n)]:
-        req = replace(req, exclude=",".join(filter(None, [req.exclude, *avoid])))
+    """The one plan sequence: validate and render one job. RequestError (rule, field, value, what is allowed) on bad
+    input, also for nodes or GPUs its command would leave idle (launcher_use.py). A retry (attempt > 1) avoids the
+    nodes the earlier attempts of the same outputs failed on."""
+    if job.container_image is not None:  # Snakemake's container: directive (request.py decides)
+        refuse_container_directive(job.rule, job.container_image, job.resources.get("nodes"), job.shellcmd)
+    req, resolved = _request(job, planner)
     lines = environment.render_lines(resolved)
     versions_in_job = req.gpus > 0 or environment.own_software(resolved)
     log_dir = jobscript.log_dir_for(PurePath(planner.settings.logdir), req)
@@ -181,10 +169,48 @@ def plan_job(job: RuleJob, planner: Planner) -> JobPlan:
         gpu_sample_s=planner.settings.gpu_sample_seconds,
     )
     script = jobscript.render(req, ctx, lines)
+    launcher_use.refuse_idle(req, job.shellcmd, job.kind, planner.launchers)
     return JobPlan(
         req, name, tuple(lines), script, planner.workdir, log_dir, state_dir, job.command, frozen, code_files,
         versions_in_job, ctx.tracking_id,
     )  # fmt: skip
+
+
+def _request(job: RuleJob, planner: Planner) -> tuple[JobRequest, dict[str, Any]]:
+    """The job's validated request and its flattened environment profile."""
+    profiles = planner.profiles
+    chosen = job.resources.get("env_profile") or planner.settings.env_profile or profiles.default
+    try:
+        selection = environment.select(profiles, str(chosen), where="env_profile") if chosen else None
+    except environment.EnvProfileError as err:
+        raise RequestError(
+            job.rule,
+            "env_profile",
+            chosen,
+            "a defined environment profile, or several comma-separated (applied left to right); defined: "
+            + ", ".join(sorted(profiles.names)),
+        ) from err
+    try:
+        resolved = environment.resolve(profiles, selection)
+    except environment.EnvProfileError as err:  # a null that unsets nothing: names file, profile and key
+        raise RequestError(job.rule, "env_profile", chosen, str(err)) from err
+    req = build_request(
+        job.rule,
+        job.resources,
+        threads=job.threads,
+        wildcards=job.wildcards,
+        attempt=job.attempt,
+        defaults=planner.settings,
+        sbatch_options=planner.sbatch_options,
+        env_profile=selection,
+        declared_nodes=job.declared_nodes,
+        profile=resolved,
+        site_launcher=launcher_use.site_launcher(job.shellcmd, planner.launchers),
+    )
+    failed = planner.failed_nodes.get(job.outputs, ()) if job.attempt > 1 else ()
+    if avoid := [n for n in failed if _NODE.match(n)]:
+        req = replace(req, exclude=",".join(filter(None, [req.exclude, *avoid])))
+    return req, resolved
 
 
 def experiment(job: RuleJob, planner: Planner) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
-from snakemake_executor_multinode.planning.plan import Planner, RuleJob, direct_command
+from snakemake_executor_multinode.planning.plan import Planner, RuleJob, direct_command, plan_job
 from snakemake_executor_multinode.session import Settings
 from tests.helpers import ANY_FIRST_SCRIPT, snakemake
 
@@ -40,7 +40,7 @@ def test_the_kept_script_is_exactly_what_plan_job_and_preview_render_for_the_rul
 
     command = direct_command("echo a > out/a.txt", ["out/a.txt"], ["logs/a.log"])
     job = RuleJob("train", RESOURCES, command, wildcards={"sample": "a"}, key=key, outputs=("out/a.txt",))
-    plan = Planner(Settings(), wd, run_id).plan(job)
+    plan = plan_job(job, Planner(Settings(), wd, run_id))
     assert script == plan.script
     assert kept == plan.script_path(kept.name.split(".")[0])
 

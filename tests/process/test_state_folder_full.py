@@ -61,7 +61,7 @@ def test_a_job_whose_script_does_not_fit_in_the_state_folder_is_not_submitted_an
         fill(state)
         slurm = Slurm()
         s, _ = fake_session(tmp_path, slurm)
-        plan = s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="0.1"), ["out.txt"])
+        plan = s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="0.1", outputs=("out.txt",)))
         with pytest.raises(NotSubmitted) as failed:
             s.submit(plan, ["out.txt"], RunReason())
         found = re.fullmatch(rf"rule 'train': not submitted: cannot write (\S+): {FULL}", str(failed.value))
@@ -76,7 +76,7 @@ def test_a_job_whose_script_does_not_fit_in_the_state_folder_is_not_submitted_an
 def test_a_job_whose_record_fails_after_sbatch_is_cancelled_at_once(tmp_path, monkeypatch):
     slurm = Slurm()
     s, _ = fake_session(tmp_path, slurm)
-    plan = s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="0.1"), ["out.txt"])
+    plan = s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="0.1", outputs=("out.txt",)))
 
     def full(*_a: object, **_kw: object) -> None:
         raise StateWriteError(tmp_path / "r.json", enospc(), 321)
@@ -93,7 +93,7 @@ def test_a_job_whose_record_fails_after_sbatch_is_cancelled_at_once(tmp_path, mo
 
 def test_a_job_end_that_cannot_be_recorded_fails_the_job_saying_so(tmp_path, monkeypatch):
     s, _ = fake_session(tmp_path, Slurm())
-    plan = s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="0.1"), ["out.txt"])
+    plan = s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="0.1", outputs=("out.txt",)))
     sub = s.submit(plan, ["out.txt"], RunReason())
     StateFolders(tmp_path).marker("41", EXIT_MARKER).write_text(f"0 0 {sub.job_name}\n")
     outcome = s.poll([(sub, "train")])["41"]

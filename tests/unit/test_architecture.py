@@ -87,7 +87,19 @@ def test_a_circle_would_be_found():
 
 # The core's stages, lowest first: a module imports its own stage or lower ones, never a higher one. What two stages
 # share lives in the contract. docs/design.md draws the same order.
-STAGES = ("util", "contract", "training", "slurm", "sandbox", "launching", "planning", "watching", "session", "cli")
+STAGES = (
+    "util",
+    "contract",
+    "training",
+    "slurm",
+    "sandbox",
+    "launching",
+    "planning",
+    "watching",
+    "submitting",
+    "session",
+    "cli",
+)
 
 
 def stage(module: str) -> str:

@@ -1,5 +1,6 @@
-"""One run as the adapter drives it (session.py), with sbatch and squeue answered by the test: plan, submit, watch,
-end. Every step leaves what the next run needs: the registry record, the job script, the provenance record."""
+"""One run as the adapter drives it (session.py; its submissions: submitting.py), with sbatch and squeue answered by
+the test: plan, submit, watch, end. Every step leaves what the next run needs: the registry record, the job script,
+the provenance record."""
 
 from __future__ import annotations
 
@@ -41,9 +42,10 @@ def test_a_job_is_planned_submitted_watched_and_ended_with_its_records(tmp_path)
     (tmp_path / "train.py").write_text("print(1)\n")
     s, said = fake_session(tmp_path, Slurm())
     job = RuleJob(
-        "train", {"nodes": 2, "own_launcher": True}, "python train.py > out.txt", key="0.1", keep=("out.txt",)
-    )
-    plan = s.plan(job, ["out.txt"])
+        "train", {"nodes": 2, "own_launcher": True}, "python train.py > out.txt", key="0.1", keep=("out.txt",),
+        outputs=("out.txt",),
+    )  # fmt: skip
+    plan = s.plan(job)
     sub = s.submit(plan, ["out.txt"], RunReason())
     assert sub.jobid == "41" and Path(sub.script).read_text() == plan.script
     assert any(line.startswith("rule train: SLURM job 41 (2 node(s) x 0 GPU(s))") for line in said)
@@ -62,8 +64,10 @@ def test_a_job_is_planned_submitted_watched_and_ended_with_its_records(tmp_path)
 
 def test_a_retry_avoids_the_node_a_job_failed_on_and_every_node_a_spare_replaced_in_it(tmp_path):
     s, _ = fake_session(tmp_path, Slurm())
-    job = RuleJob("train", {"nodes": 2, "spare_nodes": 1, "own_launcher": True}, "python t.py", key="0.1")
-    sub = s.submit(s.plan(job, ["out.txt"]), ["out.txt"], RunReason())
+    job = RuleJob(
+        "train", {"nodes": 2, "spare_nodes": 1, "own_launcher": True}, "python t.py", key="0.1", outputs=("out.txt",)
+    )
+    sub = s.submit(s.plan(job), ["out.txt"], RunReason())
     replacements = JobFiles.from_log(sub.log).replacements
     replacements.parent.mkdir(parents=True, exist_ok=True)
     replacements.write_text(
@@ -73,21 +77,20 @@ def test_a_retry_avoids_the_node_a_job_failed_on_and_every_node_a_spare_replaced
     StateFolders(tmp_path).marker("41", EXIT_MARKER).write_text(f"1 0 {sub.job_name}\n")
     StateFolders(tmp_path).marker("41", FAILED_NODE_MARKER).write_text("node4\n")
     assert not s.end(sub, s.poll([(sub, "train")])["41"]).success
-    retry = s.plan(replace(job, attempt=2), ["out.txt"])
+    retry = s.plan(replace(job, attempt=2))
     assert "#SBATCH --exclude=node2,node3,node4" in retry.script
 
 
 def test_the_session_refuses_a_multi_node_job_whose_command_leaves_nodes_idle(tmp_path):
-    """The launch check runs in the session's plan, beside the container check: the adapter only passes the facts."""
+    """The launch check runs in the session's plan (plan_job), beside the container check: the adapter only passes
+    the facts."""
     s, _ = fake_session(tmp_path, Slurm())
     with pytest.raises(RequestError, match=r"^rule train: nodes=2, gpus=0 but its command never starts"):
-        s.plan(RuleJob("train", {"nodes": 2}, "python train.py", key="0.1"), ["out.txt"], shellcmd="python train.py")
+        s.plan(RuleJob("train", {"nodes": 2}, "python train.py", key="0.1", shellcmd="python train.py"))
     with pytest.raises(RequestError, match=r"it is a script rule, so nothing starts `multinode torchrun`"):
-        s.plan(RuleJob("train", {"nodes": 2}, "snakemake ...", key="0.2"), ["out.txt"], kind="script rule")
+        s.plan(RuleJob("train", {"nodes": 2}, "snakemake ...", key="0.2", kind="script rule"))
     torchrun = "multinode torchrun train.py"
-    assert (
-        s.plan(RuleJob("train", {"nodes": 2}, torchrun, key="0.3"), ["out.txt"], shellcmd=torchrun).request.nodes == 2
-    )
+    assert s.plan(RuleJob("train", {"nodes": 2}, torchrun, key="0.3", shellcmd=torchrun)).request.nodes == 2
 
 
 def test_a_job_started_by_a_sites_own_launcher_gets_no_stall_watchdog(tmp_path):
@@ -96,16 +99,16 @@ def test_a_job_started_by_a_sites_own_launcher_gets_no_stall_watchdog(tmp_path):
     s, _ = fake_session(tmp_path, Slurm())
     s.planner.launchers = ("bash",)  # --multinode-launchers=bash (Planner checks the name on PATH)
     own = "bash run_ranks.sh"
-    plan = s.plan(RuleJob("train", {"nodes": 2}, own, key="0.1"), ["out.txt"], shellcmd=own)
+    plan = s.plan(RuleJob("train", {"nodes": 2}, own, key="0.1", shellcmd=own))
     assert plan.request.launcher.stall_timeout_s == 0 and "MULTINODE_STALL_TIMEOUT=0 " in plan.script
     torchrun = "multinode torchrun train.py"
-    plan = s.plan(RuleJob("train", {"nodes": 2}, torchrun, key="0.2"), ["out2.txt"], shellcmd=torchrun)
+    plan = s.plan(RuleJob("train", {"nodes": 2}, torchrun, key="0.2", shellcmd=torchrun))
     assert plan.request.launcher.stall_timeout_s is None and "MULTINODE_STALL_TIMEOUT=auto " in plan.script
 
 
 def test_a_refused_submission_names_the_rule_and_keeps_the_script(tmp_path):
     s, _ = fake_session(tmp_path, Slurm(refuse="Invalid account or account/partition combination specified"))
-    plan = s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="0.1"), ["out.txt"])
+    plan = s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="0.1", outputs=("out.txt",)))
     try:
         s.submit(plan, ["out.txt"], RunReason())
     except SubmitRefused as err:
@@ -119,9 +122,9 @@ def test_a_refused_submission_names_the_rule_and_keeps_the_script(tmp_path):
 def test_an_upstream_jobs_id_becomes_an_afterok_dependency(tmp_path):
     slurm = Slurm()
     s, _ = fake_session(tmp_path, slurm)
-    first = s.plan(RuleJob("prep", {}, "true", key="0.1"), ["a.txt"])
+    first = s.plan(RuleJob("prep", {}, "true", key="0.1", outputs=("a.txt",)))
     s.submit(first, ["a.txt"], RunReason())
-    second = s.plan(RuleJob("train", {}, "true", key="1.1"), ["b.txt"])
+    second = s.plan(RuleJob("train", {}, "true", key="1.1", outputs=("b.txt",)))
     s.submit(second, ["b.txt"], RunReason(), upstream=["a.txt"])
     sbatch = [c for c in slurm.calls if c[0] == "sbatch" and "--parsable" in c]
     assert "--dependency=afterok:41" in sbatch[1] and "--kill-on-invalid-dep=yes" in sbatch[1]
@@ -130,8 +133,8 @@ def test_an_upstream_jobs_id_becomes_an_afterok_dependency(tmp_path):
 # --- jobs handed over together: job arrays ---------------------------------------------------------------------
 def shards(s: Session, n: int, rule: str = "shard", resources: dict | None = None, start: int = 0) -> list:
     return [
-        (s.plan(RuleJob(rule, resources or {}, f"echo {i} > s{i}.txt", wildcards={"i": i}, key=f"{i}.1"),
-                [f"s{i}.txt"]), [f"s{i}.txt"], RunReason())
+        (s.plan(RuleJob(rule, resources or {}, f"echo {i} > s{i}.txt", wildcards={"i": i}, key=f"{i}.1",
+                        outputs=(f"s{i}.txt",))), [f"s{i}.txt"], RunReason())
         for i in range(start, start + n)
     ]  # fmt: skip
 
@@ -142,7 +145,7 @@ def test_single_node_jobs_of_one_rule_with_the_same_resources_go_as_one_job_arra
     jobs = shards(s, 3) + shards(s, 1, rule="other") + shards(s, 2, resources={"mem_mb": 2000}, start=10)
     jobs += [
         (
-            s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="t.1"), ["m.txt"]),
+            s.plan(RuleJob("train", {"nodes": 2, "own_launcher": True}, "true", key="t.1", outputs=("m.txt",))),
             ["m.txt"],
             RunReason(),
         )
@@ -167,13 +170,12 @@ def test_single_node_jobs_of_one_rule_with_the_same_resources_go_as_one_job_arra
 
 def test_with_no_arrays_every_job_goes_on_its_own(tmp_path):
     slurm = Slurm()
-    s, _ = fake_session(tmp_path, slurm)
-    s.settings = Settings(snapshot="off", no_arrays=True)
+    s, _ = fake_session(tmp_path, slurm, no_arrays=True)
     assert [sub.jobid for sub in s.submit_many(shards(s, 3))] == ["41", "42", "43"]
 
 
 def test_a_group_larger_than_slurms_array_limit_goes_as_several_arrays(tmp_path, monkeypatch):
-    monkeypatch.setattr("snakemake_executor_multinode.session.MAX_ARRAY", 2)
+    monkeypatch.setattr("snakemake_executor_multinode.submitting.MAX_ARRAY", 2)
     s, _ = fake_session(tmp_path, Slurm())
     assert [sub.jobid for sub in s.submit_many(shards(s, 5))] == ["41_0", "41_1", "42_0", "42_1", "43"]
 
@@ -195,7 +197,7 @@ def test_a_pending_job_is_explained_once_and_only_once_the_scheduler_has_said_wh
 
     s, said = fake_session(tmp_path, Slurm())
     s.settings = Settings(snapshot="off", pending_notice_seconds=0)
-    sub = s.submit(s.plan(RuleJob("held", {}, "true", key="0.1"), ["h.txt"]), ["h.txt"], RunReason())
+    sub = s.submit(s.plan(RuleJob("held", {}, "true", key="0.1", outputs=("h.txt",))), ["h.txt"], RunReason())
     for reason in ("None", "(null)", "JobHeldUser", "JobHeldUser"):
         s._explain_wait(sub, "held", Outcome("41", False, state=JobState("41", "PENDING", reason=reason)))
     waits = [line for line in said if "is waiting" in line]
@@ -208,8 +210,8 @@ def test_slurm_extra_is_read_with_the_options_of_the_release_the_session_finds(t
     """sbatch --version is asked once, before the first plan: on 22.05 a 24.11 option is refused, naming it."""
     s, _ = fake_session(tmp_path, Slurm())
     with pytest.raises(RequestError, match=r"--segment is not an sbatch option \(sbatch 22\.05\.8\)"):
-        s.plan(RuleJob("train", {"slurm_extra": "--segment=2"}, "true", key="0.1"), ["out.txt"])
-    s.plan(RuleJob("train", {}, "true", key="0.2"), ["out2.txt"])
+        s.plan(RuleJob("train", {"slurm_extra": "--segment=2"}, "true", key="0.1", outputs=("out.txt",)))
+    s.plan(RuleJob("train", {}, "true", key="0.2", outputs=("out2.txt",)))
     assert s.slurm_version == "22.05.8" and s.client.runner.calls.count(["sbatch", "--version"]) == 1
 
 

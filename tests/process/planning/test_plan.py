@@ -3,20 +3,21 @@ one place (environment.select), every error naming rule, field, value and what i
 
 from __future__ import annotations
 
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 import pytest
 
 from snakemake_executor_multinode.planning import environment
-from snakemake_executor_multinode.planning.plan import Planner, RuleJob
+from snakemake_executor_multinode.planning.plan import Planner, RuleJob, plan_job
 from snakemake_executor_multinode.planning.request import RequestError
 from snakemake_executor_multinode.session import Settings, help_text
 from snakemake_executor_plugin_multinode import ExecutorSettings
 
 
 def plan(resources: dict, **settings):
-    return Planner(Settings(**settings), Path("/w"), "run1").plan(RuleJob("train", resources, "true"))
+    job = RuleJob("train", resources, "true", shellcmd="multinode torchrun train.py")  # it uses every node and GPU
+    return plan_job(job, Planner(Settings(**settings), Path("/w"), "run1"))
 
 
 def test_the_executors_options_are_the_core_settings_declared_once():
@@ -61,7 +62,7 @@ def test_unknown_resources_are_refused_unless_the_site_allows_them():
 
 
 def test_the_job_name_is_unique_to_the_submission_and_paths_sit_beside_each_other():
-    p = Planner(Settings(), Path("/w"), "run1").plan(RuleJob("train", {}, "true", attempt=2, key="7.2"))
+    p = plan_job(RuleJob("train", {}, "true", attempt=2, key="7.2"), Planner(Settings(), Path("/w"), "run1"))
     assert p.job_name == "mn-run1-train-7.2" and f"--job-name={p.job_name}" in p.script
     assert p.script_path("55") == Path("/w/.snakemake/multinode/logs/rule_train/_/55.attempt2.sh")
     assert p.log_path("55") == p.script_path("55").with_suffix(".log")
@@ -69,9 +70,12 @@ def test_the_job_name_is_unique_to_the_submission_and_paths_sit_beside_each_othe
 
 def test_a_retry_avoids_the_nodes_earlier_attempts_failed_on_as_well_as_the_rules_own_exclude():
     planner = Planner(Settings(), Path("/w"), "r")
-    p = planner.plan(
-        RuleJob("train", {"nodes": 2, "exclude": "node7"}, "true", attempt=2, avoid_nodes=("node2", "bad;name"))
+    planner.failed_on(("model.pt",), ("node2", "bad;name"))
+    job = RuleJob(
+        "train", {"nodes": 2, "exclude": "node7"}, "true", outputs=("model.pt",), shellcmd="multinode torchrun t.py"
     )
+    assert plan_job(job, planner).request.exclude == "node7"  # a first attempt avoids nothing
+    p = plan_job(replace(job, attempt=2), planner)
     assert p.request.exclude == "node7,node2"  # a name the launcher could not have written is dropped
     assert "#SBATCH --exclude=node7,node2" in p.script.splitlines()
 

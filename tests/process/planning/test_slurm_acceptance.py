@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.planning import slurm_acceptance
-from snakemake_executor_multinode.planning.plan import Planner, RuleJob
+from snakemake_executor_multinode.planning.plan import Planner, RuleJob, plan_job
 from snakemake_executor_multinode.session import Settings
 from snakemake_executor_multinode.slurm.client import SlurmClient, SubmitError
 from tests.helpers import Answer, FakeSlurm
 
+TORCHRUN = "multinode torchrun train.py"  # the rule's shell command: it uses every node and GPU (launcher_use.py)
 PARTITION = (
     "PartitionName=gpu AllowGroups=ALL Default=YES DefaultTime=NONE MaxNodes=UNLIMITED MaxTime=1-00:00:00 "
     "Nodes=node[1-3] State=UP TotalCPUs=12 TotalNodes=3"
@@ -56,8 +57,9 @@ def slurm(
 
 
 def planned(tmp_path: Path, rule: str = "train", settings: Settings | None = None, wildcards=None, **resources):
-    plan = Planner(settings or Settings(), tmp_path, "run1").plan(
-        RuleJob(rule, resources, "true", wildcards=wildcards or {}, key=f"{rule}{wildcards}")
+    plan = plan_job(
+        RuleJob(rule, resources, "true", wildcards=wildcards or {}, key=f"{rule}{wildcards}", shellcmd=TORCHRUN),
+        Planner(settings or Settings(), tmp_path, "run1"),
     )
     return slurm_acceptance.Planned(plan, frozenset(resources))
 

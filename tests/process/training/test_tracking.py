@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import tensorboard_dir
-from snakemake_executor_multinode.planning.plan import Planner, RuleJob
+from snakemake_executor_multinode.planning.plan import Planner, RuleJob, plan_job
 from snakemake_executor_multinode.session import Settings
 from snakemake_executor_multinode.training import tracking
 
@@ -20,8 +20,11 @@ OUTPUTS = ("results/model.pt",)
 
 
 def planned(run: str, attempt: int = 1, outputs: tuple[str, ...] = OUTPUTS, workdir: str = "/w"):
-    job = RuleJob("train", {"nodes": 2}, "true", attempt=attempt, key=f"3.{attempt}", outputs=outputs)
-    return Planner(Settings(), Path(workdir), run).plan(job)
+    job = RuleJob(
+        "train", {"nodes": 2}, "true", attempt=attempt, key=f"3.{attempt}", outputs=outputs,
+        shellcmd="multinode torchrun train.py",
+    )  # fmt: skip
+    return plan_job(job, Planner(Settings(), Path(workdir), run))
 
 
 def test_every_attempt_of_the_same_outputs_in_one_run_shares_the_run_id_and_a_new_run_gets_a_new_one():

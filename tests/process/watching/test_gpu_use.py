@@ -13,7 +13,7 @@ import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.planning import jobscript
-from snakemake_executor_multinode.planning.plan import Planner, RuleJob
+from snakemake_executor_multinode.planning.plan import Planner, RuleJob, plan_job
 from snakemake_executor_multinode.planning.request import build_request
 from snakemake_executor_multinode.session import Settings
 from snakemake_executor_multinode.watching import gpu_use, report, status_view
@@ -150,6 +150,6 @@ def test_the_sampler_outlives_the_signal_before_the_time_limit(tmp_path):
 @pytest.mark.parametrize(("seconds", "runs"), [(5, True), (0, False)])
 def test_the_setting_reaches_the_job_script(tmp_path, seconds, runs):
     planner = Planner(Settings(gpu_sample_seconds=seconds, snapshot="off"), tmp_path, "r1")
-    plan = planner.plan(RuleJob("train", {"nodes": 2, "gpus": 1}, "true"))
+    plan = plan_job(RuleJob("train", {"nodes": 2, "gpus": 1}, "true", shellcmd="multinode torchrun t.py"), planner)
     assert sampler_runs(plan.script, tmp_path) is runs
     assert ("-l 5 " in plan.script) is runs

@@ -126,7 +126,7 @@ def test_the_job_scripts_start_line_command_appends_one_line_without_the_parsers
         "import sys\n"
         "from snakemake_executor_multinode.cli.main import main\n"
         f"rc = main(['provenance', '--start', {str(runs)!r}])\n"
-        "print(rc, 'snakemake_executor_multinode.planning.preview' in sys.modules)\n"
+        "print(rc, 'snakemake_executor_multinode.cli.preview' in sys.modules)\n"
     )
     env = {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "1", "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
@@ -139,14 +139,14 @@ def test_the_job_scripts_start_line_command_appends_one_line_without_the_parsers
 
 
 def planned(tmp_path: Path, resources: dict, profile: str | None = None):
-    from snakemake_executor_multinode.planning.plan import Planner, RuleJob
+    from snakemake_executor_multinode.planning.plan import Planner, RuleJob, plan_job
     from snakemake_executor_multinode.session import Settings
 
     settings = Settings()
     if profile is not None:
         (tmp_path / "profiles.yaml").write_text(f"default: own\nprofiles:\n  own:\n{profile}")
         settings = Settings(profile_file=str(tmp_path / "profiles.yaml"))
-    return Planner(settings, tmp_path, "run1").plan(RuleJob("shard", resources, "true"))
+    return plan_job(RuleJob("shard", resources, "true"), Planner(settings, tmp_path, "run1"))
 
 
 @pytest.mark.parametrize(
