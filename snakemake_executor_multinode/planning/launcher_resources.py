@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from snakemake_executor_multinode.contract import protocol
@@ -82,7 +82,7 @@ class LauncherResources:
         return out
 
 
-def read(
+def read_first(
     rule: str,
     r: Mapping[str, Any],
     profile: Mapping[str, Any],
@@ -91,9 +91,11 @@ def read(
     site_launcher: bool,
     warnings: list[str],
 ) -> LauncherResources:
-    """The launcher's resources of a rule's resources `r`, falling back to its environment profile's keys.
-    `site_launcher`: the command starts its ranks with a site's own launcher (--multinode-launchers), where no stall
-    watchdog runs. A resource that has no effect is said in `warnings`, not dropped in silence."""
+    """own_launcher, stall_timeout and max_restarts of a rule's resources `r`, falling back to its environment
+    profile's keys; `read_rest` reads the others. Two steps, around SLURM's resources (request.build_request): a rule
+    with several bad values hears of the same one first as it always did. `site_launcher`: the command starts its
+    ranks with a site's own launcher (--multinode-launchers), where no stall watchdog runs. A resource that has no
+    effect is said in `warnings`, not dropped in silence."""
     own_launcher = _own_launcher(rule, r)
     watched = nodes > 1 and not own_launcher and not site_launcher
     stall_timeout_s = _stall_timeout(rule, r, profile, watched=watched)
@@ -110,14 +112,19 @@ def read(
             f"({'a --multinode-launchers command' if site_launcher else 'own_launcher'}), and only `multinode "
             "torchrun` restarts a training in the job"
         )
-    return LauncherResources(
-        stall_timeout_s=stall_timeout_s,
+    return LauncherResources(stall_timeout_s=stall_timeout_s, max_restarts=max_restarts, own_launcher=own_launcher)
+
+
+def read_rest(
+    rule: str, r: Mapping[str, Any], profile: Mapping[str, Any], first: LauncherResources, *, nodes: int
+) -> LauncherResources:
+    """The launcher's resources `read_first` left, added to what it read (after SLURM's resources)."""
+    return replace(
+        first,
         on_stall=_on_stall(rule, r, profile),
-        max_restarts=max_restarts,
         on_straggler=_on_straggler(rule, r, profile),
         straggler_factor=_straggler_factor(rule, r, profile),
         straggler_window_s=_straggler_window(rule, r, profile),
-        own_launcher=own_launcher,
         spare_nodes=_spare_nodes(rule, r, nodes),
     )
 

@@ -519,8 +519,9 @@ def build_request(
     gpus, gpu_type = _gpus(rule, r, nodes, warnings)
     mem_mb, mem_cpu = _mem_mb(rule, r), _mem_mb_per_cpu(rule, r)
     runtime_min = _runtime(rule, r, warnings)
-    launcher = launcher_resources.read(
-        rule, r, profile or {}, nodes=nodes, site_launcher=site_launcher, warnings=warnings
+    profile = profile or {}
+    launcher = launcher_resources.read_first(
+        rule, r, profile, nodes=nodes, site_launcher=site_launcher, warnings=warnings
     )
     if nodes > 1 and not gpus:
         warnings.append(
@@ -547,7 +548,7 @@ def build_request(
         max_requeues=max(0, defaults.max_requeues),
         crash_loop_runs=defaults.crash_loop_runs,
         crash_loop_s=math.ceil(defaults.crash_loop_seconds),
-        launcher=launcher,
+        launcher=launcher_resources.read_rest(rule, r, profile, launcher, nodes=nodes),
         attempt=attempt,
         warnings=tuple(warnings),
     )

@@ -173,3 +173,22 @@ def test_spares_on_a_one_node_job_are_refused_saying_why():
     message = refused({"nodes": 1, "gpus": 1, "spare_nodes": 1})
     assert "rule 'train': resource spare_nodes=1 is invalid: needs nodes >= 2 (this rule has nodes=1)" in message
     assert "requeue or retry" in message
+
+
+@pytest.mark.parametrize(
+    ("resources", "named_first"),
+    [
+        ({"stall_timeout": "soon", "gpu_flag": "bad"}, "stall_timeout"),
+        ({"max_restarts": -1, "slurm_account": "a;b"}, "max_restarts"),
+        ({"on_stall": "retry", "slurm_extra": "--bogus"}, "slurm_extra"),
+        ({"spare_nodes": -1, "master_port": 80}, "master_port"),
+    ],
+)
+def test_a_rule_with_several_bad_values_hears_of_the_same_one_first_as_before_the_launchers_resources_moved(
+    resources, named_first
+):
+    """own_launcher, stall_timeout and max_restarts are read before SLURM's resources, the others after them: the
+    order a rule's refusals always came in."""
+    with pytest.raises(RequestError) as err:
+        build_request("train", {"nodes": 2, **resources})
+    assert err.value.field == named_first
