@@ -36,7 +36,7 @@ from snakemake_executor_multinode.launching import launcher, spares, straggler
 from snakemake_executor_multinode.launching.launcher import Allocation
 from snakemake_executor_multinode.planning import environment, jobscript
 from snakemake_executor_multinode.planning.plan import JobPlan, Planner, RuleJob, plan_job
-from snakemake_executor_multinode.planning.request import build_request
+from snakemake_executor_multinode.planning.request import JobRequest, RequestError, build_request
 from snakemake_executor_multinode.sandbox.cluster import slurm_env
 from snakemake_executor_multinode.sandbox.spec import ClusterSpec
 from snakemake_executor_multinode.session import Session, Settings
@@ -1464,3 +1464,17 @@ def needs_root() -> None:
         import pytest
 
         pytest.skip("mounting a small filesystem needs root")
+
+
+def request_for(**resources: Any) -> JobRequest:
+    """The validated request of a rule `train` with these resources."""
+    return build_request("train", resources)
+
+
+def refusal_of(resources: dict[str, Any], **kw: Any) -> str:
+    """What build_request says when it refuses a rule `train` with these resources."""
+    import pytest
+
+    with pytest.raises(RequestError) as err:
+        build_request("train", resources, **kw)
+    return str(err.value)

@@ -11,16 +11,8 @@ from snakemake_executor_multinode.planning import launcher_resources
 from snakemake_executor_multinode.planning.environment import PROFILE_KEYS
 from snakemake_executor_multinode.planning.request import KNOWN_RESOURCES, RequestError, build_request
 from snakemake_executor_multinode.planning.settings import PlanningSettings
-
-
-def req(**resources):
-    return build_request("train", resources)
-
-
-def refused(resources: dict, **kw) -> str:
-    with pytest.raises(RequestError) as err:
-        build_request("train", resources, **kw)
-    return str(err.value)
+from tests.helpers import refusal_of as refused
+from tests.helpers import request_for as req
 
 
 def straggler(r):

@@ -18,18 +18,10 @@ from snakemake_executor_multinode.slurm.sbatch_flags import (
 )
 from snakemake_executor_multinode.util.units import parse_mem_mb, parse_runtime
 from tests.helpers import REPO
+from tests.helpers import refusal_of as refused
+from tests.helpers import request_for as req
 
 OFFICIAL_PROFILE = REPO / "tests" / "official_profile" / "config.yaml"
-
-
-def req(**resources):
-    return build_request("train", resources)
-
-
-def refused(resources: dict, **kw) -> str:
-    with pytest.raises(RequestError) as err:
-        build_request("train", resources, **kw)
-    return str(err.value)
 
 
 def test_gpus_are_per_node_and_each_node_runs_one_task():
