@@ -86,7 +86,10 @@ def main() -> int:
     except diskspace.WriteFailed as err:
         out = {"message": str(err), "agreed": err.agreed}
     out["seconds"] = time.monotonic() - t0
-    Path(f"{result}.rank{rank}.json").write_text(json.dumps(out))
+    # whole or not at all: the test reads the file as soon as it exists
+    written = Path(f"{result}.rank{rank}.json.part")
+    written.write_text(json.dumps(out))
+    os.replace(written, f"{result}.rank{rank}.json")
     os._exit(0)  # no teardown: a peer may still wait in a collective (the test ends it)
 
 
