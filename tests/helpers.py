@@ -1093,8 +1093,8 @@ def preempt(cl: Cluster, job: str) -> str:
 # `wall` and `step_ms`, busy_s per node every 5 steps, checkpoint_begin/end and resume events; at a resume the step
 # lines above the resumed step become "superseded" events) and links $MULTINODE_METRICS_FILE to it, so every job of
 # the experiment shares one file. With MATRIX_TRACKERS=1 rank 0 logs each step's loss through training/tracking.py.
-# Until its first step it prints a line every 5 s: its start (torch's import, the rendezvous, the trackers' imports)
-# takes longer than a short stall_timeout on a loaded machine, and a stall may only be the test's fault.
+# Until its first step it prints a line every 5 s: the trackers' imports, after its first line (where a fixed
+# stall_timeout starts to count, launching/stall.py), took longer than a short stall_timeout on a loaded machine.
 CONTRACT_TRAINING = (
     """
 import threading

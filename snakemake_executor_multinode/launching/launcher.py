@@ -554,17 +554,20 @@ class StallCheck:
         value = env.get(protocol.STALL_TIMEOUT_VAR, "0")
         self.on_stall = env.get(protocol.ON_STALL_VAR, "fail")
         self.env, self.nodes, self.stem = env, list(nodes), nodelog.log_stem(env)
-        paths = [JobFiles(Path(self.stem)).node_out(n) for n in nodes] if self.stem else []
+        node_files = [JobFiles(Path(self.stem)).node_out(n) for n in nodes] if self.stem else []
         metrics = env.get(protocol.METRICS_FILE_VAR)
-        if metrics:
-            paths.append(Path(metrics))
+        paths = [*node_files, Path(metrics)] if metrics else node_files
         # The training's pace, from this launch's metrics lines (written on the head node or a node whose clock
         # agrees: an earlier launch's lines, read again from a rewritten file, are older)
         self.pace = stall.Pace(since_wall=time.time() - straggler.WALL_SLACK_S)
         self.metrics = MetricsTail(Path(metrics) if metrics else None)
         self.adaptive = value == protocol.STALL_AUTO
-        timeout: float | Callable[[], float] = (
-            (lambda: stall.adaptive_timeout(self.pace)) if self.adaptive else int(value) if value.isdigit() else 0
+        self.start = stall.LaunchStart(node_files, Path(metrics) if metrics else None)
+        fixed = int(value) if value.isdigit() else 0
+        timeout: Callable[[], float] = (
+            (lambda: stall.adaptive_timeout(self.pace))
+            if self.adaptive
+            else lambda: stall.fixed_timeout(fixed, self.start)
         )
         self.watchdog = stall.Watchdog(timeout if paths else 0, paths)
         self.asked: float | None = None  # when every node was asked for its stacks
@@ -598,7 +601,11 @@ class StallCheck:
             if not self.watchdog.stalled():
                 return False
             when = datetime.now().astimezone().isoformat(timespec="seconds")
-            rule = f" (the adaptive timeout: {stall.adaptive_rule(self.pace)})" if self.adaptive else ""
+            rule = (
+                f" (the adaptive timeout: {stall.adaptive_rule(self.pace)})"
+                if self.adaptive
+                else stall.fixed_rule(self.start)
+            )
             log(f"{stall.NOTICED} {when}: no progress for {self.watchdog.limit:.0f} s on any rank: taking every "
                 f"rank's stack{rule}")  # fmt: skip
             self.split = self._probe()

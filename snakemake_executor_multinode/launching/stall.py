@@ -5,11 +5,12 @@ file beside the job log: a training that logs, prints or warns at all moves it) 
 ($MULTINODE_METRICS_FILE). Both are stat() calls on the head node, once a second: a deadlocked collective, a data
 loader waiting forever or every rank blocked on I/O show as files that stop growing, whatever the cause.
 
-How long without progress is a stall: the rule's `stall_timeout`, or by default ($MULTINODE_STALL_TIMEOUT auto) the
-training's own pace (`Pace`, `adaptive_timeout`): PACE_FACTOR times the longest of the last PACE_WINDOW intervals
-between its metrics step lines, at least PACE_FLOOR_S; LONG_S before a launch's second step line (startup: imports,
-compilation, the checkpoint's load), while a checkpoint save runs (a checkpoint_begin without its checkpoint_end), and
-for a training that writes no step lines at all.
+How long without progress is a stall: the rule's `stall_timeout` once the launch's training has begun
+(`LaunchStart`: a rank's first line or a metrics line; before it, imports and the rendezvous, at least LONG_S:
+`fixed_timeout`), or by default ($MULTINODE_STALL_TIMEOUT auto) the training's own pace (`Pace`, `adaptive_timeout`):
+PACE_FACTOR times the longest of the last PACE_WINDOW intervals between its metrics step lines, at least PACE_FLOOR_S;
+LONG_S before a launch's second step line (startup: imports, compilation, the checkpoint's load), while a checkpoint
+save runs (a checkpoint_begin without its checkpoint_end), and for a training that writes no step lines at all.
 
 After that long without progress the launcher (head node):
 0. asks every other node of the step, and every spare, whether its slurmd answers (liveness.split, ~1 s): in a
@@ -161,6 +162,58 @@ def adaptive_rule(pace: Pace) -> str:
         f"{PACE_FACTOR:g}x the longest of the last {len(pace.intervals)} intervals between step lines, "
         f"{max(pace.intervals):.3g} s, at least {PACE_FLOOR_S:g} s"
     )
+
+
+class LaunchStart:
+    """Whether this launch's training has begun: a line of a rank in a node's file, or a metrics line, written since
+    the launch. The launcher's own lines (`[node1] launching on ...`) and a stack taken on request are no start. It
+    reads only what the files gained since its last look, and nothing once the training has begun."""
+
+    def __init__(self, node_files: Sequence[Path], metrics: Path | None) -> None:
+        self.offsets = {path: _size(path) for path in node_files}
+        self.metrics = metrics
+        self.metrics_at = _size(metrics) if metrics else 0
+        self.begun = False
+
+    def check(self) -> bool:
+        if not self.begun:
+            self.begun = bool(self.metrics and _size(self.metrics) != self.metrics_at) or any(
+                self._rank_line_in(path) for path in self.offsets
+            )
+        return self.begun
+
+    def _rank_line_in(self, path: Path) -> bool:
+        try:
+            with path.open("rb") as fh:
+                fh.seek(self.offsets[path])
+                gained = fh.read()
+        except FileNotFoundError:
+            return False  # the node's labeller has not started yet
+        whole = gained[: gained.rfind(b"\n") + 1]  # a line still being written is read at the next look
+        self.offsets[path] += len(whole)
+        for line in whole.decode(errors="replace").splitlines():
+            lab = logline.parse(line)
+            if lab and (lab.rank, lab.local_rank) != (None, None) and not lab.rest.startswith(logline.STACK):
+                return True
+        return False
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def fixed_timeout(seconds: float, start: LaunchStart) -> float:
+    """A rule's own stall_timeout counts once the training has begun: before it, a start slower than the timeout
+    (torch's import on a loaded node or a shared file system, the rendezvous, a tracker's start) is no stall."""
+    return seconds if seconds <= 0 or start.check() else max(seconds, LONG_S)
+
+
+def fixed_rule(start: LaunchStart) -> str:
+    """Why a fixed timeout is what it is now, for the log line that says a stall was noticed."""
+    return "" if start.begun else f" (before the training's first line: at least {LONG_S / 60:g} min for its start)"
 
 
 class Watchdog:

@@ -16,13 +16,10 @@ The measured figures (split -> named, split -> relaunched ranks) are printed as 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -66,49 +63,19 @@ def drop_traffic(cl: Cluster, host: str, iptables: str, action: str) -> None:
         subprocess.run(["ip", "netns", "exec", netns, iptables, action, *rule], check=True, timeout=30)
 
 
-class StartUp:
-    """Progress for the watchdog while torchrun and the workers start (each imports torch: on a loaded machine that
-    takes longer than the stall timeout, which would end the step before any training): the nodes' output files of
-    the job are touched every 2 s (their mtime is progress, stall.Watchdog) while `on` is set: it is cleared from just
-    before the split until the node is replaced, where only the training's own lines count."""
-
-    def __init__(self, cl: Cluster) -> None:
-        self.names = [cl.spec.node_name(i) for i in cl.spec.node_indices]
-        self.files: JobFiles | None = None
-        self.on, self.stop = threading.Event(), threading.Event()
-        self.on.set()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop.wait(2):
-            if self.files is not None and self.on.is_set():
-                for name in self.names:
-                    with contextlib.suppress(OSError):  # none until the node's labeller starts
-                        os.utime(self.files.node_out(name))
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(10)
-
-
 def test_a_node_cut_off_by_a_network_split_is_named_and_replaced_by_the_spare(slurm_cluster, tmp_path):
     iptables = shutil.which("iptables")
     assert iptables, "iptables is missing (scripts/bootstrap.sh installs it)"
     wd = torchrun_workflow(tmp_path, "ckpt.py", CKPT, RESOURCES)
     sm = Snakemake(wd)  # no --retries: only the spare can save the job
     cut: str | None = None
-    startup = StartUp(slurm_cluster)
     try:
         job, joblog = sm.submitted("train")
-        startup.files = JobFiles.from_log(joblog)
         first = wait_for(
             lambda: len(r := sorted(wd.glob(f"ready-{job}-0-*"))) == 2 and r, "both ranks ready", 300, sm.proc
         )
         head, other = (p.name.split("-", 4)[4] for p in first)  # ready-<job>-<relaunch>-<rank>-<host>
         wait_for(lambda: saved_step(wd) >= 5, "five steps saved", 120, sm.proc)
-        startup.on.clear()
-        time.sleep(0.5)  # a touch under way is over
         cut = other
         drop_traffic(slurm_cluster, other, iptables, "-I")  # the fault
         split_at = time.monotonic()
@@ -118,7 +85,6 @@ def test_a_node_cut_off_by_a_network_split_is_named_and_replaced_by_the_spare(sl
             lambda: named in joblog.read_text() and time.monotonic(), "the unreachable node named", 300, sm.proc, 0.1
         )
         wait_for(lambda: "replacing node" in joblog.read_text(), "the replacement", 300, sm.proc)
-        startup.on.set()  # the relaunch starts torch again
         second = wait_for(
             lambda: len(r := sorted(wd.glob(f"ready-{job}-1-*"))) == 2 and r, "relaunched ranks", 300, sm.proc
         )
@@ -126,7 +92,6 @@ def test_a_node_cut_off_by_a_network_split_is_named_and_replaced_by_the_spare(sl
         (wd / "release-1").touch()
         rc = sm.wait(600)
     finally:
-        startup.close()
         (wd / "release-0").touch()
         (wd / "release-1").touch()
         sm.stop()

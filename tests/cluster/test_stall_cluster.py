@@ -11,7 +11,17 @@ from datetime import datetime
 import pytest
 
 from snakemake_executor_multinode.contract.jobfiles import StateFolders
-from tests.helpers import alive, copied_workflow, job_logs, jobs_from, log_times, run_log_names, snakemake
+from snakemake_executor_multinode.launching import stall
+from tests.helpers import (
+    alive,
+    copied_workflow,
+    job_logs,
+    jobs_from,
+    log_times,
+    run_log_names,
+    snakemake,
+    torchrun_workflow,
+)
 
 
 def test_a_deadlocked_two_node_job_is_ended_with_every_ranks_stack_and_the_odd_rank_named(slurm_cluster, tmp_path):
@@ -73,3 +83,30 @@ def test_a_stalled_job_under_on_stall_requeue_is_requeued_and_its_next_run_resum
     assert "[multinode] exit 0," in rerun and "stall noticed" not in rerun, rerun
     pids = [int((wd / "pids" / str(r)).read_text()) for r in range(4)]  # the stalled run's workers
     assert not [p for p in pids if alive(p, "python3") or alive(p, "python")]
+
+
+# A start slower than the timeout: 15 s without a line (torch's import on a loaded node, the rendezvous) against a
+# 5 s stall_timeout; then the training prints, agrees in a barrier and ends.
+SLOW_START = """
+import sys, time
+time.sleep(15)
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"rank {dist.get_rank()}: started", flush=True)
+dist.barrier()
+if dist.get_rank() == 0:
+    open(sys.argv[1], "w").write("trained\\n")
+dist.destroy_process_group()
+"""
+
+
+def test_a_start_slower_than_stall_timeout_is_no_stall_the_timeout_counts_from_the_first_line(slurm_cluster, tmp_path):
+    wd = torchrun_workflow(tmp_path, "slow.py", SLOW_START, 'nodes=2, gpus=1, stall_timeout="5s", max_restarts=0')
+    proc = snakemake(wd, jobs=1, timeout=600, check=False)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and (wd / "out.txt").read_text() == "trained\n", said
+    (log,) = job_logs(wd, "train")
+    text = log.read_text()
+    assert stall.NOTICED not in text and stall.RELAUNCHED not in text, text
+    started = {int(m[1]) for m in re.finditer(r"^\[node\d rank(\d)\] rank \1: started$", text, re.M)}
+    assert started == {0, 1}, text

@@ -173,7 +173,9 @@ def stalled_step(tmp_path: Path, preempt: Path) -> tuple[int, str]:
         protocol.PREEMPT_FILE_VAR: str(preempt),
     }
     srun = fake_srun(tmp_path, "trap 'exit 1' USR1; while :; do sleep 0.1; done")
-    code = run_step(srun, env, nodes)
+    with pytest.MonkeyPatch.context() as mp:  # the training has begun (when: tests/unit/launching/test_stall.py)
+        mp.setattr(stall.LaunchStart, "check", lambda self: True)
+        code = run_step(srun, env, nodes)
     return code, (tmp_path / "9.stalled").read_text()
 
 

@@ -52,7 +52,9 @@ def stalled_step(
     srun = tmp_path / "srun"
     srun.write_text(f"#!/bin/bash\n{srun_body}\n")
     srun.chmod(0o755)
-    end = launcher.launch_step([str(srun)], env, nodes, **launch)
+    with pytest.MonkeyPatch.context() as mp:  # the training has begun (when: tests/unit/launching/test_stall.py)
+        mp.setattr(stall.LaunchStart, "check", lambda self: True)
+        end = launcher.launch_step([str(srun)], env, nodes, **launch)
     return end, marker, preempt, failed
 
 

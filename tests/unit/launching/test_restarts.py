@@ -110,6 +110,9 @@ def test_the_launchers_watchdog_is_adaptive_when_the_job_script_says_auto_and_fi
     metrics.write_text("".join(f"{line}\n" for line in step_lines([now + 0.1 * i for i in range(5)])))
     assert auto.read_pace() == 5 and auto.watchdog.timeout() == stall.PACE_FLOOR_S
     fixed = launcher.StallCheck(env | {protocol.STALL_TIMEOUT_VAR: "600"}, ["node1", "node2"])
+    assert fixed.watchdog.timeout() == stall.LONG_S  # this launch's training has not begun: its start is spared
+    with metrics.open("a") as fh:
+        fh.write(step_lines([now + 1], 6)[0] + "\n")
     fixed.read_pace()
     assert fixed.watchdog.timeout() == 600  # a user's stall_timeout wins over the pace
     assert launcher.StallCheck(env | {protocol.STALL_TIMEOUT_VAR: "0"}, ["node1"]).watchdog.timeout() == 0

@@ -32,6 +32,43 @@ def test_any_new_line_or_metrics_line_is_progress_and_silence_is_a_stall(tmp_pat
     assert not stall.Watchdog(0, [node], clock).stalled()  # off
 
 
+def test_a_fixed_timeout_counts_once_a_rank_has_printed_and_spares_the_start_before(tmp_path):
+    """torch's import, the rendezvous, a tracker's start: slower than a short stall_timeout on a loaded node, and no
+    stall. The launcher's own line and an earlier launch's lines are no start; a rank's line or a metrics line is."""
+    files = JobFiles(tmp_path / "job")
+    node1, node2, metrics = files.node_out("node1"), files.node_out("node2"), files.metrics
+    node1.write_text("[node1 rank0] the line of an earlier launch\n")
+    start = stall.LaunchStart([node1, node2], metrics)
+    clock = Clock()
+    dog = stall.Watchdog(lambda: stall.fixed_timeout(20, start), [node1, node2, metrics], clock)
+    with node1.open("a") as fh:
+        fh.write("[node1] [multinode torchrun] launching on node1, node_rank=0\n")
+        fh.write("[node1 rank0] stack|     <module> (train.py:1)\n")  # a stack taken on request: no start
+        fh.write("[node1 rank0] half a li")  # not whole yet
+    clock.now = 600
+    assert not dog.stalled() and dog.limit == stall.LONG_S  # 10 min of imports: spared
+    assert "before the training's first line" in stall.fixed_rule(start)
+    with node1.open("a") as fh:
+        fh.write("ne\n")  # the rank's first line
+    clock.now = 610
+    assert not dog.stalled() and dog.limit == 20  # seen at 610: the timeout counts from here
+    clock.now = 630.5
+    assert dog.stalled() and stall.fixed_rule(start) == ""
+    assert stall.fixed_timeout(0, stall.LaunchStart([node2], None)) == 0  # off stays off
+
+
+def test_a_metrics_line_or_a_worker_whose_rank_is_not_known_yet_also_begins_the_training(tmp_path):
+    files = JobFiles(tmp_path / "job")
+    node, metrics = files.node_out("node1"), files.metrics
+    by_metrics = stall.LaunchStart([node], metrics)
+    assert not by_metrics.check()
+    metrics.write_text('{"event": "resume", "step": 40}\n')
+    assert by_metrics.check()
+    by_local_rank = stall.LaunchStart([node], None)
+    node.write_text("[node1 local_rank1] Traceback (most recent call last):\n")
+    assert by_local_rank.check()
+
+
 def write_stacks(stem: str, tops: dict[str, tuple[str, str]]) -> None:
     for rank, (node, top) in tops.items():
         with open(JobFiles(Path(stem)).node_out(node), "a") as fh:
