@@ -103,7 +103,7 @@ def fake_session(tmp_path: Path, slurm: FakeSlurm, **settings: Any) -> tuple[Ses
     log and warnings, in order."""
     said: list[str] = []
     s = Session(Settings(snapshot="off", **settings), tmp_path, said.append, said.append, run_id="run1")
-    s.client = s.job_status.client = s.submitter.client = SlurmClient(runner=slurm)
+    s.client = s.job_status.client = s.submitter.client = s.watch.client = SlurmClient(runner=slurm)
     return s, said
 
 

@@ -20,7 +20,7 @@ from snakemake_executor_multinode.contract.jobfiles import (
 )
 from snakemake_executor_multinode.planning.plan import RuleJob
 from snakemake_executor_multinode.planning.request import RequestError
-from snakemake_executor_multinode.session import Session, Settings, SubmitRefused
+from snakemake_executor_multinode.session import Session, SubmitRefused
 from snakemake_executor_multinode.watching import provenance
 from snakemake_executor_multinode.watching.reattach import RunReason
 from tests.helpers import FakeSlurm, fake_session
@@ -195,11 +195,10 @@ def test_a_pending_job_is_explained_once_and_only_once_the_scheduler_has_said_wh
     from snakemake_executor_multinode.slurm.client import JobState
     from snakemake_executor_multinode.watching.job_status import Outcome
 
-    s, said = fake_session(tmp_path, Slurm())
-    s.settings = Settings(snapshot="off", pending_notice_seconds=0)
+    s, said = fake_session(tmp_path, Slurm(), pending_notice_seconds=0)
     sub = s.submit(s.plan(RuleJob("held", {}, "true", key="0.1", outputs=("h.txt",))), ["h.txt"], RunReason())
     for reason in ("None", "(null)", "JobHeldUser", "JobHeldUser"):
-        s._explain_wait(sub, "held", Outcome("41", False, state=JobState("41", "PENDING", reason=reason)))
+        s.watch.explain_wait(sub, "held", Outcome("41", False, state=JobState("41", "PENDING", reason=reason)))
     waits = [line for line in said if "is waiting" in line]
     assert waits == [
         "SLURM job 41 (held) is waiting: JobHeldUser: held by you (scontrol hold); `scontrol release 41` lets it start"
@@ -238,7 +237,6 @@ def test_ctrl_c_asks_running_trainings_to_checkpoint_and_cancels_everything_else
 
 def test_with_the_setting_at_0_ctrl_c_cancels_every_job_at_once(tmp_path):
     fake = FakeSlurm()
-    s, _ = fake_session(tmp_path, fake)
-    s.settings = replace(s.settings, cancel_checkpoint_seconds=0)
+    s, _ = fake_session(tmp_path, fake, cancel_checkpoint_seconds=0)
     s.cancel_all(["41", "42"])
     assert fake.called("scancel") == [["scancel", "41", "42"]] and not fake.called("squeue", "-h", "-s")
