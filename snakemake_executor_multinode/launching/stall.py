@@ -167,7 +167,8 @@ def adaptive_rule(pace: Pace) -> str:
 class LaunchStart:
     """Whether this launch's training has begun: a line of a rank in a node's file, or a metrics line, written since
     the launch. The launcher's own lines (`[node1] launching on ...`) and a stack taken on request are no start. It
-    reads only what the files gained since its last look, and nothing once the training has begun."""
+    reads only what the files gained since its last look, and nothing once the training has begun. (The ledger's end
+    of startup is the same first line, but the run's first: nodelog.py's first output file, written once per run.)"""
 
     def __init__(self, node_files: Sequence[Path], metrics: Path | None) -> None:
         self.offsets = {path: _size(path) for path in node_files}
