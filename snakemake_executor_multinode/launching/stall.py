@@ -188,8 +188,8 @@ class LaunchStart:
             with path.open("rb") as fh:
                 fh.seek(self.offsets[path])
                 gained = fh.read()
-        except FileNotFoundError:
-            return False  # the node's labeller has not started yet
+        except OSError:  # not there yet (the node's labeller starts later), or unreadable: no news, as for Watchdog
+            return False
         whole = gained[: gained.rfind(b"\n") + 1]  # a line still being written is read at the next look
         self.offsets[path] += len(whole)
         for line in whole.decode(errors="replace").splitlines():
@@ -202,7 +202,7 @@ class LaunchStart:
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
-    except FileNotFoundError:
+    except OSError:  # no file (yet), or none that can be read: the start allowance stays, the careful side
         return 0
 
 

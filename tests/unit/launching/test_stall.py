@@ -69,6 +69,13 @@ def test_a_metrics_line_or_a_worker_whose_rank_is_not_known_yet_also_begins_the_
     assert by_local_rank.check()
 
 
+def test_a_file_that_cannot_be_read_tells_nothing_and_the_start_allowance_stays(tmp_path):
+    blocked = tmp_path / "a-file" / "node1.out"  # below a file: NotADirectoryError, not FileNotFoundError
+    (tmp_path / "a-file").write_text("")
+    start = stall.LaunchStart([blocked], blocked.with_name("metrics.jsonl"))
+    assert not start.check() and stall.fixed_timeout(20, start) == stall.LONG_S
+
+
 def write_stacks(stem: str, tops: dict[str, tuple[str, str]]) -> None:
     for rank, (node, top) in tops.items():
         with open(JobFiles(Path(stem)).node_out(node), "a") as fh:
