@@ -1,6 +1,7 @@
 """The training's metrics file ($MULTINODE_METRICS_FILE) as the launcher reads it while a step runs: only the lines
 written since the launch began, whole lines only. The straggler check (busy times) and the stall watchdog (the
-training's pace) read it, each with a tail of its own."""
+training's pace) read it, each with a tail of its own; the watchdog also tails the node files this way, until the
+training's first line (stall.LaunchStart)."""
 
 from __future__ import annotations
 

@@ -52,6 +52,7 @@ from pathlib import Path
 from snakemake_executor_multinode.contract import logline, protocol
 from snakemake_executor_multinode.contract.jobfiles import JobFiles
 from snakemake_executor_multinode.launching import proctree
+from snakemake_executor_multinode.launching.metrics_tail import MetricsTail
 
 NOTICED = "stall noticed at"  # the job log's line when the watchdog ends a step (the goodput ledger reads it)
 # The end of the launcher's line that starts a new step after a failed one, a spare's replacement or an in-job
@@ -166,44 +167,27 @@ def adaptive_rule(pace: Pace) -> str:
 
 class LaunchStart:
     """Whether this launch's training has begun: a line of a rank in a node's file, or a metrics line, written since
-    the launch. The launcher's own lines (`[node1] launching on ...`) and a stack taken on request are no start. It
-    reads only what the files gained since its last look, and nothing once the training has begun. (The ledger's end
-    of startup is the same first line, but the run's first: nodelog.py's first output file, written once per run.)"""
+    the launch (each file's whole new lines, MetricsTail). The launcher's own lines (`[node1] launching on ...`) and
+    a stack taken on request are no start. Nothing is read once the training has begun. (The ledger's end of startup
+    is the same first line, but the run's first: nodelog.py's first output file, written once per run.)"""
 
     def __init__(self, node_files: Sequence[Path], metrics: Path | None) -> None:
-        self.offsets = {path: _size(path) for path in node_files}
-        self.metrics = metrics
-        self.metrics_at = _size(metrics) if metrics else 0
+        self.node_tails = [MetricsTail(path) for path in node_files]
+        self.metrics_tail = MetricsTail(metrics)
         self.begun = False
 
     def check(self) -> bool:
         if not self.begun:
-            self.begun = bool(self.metrics and _size(self.metrics) != self.metrics_at) or any(
-                self._rank_line_in(path) for path in self.offsets
-            )
+            self.begun = bool(self.metrics_tail.lines()) or any(_rank_line(t.lines()) for t in self.node_tails)
         return self.begun
 
-    def _rank_line_in(self, path: Path) -> bool:
-        try:
-            with path.open("rb") as fh:
-                fh.seek(self.offsets[path])
-                gained = fh.read()
-        except OSError:  # not there yet (the node's labeller starts later), or unreadable: no news, as for Watchdog
-            return False
-        whole = gained[: gained.rfind(b"\n") + 1]  # a line still being written is read at the next look
-        self.offsets[path] += len(whole)
-        for line in whole.decode(errors="replace").splitlines():
-            lab = logline.parse(line)
-            if lab and (lab.rank, lab.local_rank) != (None, None) and not lab.rest.startswith(logline.STACK):
-                return True
-        return False
 
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:  # no file (yet), or none that can be read: the start allowance stays, the careful side
-        return 0
+def _rank_line(lines: list[str]) -> bool:
+    for line in lines:
+        lab = logline.parse(line)
+        if lab and (lab.rank, lab.local_rank) != (None, None) and not lab.rest.startswith(logline.STACK):
+            return True
+    return False
 
 
 def fixed_timeout(seconds: float, start: LaunchStart) -> float:
